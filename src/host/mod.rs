@@ -1,0 +1,81 @@
+//! The host layer: the only code that names `proxy_wasm`. It adapts Envoy's
+//! callbacks to the pure modules: [`root::FilterRoot`] and
+//! [`filter::PrefixFilter`] for the request path, [`sync_service`] for the
+//! singleton that syncs the table with Redis, [`store::HostStore`] for shared
+//! data and [`metrics::Metrics`] for stats.
+
+mod filter;
+mod metrics;
+mod root;
+mod store;
+mod sync_service;
+
+use std::time::UNIX_EPOCH;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::RootContext;
+use proxy_wasm::types::{BufferType, LogLevel};
+
+use crate::config::Settings;
+
+/// Root id that selects the sync singleton; any other root id is the filter.
+pub const SYNC_ROOT_ID: &str = "prefix_router_sync";
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
+        if root_id() == SYNC_ROOT_ID {
+            Box::new(sync_service::SyncRoot::default())
+        } else {
+            Box::new(root::FilterRoot::default())
+        }
+    });
+}}
+
+fn property(name: &str) -> String {
+    hostcalls::get_property(vec![name])
+        .ok()
+        .flatten()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+fn root_id() -> String {
+    property("plugin_root_id")
+}
+
+fn vm_id() -> String {
+    property("plugin_vm_id")
+}
+
+/// Reads and validates the plugin configuration; logs why and returns None
+/// when it is refused (the caller returns false from `on_configure`).
+fn load_settings() -> Option<Settings> {
+    let bytes = hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    match Settings::from_json(&bytes) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            log::error!("prefix_router: {e}");
+            None
+        }
+    }
+}
+
+fn now_nanos() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn now_secs() -> u32 {
+    u32::try_from(now_nanos() / 1_000_000_000).unwrap_or(u32::MAX)
+}
+
+fn now_millis() -> u64 {
+    now_nanos() / 1_000_000
+}

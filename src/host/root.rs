@@ -1,0 +1,119 @@
+//! The filter's root context (one per worker VM): parses the plugin
+//! configuration, defines the stats and hands every HTTP stream a filter
+//! context sharing one [`FilterShared`].
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::ContextType;
+
+use super::filter::PrefixFilter;
+use super::metrics::Metrics;
+use super::{now_secs, now_nanos};
+use crate::config::Settings;
+use crate::handoff::{self, Touched};
+use crate::request::PromptRequest;
+use crate::rng::SplitMix64;
+use crate::router::{RouteError, Routed, Router};
+use crate::store::SharedStore;
+
+/// State shared by every stream of one worker VM.
+pub struct FilterShared {
+    pub router: Router,
+    pub metrics: Metrics,
+    rng: RefCell<SplitMix64>,
+    /// Shared queue to the sync singleton, resolved lazily (the singleton may
+    /// register it after this worker starts). None while sync is off.
+    dirty_queue: RefCell<Option<u32>>,
+    vm_id: String,
+}
+
+impl FilterShared {
+    /// Routes one request, records stats, and hands the recorded blocks to
+    /// the sync singleton.
+    pub fn route<S: SharedStore>(&self, store: &S, req: &PromptRequest) -> Result<Routed, RouteError> {
+        let now = now_secs();
+        let routed = self.router.route(store, req, now, &mut self.rng.borrow_mut());
+        let m = &self.metrics;
+        match &routed {
+            Ok(r) => {
+                m.routed(r.choice.reason);
+                m.add(m.cas_retries, u64::from(r.write.cas_retries + r.load_retries));
+                m.add(m.cas_exhausted, u64::from(r.write.failed_buckets));
+                m.add(m.table_evictions, u64::from(r.write.evictions));
+                if r.write.new_slots > 0 {
+                    let _ = hostcalls::increment_metric(m.slots_used, i64::from(r.write.new_slots));
+                }
+                if let Ok(local) = crate::load::InflightCounters::new(store, self.router.settings().all_endpoints.len()).local() {
+                    if let Some(v) = local.get(usize::from(r.choice.pod)) {
+                        m.inflight(r.choice.pod, *v);
+                    }
+                }
+                if let Some(model) = r.model {
+                    self.hand_off(Touched { model, pod: r.choice.pod, time: now, blocks: r.recorded.clone() });
+                }
+            }
+            Err(_) => {}
+        }
+        routed
+    }
+
+    fn hand_off(&self, touched: Touched) {
+        if !self.router.settings().sync.enabled || touched.blocks.is_empty() {
+            return;
+        }
+        let mut queue = self.dirty_queue.borrow_mut();
+        if queue.is_none() {
+            *queue = hostcalls::resolve_shared_queue(&self.vm_id, handoff::QUEUE_NAME).ok().flatten();
+        }
+        let sent = queue
+            .map(|q| hostcalls::enqueue_shared_queue(q, Some(&handoff::encode(&touched))).is_ok())
+            .unwrap_or(false);
+        if !sent {
+            // The singleton is not up (yet): these blocks reach Redis only if
+            // touched again. Counted so an operator sees a missing singleton.
+            self.metrics.inc(self.metrics.dirty_dropped);
+            *queue = None;
+        }
+    }
+}
+
+/// Root context of the HTTP filter.
+#[derive(Default)]
+pub struct FilterRoot {
+    shared: Option<Rc<FilterShared>>,
+}
+
+impl Context for FilterRoot {}
+
+impl RootContext for FilterRoot {
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        let Some(settings) = super::load_settings() else {
+            return false;
+        };
+        let vm_id = super::vm_id();
+        // Per-VM seed: the clock plus this context's address (std::process::id panics on WASI).
+        let seed = now_nanos() ^ (self as *const Self as u64).rotate_left(32);
+        self.shared = Some(Rc::new(FilterShared {
+            metrics: Metrics::define(&settings),
+            router: Router::new(settings),
+            rng: RefCell::new(SplitMix64::new(seed)),
+            dirty_queue: RefCell::new(None),
+            vm_id,
+        }));
+        true
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // Without a valid configuration Envoy does not start the listener, but
+        // stay defensive: no context means the stream passes untouched.
+        let shared = self.shared.clone()?;
+        Some(Box::new(PrefixFilter::new(shared)))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

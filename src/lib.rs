@@ -1,0 +1,30 @@
+//! envoy-prefix-router: prefix-cache-aware routing of OpenAI-compatible LLM
+//! requests, as an Envoy proxy-wasm filter, with cross-replica sync of the
+//! prefix table through Redis.
+//!
+//! Pure logic lives in the top-level modules and never names `proxy_wasm`; it
+//! builds and tests on the host and on `wasm32-unknown-unknown`. The thin host
+//! layer in [`host`] (compiled only for `wasm32-wasip1`, Envoy's target) is the
+//! one place that talks to Envoy.
+//!
+//! Request path: [`request`] turns a body into prompt bytes, [`hashing`] cuts
+//! them into chained block hashes, [`table`] answers which pods hold how much of
+//! the chain, [`policy`] picks a pod under the load guard, and [`router`] ties
+//! the steps together over the [`store::SharedStore`] trait.
+
+pub mod config;
+pub mod handoff;
+pub mod hashing;
+pub mod load;
+pub mod policy;
+pub mod request;
+pub mod resp;
+pub mod rng;
+pub mod router;
+pub mod store;
+pub mod syncables;
+pub mod sync;
+pub mod table;
+
+#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
+mod host;

@@ -1,0 +1,409 @@
+//! One routing decision end to end, over the shared store: hash the prompt,
+//! find how far each pod's cached prefix reaches, apply the policy, record
+//! the blocks for the chosen pod and count it in flight.
+//!
+//! Reads do not grow with prompt length. Only blocks at *sampled positions*
+//! are recorded and probed: every position below `dense_prefix_blocks`, then
+//! 8 positions per doubling of the position (so a 400 KB prompt of 3,200
+//! blocks records ~90), plus the last block. A pod that holds a sampled block
+//! held the whole chain up to it (the hash chain's prefix property), so the
+//! longest match per pod is found by galloping then binary search over the
+//! sampled positions: O(pods x log(blocks)) shared-data reads, capped at
+//! [`MAX_PROBES`]. Limits: a match is known to the sampled position just
+//! below its true end (within 1/8 of its length past the dense prefix), and an
+//! eviction hole inside a chain can make the search stop early.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::config::Settings;
+use crate::hashing::BlockHasher;
+use crate::load::InflightCounters;
+use crate::policy::{choose, Choice, PolicyConfig};
+use crate::request::PromptRequest;
+use crate::rng::SplitMix64;
+use crate::store::{SharedStore, StoreError};
+use crate::table::{ModelRegistry, PrefixTable, TableConfig, WriteOutcome};
+
+/// Most table reads one routing decision may do.
+pub const MAX_PROBES: usize = 64;
+
+/// Why routing could not decide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteError {
+    /// The model's pool is empty.
+    NoEndpoints,
+    /// Shared data failed; the request passes through.
+    Store(StoreError),
+}
+
+impl fmt::Display for RouteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RouteError::NoEndpoints => write!(f, "no endpoints for this model"),
+            RouteError::Store(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl From<StoreError> for RouteError {
+    fn from(e: StoreError) -> Self {
+        RouteError::Store(e)
+    }
+}
+
+/// A routing decision and what it cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Routed {
+    pub choice: Choice,
+    pub total_blocks: usize,
+    pub probes: usize,
+    /// Model id in the table, None when the registry is full.
+    pub model: Option<u16>,
+    /// The block hashes recorded for the chosen pod (sync pushes these).
+    pub recorded: Vec<u64>,
+    pub write: WriteOutcome,
+    /// CAS retries spent on the in-flight counter.
+    pub load_retries: u32,
+}
+
+/// Routing state of one VM: settings-derived helpers plus a model-id cache.
+pub struct Router {
+    settings: Settings,
+    hasher: BlockHasher,
+    table: TableConfig,
+    policy: PolicyConfig,
+    model_ids: RefCell<HashMap<String, u16>>,
+}
+
+impl Router {
+    pub fn new(settings: Settings) -> Self {
+        Self {
+            hasher: BlockHasher::new(settings.block_size, settings.hash_seed),
+            table: TableConfig::new(settings.table_capacity_blocks, settings.table_idle_expiry_secs),
+            policy: PolicyConfig {
+                imbalance_abs_count: settings.imbalance_abs_count,
+                stddev_factor: settings.stddev_factor,
+            },
+            model_ids: RefCell::new(HashMap::new()),
+            settings,
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn table_config(&self) -> TableConfig {
+        self.table
+    }
+
+    /// Table id of a model name (cached; ids are never reassigned).
+    pub fn model_id<S: SharedStore + ?Sized>(&self, store: &S, model: &str) -> Result<Option<u16>, StoreError> {
+        if let Some(id) = self.model_ids.borrow().get(model) {
+            return Ok(Some(*id));
+        }
+        let id = ModelRegistry::new(store).id_of(model)?;
+        if let Some(id) = id {
+            self.model_ids.borrow_mut().insert(model.to_string(), id);
+        }
+        Ok(id)
+    }
+
+    /// Routes one request and counts it in flight on the chosen pod; the
+    /// caller must release it with [`Router::release`] when the stream ends.
+    pub fn route<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        req: &PromptRequest,
+        now_secs: u32,
+        rng: &mut SplitMix64,
+    ) -> Result<Routed, RouteError> {
+        let pool = self.settings.pool_for(&req.model);
+        if pool.is_empty() {
+            return Err(RouteError::NoEndpoints);
+        }
+        let model = self.model_id(store, &req.model)?;
+        let hashes = self.hasher.hash(&req.prompt);
+        let positions = sampled_positions(hashes.len(), self.settings.dense_prefix_blocks as usize);
+        let table = PrefixTable::new(store, self.table);
+        let (matches, probes) = match model {
+            Some(m) => longest_matches(&table, &hashes, &positions, m, pool, now_secs)?,
+            None => (Vec::new(), 0),
+        };
+        let counters = InflightCounters::new(store, self.settings.all_endpoints.len());
+        let load = counters.fleet()?;
+        let choice =
+            choose(&self.policy, pool, &load, &matches, hashes.len(), rng).ok_or(RouteError::NoEndpoints)?;
+        let recorded: Vec<u64> = positions.iter().map(|&i| hashes[i]).collect();
+        let write = match model {
+            Some(m) => table.record(&recorded, m, choice.pod, now_secs),
+            None => WriteOutcome::default(),
+        };
+        let (_, load_retries) = counters.add(choice.pod, 1)?;
+        Ok(Routed {
+            choice,
+            total_blocks: hashes.len(),
+            probes,
+            model,
+            recorded,
+            write,
+            load_retries,
+        })
+    }
+
+    /// Releases one in-flight request on `pod`; returns its new count.
+    pub fn release<S: SharedStore + ?Sized>(&self, store: &S, pod: u16) -> Result<u32, StoreError> {
+        InflightCounters::new(store, self.settings.all_endpoints.len())
+            .add(pod, -1)
+            .map(|(v, _)| v)
+    }
+}
+
+/// Block positions recorded and probed for a prompt of `blocks` blocks:
+/// all below `dense`, then 8 per doubling, then the last block. Ascending.
+pub fn sampled_positions(blocks: usize, dense: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    for i in 0..blocks {
+        let n = i + 1;
+        let keep = i < dense || {
+            let octave = usize::BITS - 1 - n.leading_zeros();
+            let step = 1usize << octave.saturating_sub(3);
+            n % step == 0
+        };
+        if keep || i + 1 == blocks {
+            out.push(i);
+        }
+    }
+    out
+}
+
+/// For each pod of `pool` holding the first sampled block, how many leading
+/// blocks it holds, by galloping then bisecting over the sampled positions.
+/// Returns the matches and the number of table reads made.
+fn longest_matches<S: SharedStore + ?Sized>(
+    table: &PrefixTable<'_, S>,
+    hashes: &[u64],
+    positions: &[usize],
+    model: u16,
+    pool: &[u16],
+    now: u32,
+) -> Result<(Vec<(u16, u32)>, usize), StoreError> {
+    if positions.is_empty() {
+        return Ok((Vec::new(), 0));
+    }
+    let mut probe = Prober {
+        table,
+        hashes,
+        positions,
+        model,
+        now,
+        memo: vec![None; positions.len()],
+        probes: 0,
+    };
+    // Which pods hold the first sampled block at all.
+    let first: Vec<u16> = probe
+        .pods_at(0)?
+        .map(|p| p.iter().copied().filter(|p| pool.contains(p)).collect())
+        .unwrap_or_default();
+    let n = positions.len();
+    let mut matches = Vec::with_capacity(first.len());
+    for pod in first {
+        let (mut lo, mut hi) = (0usize, n);
+        let mut step = 1;
+        // Gallop: double the stride while the pod still holds the block.
+        while lo + step < n {
+            match probe.holds(lo + step, pod)? {
+                Some(true) => {
+                    lo += step;
+                    step *= 2;
+                }
+                Some(false) => {
+                    hi = lo + step;
+                    break;
+                }
+                None => {
+                    hi = lo + 1;
+                    break;
+                }
+            }
+        }
+        // Bisect (lo holds, hi does not or is the end).
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            match probe.holds(mid, pod)? {
+                Some(true) => lo = mid,
+                Some(false) => hi = mid,
+                None => break,
+            }
+        }
+        matches.push((pod, (positions[lo] + 1) as u32));
+    }
+    Ok((matches, probe.probes))
+}
+
+/// Memoized table reads at sampled positions, capped at [`MAX_PROBES`].
+struct Prober<'a, 't, S: SharedStore + ?Sized> {
+    table: &'a PrefixTable<'t, S>,
+    hashes: &'a [u64],
+    positions: &'a [usize],
+    model: u16,
+    now: u32,
+    memo: Vec<Option<Vec<u16>>>,
+    probes: usize,
+}
+
+impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
+    /// Pods holding the block at sampled index `idx`; None once the probe
+    /// budget is spent.
+    fn pods_at(&mut self, idx: usize) -> Result<Option<&[u16]>, StoreError> {
+        if self.memo[idx].is_none() {
+            if self.probes >= MAX_PROBES {
+                return Ok(None);
+            }
+            self.probes += 1;
+            let mut pods = Vec::new();
+            self.table
+                .pods_holding(self.hashes[self.positions[idx]], self.model, self.now, &mut pods)?;
+            self.memo[idx] = Some(pods);
+        }
+        Ok(self.memo[idx].as_deref())
+    }
+
+    fn holds(&mut self, idx: usize, pod: u16) -> Result<Option<bool>, StoreError> {
+        Ok(self.pods_at(idx)?.map(|p| p.contains(&pod)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Reason;
+    use crate::request::PromptRequest;
+    use crate::store::MemStore;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn router(extra: &str) -> Router {
+        let cfg = format!(r#"{{"endpoints":["p:1","p:2","p:3"],"block_size":4{extra}}}"#);
+        Router::new(Settings::from_json(cfg.as_bytes()).unwrap())
+    }
+
+    fn req(prompt: &str) -> PromptRequest {
+        PromptRequest {
+            model: "m".into(),
+            prompt: prompt.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn sampled_positions_dense_then_sparse_then_last() {
+        assert_eq!(sampled_positions(0, 32), Vec::<usize>::new());
+        assert_eq!(sampled_positions(5, 32), vec![0, 1, 2, 3, 4]);
+        let p = sampled_positions(3200, 32);
+        assert!(p.len() < 100, "{}", p.len());
+        assert_eq!(&p[..32], &(0..32).collect::<Vec<_>>()[..]);
+        assert_eq!(*p.last().unwrap(), 3199);
+        assert!(p.windows(2).all(|w| w[0] < w[1]));
+        // Positions do not depend on prompt length, apart from the last one:
+        // a longer prompt probes the positions a shorter one recorded.
+        let short = sampled_positions(1000, 32);
+        assert!(short[..short.len() - 1].iter().all(|i| p.contains(i)));
+        assert_eq!(sampled_positions(10, usize::MAX).len(), 10);
+    }
+
+    #[test]
+    fn repeat_request_matches_fully_on_same_pod() {
+        let s = MemStore::new();
+        let r = router("");
+        let mut rng = SplitMix64::new(1);
+        let p = "abcd".repeat(300);
+        let first = r.route(&s, &req(&p), 100, &mut rng).unwrap();
+        assert_eq!(first.choice.reason, Reason::NoMatch);
+        r.release(&s, first.choice.pod).unwrap();
+        let second = r.route(&s, &req(&p), 101, &mut rng).unwrap();
+        assert_eq!(second.choice.reason, Reason::PrefixMatch);
+        assert_eq!(second.choice.pod, first.choice.pod);
+        assert_eq!(second.choice.match_percent, 100);
+    }
+
+    #[test]
+    fn shared_prefix_matches_partially_and_sticks() {
+        let s = MemStore::new();
+        let r = router("");
+        let mut rng = SplitMix64::new(7);
+        let prefix = "x".repeat(4 * 200);
+        let a = r.route(&s, &req(&format!("{prefix}{}", "a".repeat(800))), 100, &mut rng).unwrap();
+        r.release(&s, a.choice.pod).unwrap();
+        let b = r.route(&s, &req(&format!("{prefix}{}", "b".repeat(800))), 101, &mut rng).unwrap();
+        assert_eq!(b.choice.pod, a.choice.pod);
+        assert_eq!(b.choice.reason, Reason::PrefixMatch);
+        // True match is 50 %; sampling may undercount by at most 1/8 of the length.
+        assert!((43..=50).contains(&b.choice.match_percent), "{}", b.choice.match_percent);
+    }
+
+    #[test]
+    fn reads_grow_logarithmically_with_prompt_length() {
+        let s = MemStore::new();
+        let r = router("");
+        let mut rng = SplitMix64::new(1);
+        for blocks in [100usize, 10_000] {
+            let p = "q".repeat(4 * blocks);
+            let a = r.route(&s, &req(&p), 100, &mut rng).unwrap();
+            r.release(&s, a.choice.pod).unwrap();
+            let b = r.route(&s, &req(&p), 100, &mut rng).unwrap();
+            assert!(b.probes <= 20, "{blocks} blocks took {} probes", b.probes);
+            assert!(b.recorded.len() <= 120, "{blocks} blocks recorded {}", b.recorded.len());
+        }
+    }
+
+    #[test]
+    fn in_flight_is_counted_and_released() {
+        let s = MemStore::new();
+        let r = router("");
+        let mut rng = SplitMix64::new(1);
+        let a = r.route(&s, &req("hello world!"), 100, &mut rng).unwrap();
+        let counters = InflightCounters::new(&s, 3);
+        assert_eq!(counters.local().unwrap().iter().sum::<u32>(), 1);
+        assert_eq!(r.release(&s, a.choice.pod).unwrap(), 0);
+    }
+
+    #[test]
+    fn different_models_do_not_share_prefixes() {
+        let s = MemStore::new();
+        let r = router("");
+        let mut rng = SplitMix64::new(1);
+        let p = "z".repeat(400);
+        r.route(&s, &req(&p), 100, &mut rng).unwrap();
+        let other = PromptRequest { model: "other".into(), prompt: p.into_bytes() };
+        assert_eq!(r.route(&s, &other, 100, &mut rng).unwrap().choice.reason, Reason::NoMatch);
+    }
+
+    #[test]
+    fn model_pool_restricts_choice() {
+        let cfg = r#"{"endpoints":["p:1"],"model_endpoints":{"m":["p:2","p:3"]}}"#;
+        let r = Router::new(Settings::from_json(cfg.as_bytes()).unwrap());
+        let s = MemStore::new();
+        let mut rng = SplitMix64::new(1);
+        for _ in 0..20 {
+            let a = r.route(&s, &req("abc"), 100, &mut rng).unwrap();
+            assert_ne!(r.settings().endpoint_name(a.choice.pod), Some("p:1"));
+        }
+    }
+
+    #[test]
+    fn store_failure_is_an_error_not_a_panic() {
+        struct Broken;
+        impl SharedStore for Broken {
+            fn get(&self, key: &str) -> Result<crate::store::Versioned, StoreError> {
+                Err(StoreError::Host { key: key.into(), status: "down".into() })
+            }
+            fn set(&self, key: &str, _: &[u8], _: Option<u32>) -> Result<(), StoreError> {
+                Err(StoreError::Host { key: key.into(), status: "down".into() })
+            }
+        }
+        let r = router("");
+        assert!(matches!(r.route(&Broken, &req("abcdefgh"), 1, &mut SplitMix64::new(1)), Err(RouteError::Store(_))));
+    }
+}

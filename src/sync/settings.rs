@@ -1,0 +1,312 @@
+//! The plugin configuration's `"sync"` object: defaults, parsing and
+//! validation. Invalid values are refused with an error naming the field, so
+//! `on_configure` can log it and return false.
+
+use serde::Deserialize;
+use std::fmt;
+
+/// Redis closes the bridge's reply stream after about 64 KiB once Envoy has
+/// half-closed; budgets above this cannot be honoured.
+pub const MAX_REPLY_BUDGET: usize = 60 * 1024;
+/// Record TTL used when the configured one is `<= 0`.
+pub const DEFAULT_RECORD_TTL_SECS: i64 = 120;
+
+/// Names of the built-in namespaces (the engine itself is generic: the host
+/// passes these names to the components it registers).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SyncNamespaces {
+    /// Namespace of the prefix table (AIBrix: `prefixcache`).
+    pub prefixcache: String,
+    /// Namespace of the per-pod load tracker.
+    pub load: String,
+}
+
+impl Default for SyncNamespaces {
+    fn default() -> Self {
+        Self { prefixcache: "prefixcache".into(), load: "podload".into() }
+    }
+}
+
+/// Settings of the Redis sync engine (`"sync": {...}` in the plugin config).
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SyncSettings {
+    /// Master switch; off by default.
+    pub enabled: bool,
+    /// Time between cycles (jittered +-10 %).
+    pub period_ms: u64,
+    /// A cycle with calls still pending after this long is abandoned.
+    pub op_timeout_ms: u64,
+    /// First part of every key: `{key_prefix}:{{ns}}:e:{id}`.
+    pub key_prefix: String,
+    /// Names of the built-in namespaces.
+    pub namespaces: SyncNamespaces,
+    /// TTL of every record written; `<= 0` means the default (120 s).
+    pub record_ttl_secs: i64,
+    /// Entity writes (SETEX/DEL) per pipelined call.
+    pub setex_chunk: usize,
+    /// Keys per MGET, before the reply budget shrinks it.
+    pub mget_batch: usize,
+    /// SCAN COUNT hint, before the reply budget shrinks it.
+    pub scan_count: usize,
+    /// Allow components to write single entities at once (`put`/`delete`).
+    pub write_through: bool,
+    /// Every Nth cycle pulls with a full SCAN (anti-entropy; catches keys
+    /// written by peers that do not write the change log, e.g. AIBrix's Go
+    /// gateways). Cycles in between read only the change log. `0` or `1`
+    /// is the AIBrix-compatible mode: every pull is a full SCAN and no
+    /// change log is written or read, so the Redis traffic is exactly
+    /// AIBrix's command set.
+    pub full_scan_every: u32,
+    /// MAXLEN (approximate) of each namespace's change-log stream.
+    pub change_log_max_entries: usize,
+    /// Log entries per XRANGE call.
+    pub log_read_count: usize,
+    /// Bridge calls a cycle keeps in flight at once.
+    pub max_inflight_calls: usize,
+    /// Envoy cluster of the HTTP->Redis bridge (for dispatch_http_call).
+    pub bridge_cluster: String,
+    /// `:authority` of the bridge calls.
+    pub bridge_authority: String,
+    /// `:path` of the bridge calls.
+    pub bridge_path: String,
+    /// ACL user for `AUTH user password`; needs `auth_password`.
+    pub auth_username: Option<String>,
+    /// When set, every pipeline starts with `AUTH`. Never logged.
+    pub auth_password: Option<String>,
+    /// Budget for the replies of one call (Redis truncates beyond ~64 KiB).
+    pub max_reply_bytes: usize,
+}
+
+impl Default for SyncSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            period_ms: 10_000,
+            op_timeout_ms: 30_000,
+            key_prefix: "aibrix".into(),
+            namespaces: SyncNamespaces::default(),
+            record_ttl_secs: DEFAULT_RECORD_TTL_SECS,
+            setex_chunk: 25,
+            mget_batch: 200,
+            scan_count: 500,
+            write_through: false,
+            full_scan_every: 6,
+            change_log_max_entries: 4096,
+            log_read_count: 64,
+            max_inflight_calls: 4,
+            bridge_cluster: "redis_bridge".into(),
+            bridge_authority: "redis".into(),
+            bridge_path: "/".into(),
+            auth_username: None,
+            auth_password: None,
+            max_reply_bytes: 48 * 1024,
+        }
+    }
+}
+
+impl fmt::Debug for SyncSettings {
+    // Hand-written so the password can never reach a log line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SyncSettings")
+            .field("enabled", &self.enabled)
+            .field("period_ms", &self.period_ms)
+            .field("op_timeout_ms", &self.op_timeout_ms)
+            .field("key_prefix", &self.key_prefix)
+            .field("namespaces", &self.namespaces)
+            .field("record_ttl_secs", &self.record_ttl_secs)
+            .field("setex_chunk", &self.setex_chunk)
+            .field("mget_batch", &self.mget_batch)
+            .field("scan_count", &self.scan_count)
+            .field("write_through", &self.write_through)
+            .field("full_scan_every", &self.full_scan_every)
+            .field("change_log_max_entries", &self.change_log_max_entries)
+            .field("log_read_count", &self.log_read_count)
+            .field("max_inflight_calls", &self.max_inflight_calls)
+            .field("bridge_cluster", &self.bridge_cluster)
+            .field("bridge_authority", &self.bridge_authority)
+            .field("bridge_path", &self.bridge_path)
+            .field("auth_username", &self.auth_username)
+            .field("auth_password", &self.auth_password.as_ref().map(|_| "<redacted>"))
+            .field("max_reply_bytes", &self.max_reply_bytes)
+            .finish()
+    }
+}
+
+/// A `sync` setting that was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SettingsError {
+    /// Field path inside the `sync` object, e.g. `namespaces.load`.
+    pub field: &'static str,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+impl fmt::Display for SettingsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid sync.{}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for SettingsError {}
+
+fn err(field: &'static str, reason: impl Into<String>) -> SettingsError {
+    SettingsError { field, reason: reason.into() }
+}
+
+fn range<T: PartialOrd + fmt::Display + Copy>(
+    field: &'static str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<(), SettingsError> {
+    if value < min || value > max {
+        return Err(err(field, format!("{value} is outside [{min}, {max}]")));
+    }
+    Ok(())
+}
+
+/// Key parts must not contain braces (a second `{...}` would change the
+/// Redis Cluster hash tag) nor whitespace.
+pub(crate) fn key_part(field: &'static str, value: &str) -> Result<(), SettingsError> {
+    if value.is_empty() {
+        return Err(err(field, "must not be empty"));
+    }
+    if value.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control()) {
+        return Err(err(field, format!("{value:?} must not contain braces or whitespace")));
+    }
+    Ok(())
+}
+
+impl SyncSettings {
+    /// Parses the `sync` object (unknown fields refused) and validates it.
+    pub fn from_json(value: &serde_json::Value) -> Result<Self, SettingsError> {
+        let settings: SyncSettings =
+            serde_json::from_value(value.clone()).map_err(|e| err("<object>", e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        range("period_ms", self.period_ms, 100, 3_600_000)?;
+        range("op_timeout_ms", self.op_timeout_ms, 100, 3_600_000)?;
+        key_part("key_prefix", &self.key_prefix)?;
+        key_part("namespaces.prefixcache", &self.namespaces.prefixcache)?;
+        key_part("namespaces.load", &self.namespaces.load)?;
+        if self.namespaces.prefixcache == self.namespaces.load {
+            return Err(err("namespaces.load", "must differ from namespaces.prefixcache"));
+        }
+        range("setex_chunk", self.setex_chunk, 1, 10_000)?;
+        range("mget_batch", self.mget_batch, 1, 10_000)?;
+        range("scan_count", self.scan_count, 1, 100_000)?;
+        range("change_log_max_entries", self.change_log_max_entries, 16, 1_000_000)?;
+        range("log_read_count", self.log_read_count, 2, 10_000)?;
+        range("max_inflight_calls", self.max_inflight_calls, 1, 64)?;
+        range("max_reply_bytes", self.max_reply_bytes, 1024, MAX_REPLY_BUDGET)?;
+        if self.bridge_cluster.is_empty() {
+            return Err(err("bridge_cluster", "must not be empty"));
+        }
+        if self.bridge_authority.is_empty() {
+            return Err(err("bridge_authority", "must not be empty"));
+        }
+        if !self.bridge_path.starts_with('/') {
+            return Err(err("bridge_path", "must start with '/'"));
+        }
+        if matches!(&self.auth_password, Some(p) if p.is_empty()) {
+            return Err(err("auth_password", "must not be empty when set"));
+        }
+        if self.auth_username.is_some() && self.auth_password.is_none() {
+            return Err(err("auth_username", "needs auth_password"));
+        }
+        if matches!(&self.auth_username, Some(u) if u.is_empty()) {
+            return Err(err("auth_username", "must not be empty when set"));
+        }
+        Ok(())
+    }
+
+    /// The TTL written with every record (`<= 0` configured -> default).
+    pub fn effective_ttl_secs(&self) -> i64 {
+        if self.record_ttl_secs <= 0 {
+            DEFAULT_RECORD_TTL_SECS
+        } else {
+            self.record_ttl_secs
+        }
+    }
+
+    /// True when pulls may read the change log and pushes write it.
+    pub fn change_log_enabled(&self) -> bool {
+        self.full_scan_every > 1
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let s = SyncSettings::from_json(&json!({})).unwrap();
+        assert!(!s.enabled);
+        assert_eq!(s.period_ms, 10_000);
+        assert_eq!(s.op_timeout_ms, 30_000);
+        assert_eq!(s.key_prefix, "aibrix");
+        assert_eq!(s.effective_ttl_secs(), 120);
+        assert_eq!((s.setex_chunk, s.mget_batch, s.scan_count), (25, 200, 500));
+        assert!(!s.write_through);
+        assert_eq!(s.namespaces.prefixcache, "prefixcache");
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn non_positive_ttl_means_default() {
+        for ttl in [0, -5] {
+            let s = SyncSettings { record_ttl_secs: ttl, ..Default::default() };
+            assert_eq!(s.effective_ttl_secs(), 120);
+        }
+        let s = SyncSettings { record_ttl_secs: 30, ..Default::default() };
+        assert_eq!(s.effective_ttl_secs(), 30);
+    }
+
+    #[test]
+    fn unknown_fields_refused() {
+        assert!(SyncSettings::from_json(&json!({"enabeld": true})).is_err());
+        assert!(SyncSettings::from_json(&json!({"namespaces": {"x": "y"}})).is_err());
+    }
+
+    #[test]
+    fn invalid_values_name_the_field() {
+        let cases = [
+            (json!({"period_ms": 0}), "period_ms"),
+            (json!({"key_prefix": ""}), "key_prefix"),
+            (json!({"key_prefix": "a{b}"}), "key_prefix"),
+            (json!({"namespaces": {"load": ""}}), "namespaces.load"),
+            (json!({"setex_chunk": 0}), "setex_chunk"),
+            (json!({"mget_batch": 0}), "mget_batch"),
+            (json!({"max_reply_bytes": 70000}), "max_reply_bytes"),
+            (json!({"auth_password": ""}), "auth_password"),
+            (json!({"auth_username": "u"}), "auth_username"),
+            (json!({"bridge_cluster": ""}), "bridge_cluster"),
+        ];
+        for (value, field) in cases {
+            match SyncSettings::from_json(&value) {
+                Err(e) => {
+                    assert_eq!(e.field, field, "{value}");
+                    assert!(e.to_string().contains(field));
+                }
+                Ok(_) => panic!("{value} accepted"),
+            }
+        }
+    }
+
+    #[test]
+    fn debug_redacts_the_password() {
+        let s = SyncSettings { auth_password: Some("hunter2".into()), ..Default::default() };
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("hunter2"));
+        assert!(shown.contains("redacted"));
+    }
+}

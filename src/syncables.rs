@@ -1,0 +1,424 @@
+//! The two namespaces the filter syncs through Redis, as [`Syncable`]s over
+//! the shared store.
+//!
+//! - [`PrefixCacheSync`] (`prefixcache`): entity id = block hash in decimal,
+//!   payload `{"model_to_pods":{model:{pod:unix_nanos}}}`, merge keeps the
+//!   newer time per pod: byte-compatible with AIBrix's Go gateways. Delta
+//!   tracking: blocks workers handed over since the last successful push.
+//! - [`PodLoadSync`] (`podload`): one entity per replica, its in-flight count
+//!   per endpoint, so routing weighs the fleet's load and not only its own.
+
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Settings;
+use crate::handoff::{DirtySet, Touched};
+use crate::load::InflightCounters;
+use crate::store::SharedStore;
+use crate::sync::{Capabilities, Delta, Rejected, Syncable};
+use crate::table::{ModelRegistry, PrefixTable, Record, TableConfig};
+
+/// Seconds since the Unix epoch, as the host sees them.
+pub type Clock = Rc<dyn Fn() -> u64>;
+
+const NANOS: u64 = 1_000_000_000;
+
+/// AIBrix's payload of one block.
+#[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BlockPayload {
+    pub model_to_pods: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+/// The prefix table as a syncable.
+pub struct PrefixCacheSync<S: SharedStore> {
+    namespace: String,
+    store: S,
+    settings: Rc<Settings>,
+    table: TableConfig,
+    clock: Clock,
+    dirty: DirtySet,
+    /// Dirty blocks the last `delta()` looked at: cleared together after a
+    /// successful push (evicted ones included, which are skipped, per spec).
+    in_delta: std::cell::RefCell<Vec<u64>>,
+    models: std::cell::RefCell<Vec<String>>,
+}
+
+impl<S: SharedStore> PrefixCacheSync<S> {
+    pub fn new(store: S, settings: Rc<Settings>, clock: Clock, max_dirty: usize) -> Self {
+        Self {
+            namespace: settings.sync.namespaces.prefixcache.clone(),
+            table: TableConfig::new(settings.table_capacity_blocks, settings.table_idle_expiry_secs),
+            store,
+            settings,
+            clock,
+            dirty: DirtySet::new(max_dirty),
+            in_delta: std::cell::RefCell::new(Vec::new()),
+            models: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Marks blocks a worker recorded; returns the block ids for write-through.
+    pub fn mark(&mut self, touched: &Touched) {
+        for b in &touched.blocks {
+            self.dirty.mark(*b);
+        }
+    }
+
+    pub fn dirty_len(&self) -> usize {
+        self.dirty.len()
+    }
+
+    pub fn dirty_dropped(&self) -> u64 {
+        self.dirty.dropped()
+    }
+
+    fn now(&self) -> u32 {
+        u32::try_from((self.clock)()).unwrap_or(u32::MAX)
+    }
+
+    fn model_name(&self, id: u16) -> Option<String> {
+        let idx = usize::from(id);
+        if self.models.borrow().len() <= idx {
+            if let Ok(names) = ModelRegistry::new(&self.store).names() {
+                *self.models.borrow_mut() = names;
+            }
+        }
+        self.models.borrow().get(idx).cloned()
+    }
+
+    /// The payload of `block` as this replica knows it, None if not held.
+    pub fn payload(&self, block: u64) -> Option<Vec<u8>> {
+        let table = PrefixTable::new(&self.store, self.table);
+        let records = table.block_records(block, self.now()).ok()?;
+        self.encode(&records)
+    }
+
+    fn encode(&self, records: &[Record]) -> Option<Vec<u8>> {
+        let mut p = BlockPayload::default();
+        for r in records {
+            let (Some(model), Some(pod)) = (self.model_name(r.model), self.settings.endpoint_name(r.pod)) else {
+                continue;
+            };
+            p.model_to_pods
+                .entry(model)
+                .or_default()
+                .insert(pod.to_string(), u64::from(r.last_access) * NANOS);
+        }
+        if p.model_to_pods.is_empty() {
+            return None;
+        }
+        serde_json::to_vec(&p).ok()
+    }
+}
+
+impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
+    fn namespace(&self) -> String {
+        self.namespace.clone()
+    }
+
+    fn snapshot(&self) -> Vec<(String, Vec<u8>)> {
+        let table = PrefixTable::new(&self.store, self.table);
+        let mut by_block: BTreeMap<u64, Vec<Record>> = BTreeMap::new();
+        for r in table.all_records(self.now()).unwrap_or_default() {
+            by_block.entry(r.block).or_default().push(r);
+        }
+        by_block
+            .into_iter()
+            .filter_map(|(b, rs)| Some((b.to_string(), self.encode(&rs)?)))
+            .collect()
+    }
+
+    fn apply_remote(&mut self, id: &str, payload: &[u8]) -> Result<(), Rejected> {
+        let block: u64 = id.parse().map_err(|_| Rejected(format!("id `{id}` is not a u64")))?;
+        let p: BlockPayload =
+            serde_json::from_slice(payload).map_err(|e| Rejected(format!("block {id}: {e}")))?;
+        let registry = ModelRegistry::new(&self.store);
+        let mut facts = Vec::new();
+        for (model, pods) in &p.model_to_pods {
+            let Ok(Some(model)) = registry.id_of(model) else { continue };
+            for (pod, nanos) in pods {
+                // Pods this replica is not configured for cannot be routed to.
+                let Some(pod) = self.settings.endpoint_id(pod) else { continue };
+                facts.push(Record {
+                    block,
+                    model,
+                    pod,
+                    last_access: u32::try_from(nanos / NANOS).unwrap_or(u32::MAX),
+                });
+            }
+        }
+        PrefixTable::new(&self.store, self.table).upsert(&facts, self.now());
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            delta: true,
+            stale: true,
+            ..Capabilities::default()
+        }
+    }
+
+    fn delta(&self) -> Delta {
+        let blocks: Vec<u64> = self.dirty.blocks().collect();
+        let updated = blocks
+            .iter()
+            .filter_map(|b| Some((b.to_string(), self.payload(*b)?)))
+            .collect();
+        *self.in_delta.borrow_mut() = blocks;
+        Delta {
+            updated,
+            deleted: Vec::new(),
+        }
+    }
+
+    fn clear_dirty(&mut self, _pushed_ids: &[String]) {
+        let done = std::mem::take(&mut *self.in_delta.borrow_mut());
+        self.dirty.clear(&done);
+    }
+
+    /// Stale: every pod's last access is past the idle expiry; such a key
+    /// could only resurrect dead facts, so the pull deletes it.
+    fn is_stale(&self, _id: &str, payload: &[u8]) -> bool {
+        let Ok(p) = serde_json::from_slice::<BlockPayload>(payload) else {
+            return false;
+        };
+        let horizon = (self.clock)().saturating_sub(u64::from(self.settings.table_idle_expiry_secs));
+        p.model_to_pods
+            .values()
+            .flat_map(|pods| pods.values())
+            .all(|nanos| nanos / NANOS < horizon)
+    }
+}
+
+/// One replica's load report.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LoadReport {
+    /// In-flight requests per endpoint (`host:port`).
+    pub inflight: BTreeMap<String, u32>,
+    /// When the report was made, unix milliseconds.
+    pub at_ms: u64,
+}
+
+/// Per-replica in-flight load as a syncable: pushes this replica's counts
+/// (full snapshot of one entity), pulls the others' and publishes their sum
+/// to the shared store for routing.
+pub struct PodLoadSync<S: SharedStore> {
+    namespace: String,
+    replica: String,
+    store: S,
+    settings: Rc<Settings>,
+    clock_ms: Clock,
+    /// Reports older than this are stale (deleted from Redis, not applied).
+    max_age_ms: u64,
+    remote: HashMap<String, Vec<u32>>,
+}
+
+impl<S: SharedStore> PodLoadSync<S> {
+    pub fn new(store: S, settings: Rc<Settings>, replica: String, clock_ms: Clock, max_age_ms: u64) -> Self {
+        Self {
+            namespace: settings.sync.namespaces.load.clone(),
+            replica,
+            store,
+            settings,
+            clock_ms,
+            max_age_ms,
+            remote: HashMap::new(),
+        }
+    }
+
+    fn counters(&self) -> InflightCounters<'_, S> {
+        InflightCounters::new(&self.store, self.settings.all_endpoints.len())
+    }
+}
+
+impl<S: SharedStore> Syncable for PodLoadSync<S> {
+    fn namespace(&self) -> String {
+        self.namespace.clone()
+    }
+
+    fn snapshot(&self) -> Vec<(String, Vec<u8>)> {
+        let Ok(local) = self.counters().local() else {
+            return Vec::new();
+        };
+        let report = LoadReport {
+            inflight: self
+                .settings
+                .all_endpoints
+                .iter()
+                .cloned()
+                .zip(local)
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            at_ms: (self.clock_ms)(),
+        };
+        serde_json::to_vec(&report)
+            .map(|v| vec![(self.replica.clone(), v)])
+            .unwrap_or_default()
+    }
+
+    fn apply_remote(&mut self, id: &str, payload: &[u8]) -> Result<(), Rejected> {
+        if id == self.replica {
+            return Ok(());
+        }
+        let report: LoadReport =
+            serde_json::from_slice(payload).map_err(|e| Rejected(format!("load report {id}: {e}")))?;
+        let mut counts = vec![0u32; self.settings.all_endpoints.len()];
+        for (ep, n) in report.inflight {
+            if let Some(pod) = self.settings.endpoint_id(&ep) {
+                counts[usize::from(pod)] = n;
+            }
+        }
+        self.remote.insert(id.to_string(), counts);
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            hooks: true,
+            stale: true,
+            ..Capabilities::default()
+        }
+    }
+
+    fn on_sync_start(&mut self) {
+        // Replicas that stopped reporting drop out with this pull.
+        self.remote.clear();
+    }
+
+    fn on_sync_end(&mut self) {
+        let mut total = vec![0u32; self.settings.all_endpoints.len()];
+        for counts in self.remote.values() {
+            for (t, c) in total.iter_mut().zip(counts) {
+                *t = t.saturating_add(*c);
+            }
+        }
+        if let Err(e) = self.counters().set_remote(&total) {
+            log::warn!("prefix_router: publishing fleet load failed: {e}");
+        }
+    }
+
+    fn is_stale(&self, id: &str, payload: &[u8]) -> bool {
+        id != self.replica
+            && serde_json::from_slice::<LoadReport>(payload)
+                .is_ok_and(|r| (self.clock_ms)().saturating_sub(r.at_ms) > self.max_age_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+    use crate::table::PrefixTable;
+    use std::cell::Cell;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn settings() -> Rc<Settings> {
+        Rc::new(Settings::from_json(br#"{"endpoints":["a:1","b:1"]}"#).unwrap())
+    }
+
+    fn clock(secs: u64) -> Clock {
+        Rc::new(move || secs)
+    }
+
+    #[test]
+    fn payload_is_aibrix_shaped_and_merges_newer_time() {
+        let store = Rc::new(MemStore::new());
+        let s = settings();
+        let mut sync = PrefixCacheSync::new(store.clone(), s.clone(), clock(1000), 100);
+        let model = ModelRegistry::new(&*store).id_of("llama").unwrap().unwrap();
+        let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
+        table.record(&[77], model, 0, 990);
+        sync.mark(&Touched { model, pod: 0, time: 990, blocks: vec![77] });
+        let delta = sync.delta();
+        assert_eq!(delta.updated.len(), 1);
+        assert_eq!(delta.updated[0].0, "77");
+        assert_eq!(
+            String::from_utf8(delta.updated[0].1.clone()).unwrap(),
+            r#"{"model_to_pods":{"llama":{"a:1":990000000000}}}"#
+        );
+        // A peer says b:1 holds it later and a:1 earlier: newer wins per pod.
+        sync.apply_remote("77", br#"{"model_to_pods":{"llama":{"a:1":100000000000,"b:1":995000000000},"other":{"zz:9":1}}}"#)
+            .unwrap();
+        let mut pods = Vec::new();
+        table.pods_holding(77, model, 1000, &mut pods).unwrap();
+        pods.sort_unstable();
+        assert_eq!(pods, vec![0, 1]);
+        let recs = table.block_records(77, 1000).unwrap();
+        assert!(recs.iter().any(|r| r.pod == 0 && r.last_access == 990));
+    }
+
+    #[test]
+    fn clear_dirty_only_clears_what_delta_saw() {
+        let store = Rc::new(MemStore::new());
+        let mut sync = PrefixCacheSync::new(store.clone(), settings(), clock(1000), 100);
+        sync.mark(&Touched { model: 0, pod: 0, time: 1, blocks: vec![1, 2] });
+        let _ = sync.delta();
+        sync.mark(&Touched { model: 0, pod: 0, time: 1, blocks: vec![3] });
+        sync.clear_dirty(&[]);
+        assert_eq!(sync.dirty_len(), 1);
+    }
+
+    #[test]
+    fn evicted_dirty_block_is_skipped() {
+        let store = Rc::new(MemStore::new());
+        let mut sync = PrefixCacheSync::new(store, settings(), clock(1000), 100);
+        sync.mark(&Touched { model: 0, pod: 0, time: 1, blocks: vec![5] });
+        assert!(sync.delta().updated.is_empty());
+    }
+
+    #[test]
+    fn bad_remote_payloads_are_rejected() {
+        let store = Rc::new(MemStore::new());
+        let mut sync = PrefixCacheSync::new(store, settings(), clock(1000), 100);
+        assert!(sync.apply_remote("x", b"{}").is_err());
+        assert!(sync.apply_remote("1", b"nope").is_err());
+    }
+
+    #[test]
+    fn stale_when_every_pod_is_past_idle_expiry() {
+        let store = Rc::new(MemStore::new());
+        let sync = PrefixCacheSync::new(store, settings(), clock(10_000), 100);
+        assert!(sync.is_stale("1", br#"{"model_to_pods":{"m":{"a:1":1000000000000}}}"#));
+        assert!(!sync.is_stale("1", br#"{"model_to_pods":{"m":{"a:1":1000000000000,"b:1":9500000000000}}}"#));
+    }
+
+    #[test]
+    fn snapshot_lists_every_live_block() {
+        let store = Rc::new(MemStore::new());
+        let s = Rc::new(Settings::from_json(br#"{"endpoints":["a:1"],"table_capacity_blocks":64}"#).unwrap());
+        let sync = PrefixCacheSync::new(store.clone(), s, clock(100), 100);
+        ModelRegistry::new(&*store).id_of("m").unwrap();
+        PrefixTable::new(&*store, TableConfig::new(64, 1200)).record(&[1, 2, 3], 0, 0, 100);
+        let ids: Vec<String> = sync.snapshot().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, vec!["1", "2", "3"]);
+    }
+
+    #[test]
+    fn pod_load_sums_other_replicas_and_drops_stale() {
+        let store = Rc::new(MemStore::new());
+        let s = settings();
+        let now = Rc::new(Cell::new(10_000u64));
+        let n = now.clone();
+        let mut me = PodLoadSync::new(store.clone(), s.clone(), "r1".into(), Rc::new(move || n.get()), 30_000);
+        InflightCounters::new(&*store, 2).add(1, 2).unwrap();
+        let snap = me.snapshot();
+        assert_eq!(snap[0].0, "r1");
+        assert_eq!(String::from_utf8(snap[0].1.clone()).unwrap(), r#"{"inflight":{"b:1":2},"at_ms":10000}"#);
+        me.on_sync_start();
+        me.apply_remote("r1", &snap[0].1).unwrap();
+        me.apply_remote("r2", br#"{"inflight":{"a:1":3,"b:1":1},"at_ms":9000}"#).unwrap();
+        me.apply_remote("r3", br#"{"inflight":{"a:1":4,"gone:1":9},"at_ms":9000}"#).unwrap();
+        me.on_sync_end();
+        assert_eq!(InflightCounters::new(&*store, 2).fleet().unwrap(), vec![7, 3]);
+        now.set(100_000);
+        assert!(me.is_stale("r2", br#"{"inflight":{},"at_ms":1}"#));
+        assert!(!me.is_stale("r1", br#"{"inflight":{},"at_ms":1}"#));
+        me.on_sync_start();
+        me.on_sync_end();
+        assert_eq!(InflightCounters::new(&*store, 2).fleet().unwrap(), vec![0, 2]);
+    }
+}

@@ -1,0 +1,91 @@
+//! Every shipped Envoy config validates, a bad plugin configuration stops
+//! Envoy at startup with a log line naming the field, and the filter-less
+//! baseline config serves.
+
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::process::Command;
+
+use serde_json::json;
+use support::{envoy_bin, repo_root, text, wasm_module, Setup, TestDir, WASM_REL_PATH};
+
+#[test]
+fn every_envoy_config_validates() {
+    let dir = TestDir::new("validate");
+    let mut checked = 0;
+    let mut entries: Vec<_> = fs::read_dir(repo_root().join("envoy"))
+        .expect("envoy/ dir")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    entries.sort();
+    for path in entries {
+        // As shipped, except the module path (the target dir may be elsewhere).
+        let text = fs::read_to_string(&path).expect("read config");
+        let text = text.replace(WASM_REL_PATH, &wasm_module().display().to_string());
+        let name = path
+            .file_name()
+            .expect("file name")
+            .to_string_lossy()
+            .to_string();
+        let rendered = dir.join(&name);
+        fs::write(&rendered, text).expect("write config");
+        let out = Command::new(envoy_bin())
+            .current_dir(repo_root())
+            .args(["--mode", "validate", "-c"])
+            .arg(&rendered)
+            .output()
+            .expect("run envoy --mode validate");
+        assert!(
+            out.status.success(),
+            "{name} does not validate:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        checked += 1;
+    }
+    assert!(checked >= 3, "only {checked} configs in envoy/");
+}
+
+fn refuses_to_start(setup: Setup, field: &str) {
+    let (_dir, result) = setup.start_envoy_only();
+    let err = match result {
+        Ok(_) => panic!("envoy started with a bad `{field}`"),
+        Err(e) => e,
+    };
+    assert!(
+        err.log.lines().any(|l| l.contains(field)),
+        "no log line names `{field}`: {err}"
+    );
+}
+
+#[test]
+fn unknown_plugin_field_refuses_to_start() {
+    refuses_to_start(
+        Setup::new("single.yaml").plugin_field("no_such_knob", json!(1)),
+        "no_such_knob",
+    );
+}
+
+#[test]
+fn zero_block_size_refuses_to_start() {
+    refuses_to_start(
+        Setup::new("single.yaml").plugin_field("block_size", json!(0)),
+        "block_size",
+    );
+}
+
+#[test]
+fn plain_config_serves_round_robin() {
+    let run = Setup::new("plain.yaml").start();
+    let mut pods = BTreeSet::new();
+    for i in 0..8 {
+        pods.insert(run.complete(&json!(text(i, 512))).expect_pod());
+    }
+    assert!(pods.len() >= 3, "round robin used only {pods:?}");
+}

@@ -1,0 +1,165 @@
+//! Routing behaviour through a real Envoy in front of four podsim pods:
+//! prefix stickiness, spreading of new prefixes, every request shape, and the
+//! match-percent response header.
+
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use serde_json::json;
+use support::{text, token_ids, Setup};
+
+#[test]
+fn long_shared_prefix_sticks_to_one_pod() {
+    let run = Setup::new("single.yaml").start();
+    let prefix = text(1, 4096);
+    let first = run
+        .complete(&json!(format!("{prefix}{}", text(1000, 300))))
+        .expect_pod();
+    for i in 0..20 {
+        let reply = run.complete(&json!(format!("{prefix}{}", text(2000 + i, 300))));
+        assert_eq!(
+            reply.expect_pod(),
+            first,
+            "request {i} left the prefix's pod"
+        );
+        assert!(reply.match_percent() > 0, "request {i}: {reply:?}");
+    }
+    assert!(run.envoy.router_stat("prefix_router.routed.prefix_match") >= 20);
+}
+
+#[test]
+fn large_prompt_is_buffered_and_routed() {
+    // Above Envoy's default 1 MiB buffer, below the default max_body_bytes.
+    let run = Setup::new("single.yaml").start();
+    let prefix = text(3, 1_500_000);
+    let first = run
+        .complete(&json!(format!("{prefix}{}", text(3001, 500))))
+        .expect_pod();
+    let again = run.complete(&json!(format!("{prefix}{}", text(3002, 500))));
+    assert_eq!(again.expect_pod(), first);
+    assert!(again.match_percent() > 0, "{:?}", again.headers);
+}
+
+#[test]
+fn distinct_prefixes_spread() {
+    let run = Setup::new("single.yaml").start();
+    let mut pods = BTreeSet::new();
+    for i in 0..24 {
+        let reply = run.complete(&json!(text(5000 + i, 2048)));
+        assert_eq!(reply.match_percent(), 0, "unrelated prompt {i} matched");
+        pods.insert(reply.expect_pod());
+    }
+    assert!(pods.len() >= 3, "24 new prefixes landed on only {pods:?}");
+}
+
+#[test]
+fn chat_and_completions_both_route() {
+    let run = Setup::new("single.yaml").start();
+
+    // Chat: a conversation growing turn by turn stays on its pod.
+    let system = "You are a helpful assistant.";
+    let (u1, a1, u2) = (text(11, 3000), text(12, 600), text(13, 300));
+    let turns = [
+        ("system", system),
+        ("user", u1.as_str()),
+        ("assistant", a1.as_str()),
+        ("user", u2.as_str()),
+    ];
+    let pod = run.chat(&turns[..2]).expect_pod();
+    let longer = run.chat(&turns);
+    assert_eq!(
+        longer.expect_pod(),
+        pod,
+        "follow-up turn left the conversation's pod"
+    );
+    assert!(longer.match_percent() > 0);
+
+    // A different first message, or the same text under another role, is
+    // another conversation: nothing of it is cached anywhere.
+    let other_first = text(14, 3000);
+    let mut changed = turns;
+    changed[0] = ("user", other_first.as_str());
+    assert_eq!(
+        run.chat(&changed).match_percent(),
+        0,
+        "first message changed"
+    );
+    let mut role_changed = turns;
+    role_changed[0] = ("user", system);
+    assert_eq!(
+        run.chat(&role_changed).match_percent(),
+        0,
+        "first role changed"
+    );
+
+    // Completions, each prompt shape: learn, then extend.
+    let string_prefix = text(21, 3000);
+    let shapes = [
+        (
+            "string",
+            json!(string_prefix.clone()),
+            json!(format!("{string_prefix}{}", text(22, 400))),
+        ),
+        (
+            "list of strings",
+            json!([text(23, 3000)]),
+            json!([format!("{}{}", text(23, 3000), text(24, 400))]),
+        ),
+        ("token ids", json!(token_ids(25, 1500)), {
+            let mut ids = token_ids(25, 1500);
+            ids.extend(token_ids(26, 200));
+            json!(ids)
+        }),
+    ];
+    for (shape, learn, extend) in shapes {
+        let pod = run.complete(&learn).expect_pod();
+        let reply = run.complete(&extend);
+        assert_eq!(reply.expect_pod(), pod, "{shape}: extension left the pod");
+        assert!(reply.match_percent() > 0, "{shape}: {reply:?}");
+    }
+}
+
+#[test]
+fn match_header_reports_percent() {
+    let run = Setup::new("single.yaml").start();
+    let prompt = json!(text(30, 2048));
+    let first = run.complete(&prompt);
+    assert_eq!(first.match_percent(), 0);
+    let repeat = run.complete(&prompt);
+    assert_eq!(repeat.match_percent(), 100);
+    assert_eq!(repeat.expect_pod(), first.expect_pod());
+
+    // Half the prompt shared: strictly between.
+    let head = text(31, 2048);
+    run.complete(&json!(format!("{head}{}", text(32, 2048))))
+        .expect_pod();
+    let half = run
+        .complete(&json!(format!("{head}{}", text(33, 2048))))
+        .match_percent();
+    assert!(
+        (1..100).contains(&half),
+        "half-shared prompt matched {half}%"
+    );
+}
+
+#[test]
+fn original_dst_cluster_routes_by_header() {
+    let run = Setup::new("single-original-dst.yaml").start();
+    let prefix = text(40, 4096);
+    let first = run
+        .complete(&json!(format!("{prefix}{}", text(4001, 200))))
+        .expect_pod();
+    for i in 0..5 {
+        let reply = run.complete(&json!(format!("{prefix}{}", text(4002 + i, 200))));
+        assert_eq!(reply.expect_pod(), first);
+    }
+    let mut pods = BTreeSet::new();
+    for i in 0..12 {
+        pods.insert(run.complete(&json!(text(4100 + i, 1024))).expect_pod());
+    }
+    assert!(pods.len() >= 2, "new prefixes all went to {pods:?}");
+}

@@ -1,0 +1,999 @@
+//! Shared harness for the integration tests: free loopback ports, `envoy/*.yaml`
+//! rendered onto them, Envoy / podsim / Redis child processes that are killed
+//! when the test drops them, and small HTTP and admin-stats clients.
+//!
+//! Binaries are found, in order, through an environment variable
+//! (`ENVOY_BIN`, `PODSIM_BIN`, `PREFIX_ROUTER_WASM`, `REDIS_SERVER_BIN`), then in
+//! the repository (`.venv/bin/envoy`, `<target>/{release,debug}/podsim`,
+//! `<target>/wasm32-wasip1/release/envoy_prefix_router.wasm`), then on `PATH`.
+//! Building them is the Makefile's job (`make build`), not the tests'.
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Reserved placeholder port numbers used in `envoy/*.yaml` (docs/CONTRACTS.md).
+pub const PLACEHOLDER_LISTENER: u16 = 18080;
+pub const PLACEHOLDER_ADMIN: u16 = 18901;
+pub const PLACEHOLDER_PODS: [u16; 4] = [18001, 18002, 18003, 18004];
+pub const PLACEHOLDER_REDIS_BRIDGE: u16 = 18379;
+pub const PLACEHOLDER_REDIS: u16 = 16379;
+
+/// Module path as written in the Envoy configs (relative to the repo root).
+pub const WASM_REL_PATH: &str = "target/wasm32-wasip1/release/envoy_prefix_router.wasm";
+
+/// Nothing spawned here should outlive a test run, even if the test process is
+/// killed before its destructors run.
+const POD_LIFETIME_SECS: u64 = 300;
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------
+// Paths and binaries
+// ---------------------------------------------------------------------------
+
+/// The repository root; Envoy runs with this as its working directory.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Cargo's target directory as the Makefile uses it (`CARGO_TARGET_DIR` or `target/`).
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            if dir.is_absolute() {
+                dir
+            } else {
+                repo_root().join(dir)
+            }
+        }
+        None => repo_root().join("target"),
+    }
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+fn locate(env_var: &str, candidates: &[PathBuf], on_path: Option<&str>, hint: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env_var) {
+        return PathBuf::from(path);
+    }
+    if let Some(found) = candidates.iter().find(|p| p.is_file()) {
+        return found.clone();
+    }
+    if let Some(found) = on_path.and_then(find_on_path) {
+        return found;
+    }
+    panic!("{env_var} not set and none of {candidates:?} exists: {hint}");
+}
+
+/// The Envoy binary (`ENVOY_BIN`, `.venv/bin/envoy`, or `envoy` on `PATH`).
+pub fn envoy_bin() -> PathBuf {
+    locate(
+        "ENVOY_BIN",
+        &[repo_root().join(".venv/bin/envoy")],
+        Some("envoy"),
+        "run `make setup`",
+    )
+}
+
+/// The simulated inference pod (`PODSIM_BIN`, release build, then debug build).
+pub fn podsim_bin() -> PathBuf {
+    let target = target_dir();
+    locate(
+        "PODSIM_BIN",
+        &[target.join("release/podsim"), target.join("debug/podsim")],
+        None,
+        "run `make build`",
+    )
+}
+
+/// The filter module (`PREFIX_ROUTER_WASM` or the release build under the target dir).
+pub fn wasm_module() -> PathBuf {
+    let default = target_dir().join("wasm32-wasip1/release/envoy_prefix_router.wasm");
+    locate("PREFIX_ROUTER_WASM", &[default], None, "run `make build`")
+}
+
+/// `redis-server` (`REDIS_SERVER_BIN` or `PATH`).
+pub fn redis_server_bin() -> PathBuf {
+    locate(
+        "REDIS_SERVER_BIN",
+        &[],
+        Some("redis-server"),
+        "run `make setup`",
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Ports and scratch directories
+// ---------------------------------------------------------------------------
+
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// A loopback port that was free a moment ago and that this process has not
+/// handed out before (tests in one binary run in parallel).
+pub fn free_port() -> u16 {
+    for _ in 0..100 {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().expect("local_addr").port();
+        let mut seen = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.insert(port) {
+            return port;
+        }
+    }
+    panic!("no free loopback port after 100 tries");
+}
+
+/// The ports one Envoy instance and its pods use in a test.
+#[derive(Clone, Debug)]
+pub struct Ports {
+    pub listener: u16,
+    pub admin: u16,
+    pub pods: [u16; 4],
+    pub redis_bridge: u16,
+    pub redis: u16,
+}
+
+impl Ports {
+    /// A fresh free port for every placeholder.
+    pub fn free() -> Ports {
+        Ports {
+            listener: free_port(),
+            admin: free_port(),
+            pods: [free_port(), free_port(), free_port(), free_port()],
+            redis_bridge: free_port(),
+            redis: free_port(),
+        }
+    }
+
+    fn substitution(&self, placeholder: u16) -> Option<u16> {
+        match placeholder {
+            PLACEHOLDER_LISTENER => Some(self.listener),
+            PLACEHOLDER_ADMIN => Some(self.admin),
+            PLACEHOLDER_REDIS_BRIDGE => Some(self.redis_bridge),
+            PLACEHOLDER_REDIS => Some(self.redis),
+            p => PLACEHOLDER_PODS
+                .iter()
+                .position(|&q| q == p)
+                .map(|i| self.pods[i]),
+        }
+    }
+}
+
+static DIR_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A scratch directory for one test: configs, logs, ready files. Removed on
+/// drop unless the test is failing, so the logs stay for a look.
+pub struct TestDir {
+    path: PathBuf,
+}
+
+impl TestDir {
+    pub fn new(label: &str) -> TestDir {
+        let n = DIR_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("epr-{label}-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).expect("create test dir");
+        TestDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            eprintln!("test files kept in {}", self.path.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Rendering envoy/*.yaml
+// ---------------------------------------------------------------------------
+
+/// Reads `envoy/<name>` from the repository.
+pub fn envoy_template(name: &str) -> String {
+    let path = repo_root().join("envoy").join(name);
+    fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Replaces every whole number in `text` that is a placeholder port by its
+/// test port, in one pass (so a substituted port is never rewritten again).
+pub fn substitute_ports(text: &str, ports: &Ports) -> String {
+    let mut out = String::with_capacity(text.len());
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_digit() {
+            let start = i;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+            let run = &text[start..i];
+            match run.parse::<u16>().ok().and_then(|p| ports.substitution(p)) {
+                Some(port) => out.push_str(&port.to_string()),
+                None => out.push_str(run),
+            }
+        } else {
+            let ch = text[i..].chars().next().expect("char boundary");
+            out.push(ch);
+            i += ch.len_utf8();
+        }
+    }
+    out
+}
+
+/// Applies `patch` to the plugin configuration JSON of every wasm plugin in an
+/// Envoy config: the block scalar that follows a `value: |` line and parses as
+/// a JSON object. The JSON is written back pretty-printed at the same indent.
+pub fn patch_plugin_json(yaml: &str, patch: &mut dyn FnMut(&mut Value)) -> String {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let mut out: Vec<String> = Vec::with_capacity(lines.len());
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        out.push(line.to_string());
+        i += 1;
+        if line.trim_end().ends_with("value: |") {
+            let key_indent = indent_of(line);
+            let start = i;
+            while i < lines.len()
+                && (lines[i].trim().is_empty() || indent_of(lines[i]) > key_indent)
+            {
+                i += 1;
+            }
+            let block = &lines[start..i];
+            let body_indent = block
+                .iter()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| indent_of(l))
+                .min()
+                .unwrap_or(key_indent + 2);
+            let json: String = block
+                .iter()
+                .map(|l| l.get(body_indent..).unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n");
+            match serde_json::from_str::<Value>(&json) {
+                Ok(mut value) if value.is_object() => {
+                    patch(&mut value);
+                    let pretty = serde_json::to_string_pretty(&value).expect("serialize JSON");
+                    let pad = " ".repeat(body_indent);
+                    out.extend(pretty.lines().map(|l| format!("{pad}{l}")));
+                }
+                _ => out.extend(block.iter().map(|l| l.to_string())),
+            }
+        }
+    }
+    let mut text = out.join("\n");
+    text.push('\n');
+    text
+}
+
+fn indent_of(line: &str) -> usize {
+    line.len() - line.trim_start_matches(' ').len()
+}
+
+/// Renders `envoy/<name>` for a test: placeholder ports replaced, the wasm
+/// module path made absolute (so a custom target dir works), plugin JSON
+/// patched. Returns the path of the written file inside `dir`.
+pub fn render_config(
+    dir: &TestDir,
+    name: &str,
+    ports: &Ports,
+    patch: &mut dyn FnMut(&mut Value),
+) -> PathBuf {
+    let mut text = substitute_ports(&envoy_template(name), ports);
+    if text.contains(WASM_REL_PATH) {
+        text = text.replace(WASM_REL_PATH, &wasm_module().display().to_string());
+    }
+    let text = patch_plugin_json(&text, patch);
+    let path = dir.join(name);
+    fs::write(&path, text).expect("write rendered envoy config");
+    path
+}
+
+// ---------------------------------------------------------------------------
+// Child processes
+// ---------------------------------------------------------------------------
+
+/// Waits until `ready` returns true, or `deadline` passes (then false).
+pub fn wait_until(timeout: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn port_accepts(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+}
+
+/// The last `n` lines of a file, for failure messages.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A child process killed (by its own PID) and reaped on drop.
+struct Owned {
+    child: Child,
+}
+
+impl Owned {
+    fn kill(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Options for one Envoy instance.
+#[derive(Clone, Debug)]
+pub struct EnvoyOptions {
+    pub concurrency: u32,
+    pub log_level: &'static str,
+}
+
+impl Default for EnvoyOptions {
+    fn default() -> Self {
+        EnvoyOptions {
+            concurrency: 1,
+            log_level: "info",
+        }
+    }
+}
+
+/// A running Envoy.
+pub struct Envoy {
+    proc: Owned,
+    pub listener: u16,
+    pub admin: u16,
+    pub log: PathBuf,
+}
+
+/// Envoy exited (or never became ready) during startup; `log` is its log.
+#[derive(Debug)]
+pub struct EnvoyStartError {
+    pub reason: String,
+    pub log: String,
+}
+
+impl std::fmt::Display for EnvoyStartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}\n--- envoy log ---\n{}", self.reason, self.log)
+    }
+}
+
+impl Envoy {
+    /// Starts Envoy on a rendered config and waits until its admin `/ready`
+    /// says LIVE and the listener accepts connections.
+    pub fn start(
+        config: &Path,
+        ports: &Ports,
+        log: PathBuf,
+        options: &EnvoyOptions,
+    ) -> Result<Envoy, EnvoyStartError> {
+        let child = Command::new(envoy_bin())
+            .current_dir(repo_root())
+            .arg("-c")
+            .arg(config)
+            .arg("--disable-hot-restart")
+            .args(["--base-id", &ports.admin.to_string()])
+            .args(["--concurrency", &options.concurrency.to_string()])
+            .args(["-l", options.log_level])
+            .arg("--log-path")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| EnvoyStartError {
+                reason: format!("spawn {}: {e}", envoy_bin().display()),
+                log: String::new(),
+            })?;
+        let mut envoy = Envoy {
+            proc: Owned { child },
+            listener: ports.listener,
+            admin: ports.admin,
+            log,
+        };
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Some(status) = envoy.proc.exited() {
+                return Err(EnvoyStartError {
+                    reason: format!("envoy exited during startup: {status}"),
+                    log: envoy.log_text(),
+                });
+            }
+            let live = get(&envoy.admin_url("/ready"))
+                .map(|r| r.status == 200 && r.body.trim() == "LIVE")
+                .unwrap_or(false);
+            if live && port_accepts(envoy.listener) {
+                return Ok(envoy);
+            }
+            if Instant::now() >= deadline {
+                return Err(EnvoyStartError {
+                    reason: "envoy not ready in time".into(),
+                    log: envoy.log_text(),
+                });
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `http://127.0.0.1:<listener><path>`
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.listener)
+    }
+
+    /// `http://127.0.0.1:<admin><path>`
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.admin)
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Has the process exited?
+    pub fn exited(&mut self) -> bool {
+        self.proc.exited().is_some()
+    }
+
+    /// All counters and gauges whose name matches the admin regex `filter`
+    /// (e.g. `^wasmcustom\.`), by full name.
+    pub fn stats_matching(&self, filter: &str) -> BTreeMap<String, i64> {
+        let url = self.admin_url(&format!(
+            "/stats?format=json&filter={}",
+            percent_encode(filter)
+        ));
+        let reply = get(&url).unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        assert_eq!(reply.status, 200, "GET {url}: {}", reply.body);
+        let json: Value = serde_json::from_str(&reply.body).expect("stats JSON");
+        let mut out = BTreeMap::new();
+        for stat in json["stats"].as_array().into_iter().flatten() {
+            if let (Some(name), Some(value)) = (stat["name"].as_str(), stat.get("value")) {
+                let value = value
+                    .as_i64()
+                    .or_else(|| value.as_f64().map(|f| f as i64))
+                    .unwrap_or(0);
+                out.insert(name.to_string(), value);
+            }
+        }
+        out
+    }
+
+    /// The filter's own stats (docs/CONTRACTS.md names), without Envoy's
+    /// `wasmcustom.` prefix.
+    pub fn router_stats(&self) -> BTreeMap<String, i64> {
+        self.stats_matching(r"^wasmcustom\.prefix_router\.")
+            .into_iter()
+            .map(|(k, v)| (k.trim_start_matches("wasmcustom.").to_string(), v))
+            .collect()
+    }
+
+    /// One filter stat by its contract name (`prefix_router.routed.no_match`);
+    /// 0 when the stat does not exist yet.
+    pub fn router_stat(&self, name: &str) -> i64 {
+        self.router_stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// The `prefix_router.inflight.*` gauges, keyed by the full stat name.
+    pub fn inflight(&self) -> BTreeMap<String, i64> {
+        self.router_stats()
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("prefix_router.inflight."))
+            .collect()
+    }
+
+    /// The in-flight gauge of the pod listening on `port`.
+    pub fn inflight_of(&self, port: u16) -> i64 {
+        self.router_stat(&inflight_stat_name(port))
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        self.proc.kill();
+        if thread::panicking() {
+            eprintln!(
+                "--- envoy log tail ({}) ---\n{}\n--- end of envoy log ---",
+                self.log.display(),
+                tail(&self.log, 60)
+            );
+        }
+    }
+}
+
+/// Contract name of the in-flight gauge for pod `127.0.0.1:<port>`.
+pub fn inflight_stat_name(port: u16) -> String {
+    format!("prefix_router.inflight.127_0_0_1_{port}")
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A running simulated inference pod.
+pub struct Pod {
+    proc: Owned,
+    pub name: String,
+    pub port: u16,
+}
+
+impl Pod {
+    /// Starts podsim on `port` with zero simulated compute time and waits for
+    /// its ready file.
+    pub fn start(dir: &TestDir, name: &str, port: u16) -> Pod {
+        Pod::start_with(dir, name, port, &["--time-scale", "0"])
+    }
+
+    /// Starts podsim with extra arguments (e.g. a non-zero `--time-scale`).
+    pub fn start_with(dir: &TestDir, name: &str, port: u16, extra: &[&str]) -> Pod {
+        let ready = dir.join(&format!("{name}.ready"));
+        let log = fs::File::create(dir.join(&format!("{name}.log"))).expect("pod log file");
+        let log_err = log.try_clone().expect("clone log file");
+        let child = Command::new(podsim_bin())
+            .args(["--port", &port.to_string(), "--name", name])
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(["--exit-after-secs", &POD_LIFETIME_SECS.to_string()])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", podsim_bin().display()));
+        let mut pod = Pod {
+            proc: Owned { child },
+            name: name.to_string(),
+            port,
+        };
+        let up = wait_until(STARTUP_TIMEOUT, || {
+            pod.proc.exited().is_some() || (ready.exists() && port_accepts(port))
+        });
+        if let Some(status) = pod.proc.exited() {
+            panic!(
+                "podsim {name} exited during startup ({status}):\n{}",
+                tail(&dir.join(&format!("{name}.log")), 30)
+            );
+        }
+        assert!(up, "podsim {name} not ready on port {port} in time");
+        pod
+    }
+
+    /// Kills the pod now (e.g. to cause upstream errors mid-request).
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+}
+
+/// A running `redis-server` with no persistence.
+pub struct Redis {
+    proc: Owned,
+    pub port: u16,
+    pub password: Option<String>,
+}
+
+impl Redis {
+    pub fn start(dir: &TestDir, port: u16, password: Option<&str>) -> Redis {
+        let mut cmd = Command::new(redis_server_bin());
+        cmd.current_dir(dir.path())
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--logfile", "redis.log"]);
+        if let Some(pw) = password {
+            cmd.args(["--requirepass", pw]);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", redis_server_bin().display()));
+        let mut redis = Redis {
+            proc: Owned { child },
+            port,
+            password: password.map(str::to_string),
+        };
+        let up = wait_until(STARTUP_TIMEOUT, || {
+            redis.proc.exited().is_some() || redis.command(&["PING"]).is_ok_and(|r| r == "+PONG")
+        });
+        assert!(
+            up && redis.proc.exited().is_none(),
+            "redis-server not ready on port {port}:\n{}",
+            tail(&dir.join("redis.log"), 30)
+        );
+        redis
+    }
+
+    /// Sends one command (after AUTH when a password is set) and returns the
+    /// raw reply of that command, CRLF-terminated lines joined as read.
+    pub fn command(&self, args: &[&str]) -> std::io::Result<String> {
+        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut payload = Vec::new();
+        if let Some(pw) = &self.password {
+            payload.extend(resp_command(&["AUTH", pw]));
+        }
+        payload.extend(resp_command(args));
+        payload.extend(resp_command(&["QUIT"]));
+        stream.write_all(&payload)?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply)?;
+        let mut lines = reply.split_inclusive("\r\n").collect::<Vec<_>>();
+        if self.password.is_some() && !lines.is_empty() {
+            lines.remove(0); // +OK of AUTH
+        }
+        if lines.last() == Some(&"+OK\r\n") {
+            lines.pop(); // QUIT
+        }
+        Ok(lines.concat().trim_end().to_string())
+    }
+
+    /// Kills the server now (e.g. to test sync when Redis goes away).
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+}
+
+/// One RESP command as an array of bulk strings.
+pub fn resp_command(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend(format!("${}\r\n{a}\r\n", a.len()).into_bytes());
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// A whole setup: pods + Envoy
+// ---------------------------------------------------------------------------
+
+/// An edit of the plugin configuration JSON.
+pub type PluginPatch = Box<dyn FnMut(&mut Value)>;
+
+/// Builds a test setup: four podsim pods (named `pod-1`..`pod-4`) on the
+/// ports of the config's four endpoints, and Envoy on a rendered config.
+pub struct Setup {
+    config: &'static str,
+    options: EnvoyOptions,
+    patches: Vec<PluginPatch>,
+}
+
+/// A running setup. Fields drop in order: Envoy first, then the pods.
+pub struct Running {
+    pub envoy: Envoy,
+    pub pods: Vec<Pod>,
+    pub ports: Ports,
+    pub dir: TestDir,
+}
+
+impl Setup {
+    /// A setup on `envoy/<config>`.
+    pub fn new(config: &'static str) -> Setup {
+        Setup {
+            config,
+            options: EnvoyOptions::default(),
+            patches: Vec::new(),
+        }
+    }
+
+    /// Envoy worker threads (`--concurrency`).
+    pub fn concurrency(mut self, n: u32) -> Setup {
+        self.options.concurrency = n;
+        self
+    }
+
+    /// Patches the plugin configuration JSON before Envoy starts (patches
+    /// apply in the order given).
+    pub fn patch(mut self, patch: impl FnMut(&mut Value) + 'static) -> Setup {
+        self.patches.push(Box::new(patch));
+        self
+    }
+
+    /// Sets one top-level field of the plugin configuration.
+    pub fn plugin_field(self, key: &'static str, value: Value) -> Setup {
+        self.patch(move |config| {
+            config[key] = value.clone();
+        })
+    }
+
+    /// Renders the config into a scratch dir; Envoy is not started.
+    pub fn render(mut self) -> (TestDir, Ports, PathBuf) {
+        let dir = TestDir::new(self.config.trim_end_matches(".yaml"));
+        let ports = Ports::free();
+        let mut patches = std::mem::take(&mut self.patches);
+        let path = render_config(&dir, self.config, &ports, &mut |config: &mut Value| {
+            for patch in patches.iter_mut() {
+                patch(config);
+            }
+        });
+        (dir, ports, path)
+    }
+
+    /// Starts Envoy alone (no pods); for tests that expect startup to fail.
+    pub fn start_envoy_only(self) -> (TestDir, Result<Envoy, EnvoyStartError>) {
+        let options = self.options.clone();
+        let (dir, ports, path) = self.render();
+        let envoy = Envoy::start(&path, &ports, dir.join("envoy.log"), &options);
+        (dir, envoy)
+    }
+
+    /// Starts the four pods, then Envoy; panics (with Envoy's log) on failure.
+    pub fn start(self) -> Running {
+        let options = self.options.clone();
+        let (dir, ports, path) = self.render();
+        let pods = ports
+            .pods
+            .iter()
+            .enumerate()
+            .map(|(i, &port)| Pod::start(&dir, &format!("pod-{}", i + 1), port))
+            .collect();
+        let envoy = Envoy::start(&path, &ports, dir.join("envoy.log"), &options)
+            .unwrap_or_else(|e| panic!("{e}"));
+        Running {
+            envoy,
+            pods,
+            ports,
+            dir,
+        }
+    }
+}
+
+impl Running {
+    /// The pod that answered as `name`.
+    pub fn pod_named(&self, name: &str) -> &Pod {
+        self.pods
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no pod named {name:?}"))
+    }
+
+    pub fn pod_named_mut(&mut self, name: &str) -> &mut Pod {
+        self.pods
+            .iter_mut()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no pod named {name:?}"))
+    }
+
+    /// POSTs a JSON body to `path` through Envoy on a new connection.
+    pub fn post(&self, path: &str, body: &str) -> Reply {
+        self.post_with(path, body, &[])
+    }
+
+    /// Like [`Running::post`] with extra request headers.
+    pub fn post_with(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> Reply {
+        let url = self.envoy.url(path);
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        send("POST", &url, &all, Some(body.as_bytes()), CLIENT_TIMEOUT)
+            .unwrap_or_else(|e| panic!("POST {url}: {e}"))
+    }
+
+    /// POSTs an OpenAI completions request.
+    pub fn complete(&self, prompt: &Value) -> Reply {
+        self.post("/v1/completions", &completion_body(prompt))
+    }
+
+    /// POSTs an OpenAI chat completions request.
+    pub fn chat(&self, messages: &[(&str, &str)]) -> Reply {
+        self.post("/v1/chat/completions", &chat_body(messages))
+    }
+
+    /// Waits (bounded) until every in-flight gauge reads 0; returns the gauges.
+    pub fn wait_inflight_zero(&self, timeout: Duration) -> BTreeMap<String, i64> {
+        let mut last = BTreeMap::new();
+        wait_until(timeout, || {
+            last = self.envoy.inflight();
+            last.values().all(|&v| v == 0)
+        });
+        last
+    }
+}
+
+// ---------------------------------------------------------------------------
+// HTTP
+// ---------------------------------------------------------------------------
+
+/// Generous: the tests assert outcomes, never latencies.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A response of any status.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    /// Header names lower-cased, in arrival order.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The pod that answered (`x-served-by`).
+    pub fn served_by(&self) -> String {
+        self.header("x-served-by")
+            .unwrap_or_else(|| panic!("no x-served-by header: {self:?}"))
+            .to_string()
+    }
+
+    /// The filter's match percent (`x-prefix-match`, the header the configs set).
+    pub fn match_percent(&self) -> u32 {
+        let raw = self
+            .header("x-prefix-match")
+            .unwrap_or_else(|| panic!("no x-prefix-match header: {self:?}"));
+        raw.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("x-prefix-match not an integer: {raw:?}"))
+    }
+
+    /// Asserts a 200 from a pod and returns the pod's name.
+    pub fn expect_pod(&self) -> String {
+        assert_eq!(self.status, 200, "expected 200 from a pod, got {self:?}");
+        self.served_by()
+    }
+}
+
+/// Sends one request on a new connection. 4xx/5xx are replies, not errors;
+/// transport failures (refused, reset, timeout) are errors.
+pub fn send(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<Reply, String> {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(timeout)
+        .max_idle_connections(0)
+        .build();
+    let mut request = agent.request(method, url);
+    for (k, v) in headers {
+        request = request.set(k, v);
+    }
+    let result = match body {
+        Some(bytes) => request.send_bytes(bytes),
+        None => request.call(),
+    };
+    let response = match result {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(ureq::Error::Transport(t)) => return Err(t.to_string()),
+    };
+    let status = response.status();
+    let headers = response
+        .headers_names()
+        .into_iter()
+        .filter_map(|name| {
+            let value = response.header(&name)?.to_string();
+            Some((name.to_ascii_lowercase(), value))
+        })
+        .collect();
+    let mut body = String::new();
+    response
+        .into_reader()
+        .read_to_string(&mut body)
+        .map_err(|e| format!("read body: {e}"))?;
+    Ok(Reply {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// GET with the default timeout.
+pub fn get(url: &str) -> Result<Reply, String> {
+    send("GET", url, &[], None, Duration::from_secs(5))
+}
+
+// ---------------------------------------------------------------------------
+// Request bodies and prompt text
+// ---------------------------------------------------------------------------
+
+/// A completions request body for any prompt shape (string, list, token ids).
+pub fn completion_body(prompt: &Value) -> String {
+    serde_json::json!({ "model": "test-model", "prompt": prompt, "max_tokens": 8 }).to_string()
+}
+
+/// A chat completions request body from (role, content) turns.
+pub fn chat_body(messages: &[(&str, &str)]) -> String {
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|(role, content)| serde_json::json!({ "role": role, "content": content }))
+        .collect();
+    serde_json::json!({ "model": "test-model", "messages": messages, "max_tokens": 8 }).to_string()
+}
+
+/// Deterministic filler text of exactly `len` bytes; different seeds differ
+/// from the first word on.
+pub fn text(seed: u64, len: usize) -> String {
+    const WORDS: &[&str] = &[
+        "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
+        "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra",
+        "tango", "uniform", "victor", "whiskey", "xray", "yankee", "zulu",
+    ];
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    let mut out = format!("[{seed}] ");
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.push_str(WORDS[(state % WORDS.len() as u64) as usize]);
+        out.push(' ');
+    }
+    out.truncate(len);
+    out
+}
+
+/// Deterministic token ids.
+pub fn token_ids(seed: u64, count: usize) -> Vec<u32> {
+    let mut state = seed.wrapping_add(1).wrapping_mul(0x2545_F491_4F6C_DD1D);
+    (0..count)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % 50_000) as u32
+        })
+        .collect()
+}
