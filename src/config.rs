@@ -58,7 +58,11 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid plugin configuration: field `{}`: {}", self.field, self.reason)
+        write!(
+            f,
+            "invalid plugin configuration: field `{}`: {}",
+            self.field, self.reason
+        )
     }
 }
 
@@ -101,14 +105,21 @@ impl Settings {
     /// Parses and validates the plugin configuration. An empty configuration
     /// is refused because a router without endpoints cannot route.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let raw: RawConfig = serde_json::from_slice(bytes)
-            .map_err(|e| err(locate_bad_field(bytes).unwrap_or_else(|| "<root>".into()), e.to_string()))?;
+        let raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
+            err(
+                locate_bad_field(bytes).unwrap_or_else(|| "<root>".into()),
+                e.to_string(),
+            )
+        })?;
         Self::from_raw(raw)
     }
 
     pub fn from_raw(raw: RawConfig) -> Result<Self, ConfigError> {
         if raw.block_size == 0 || raw.block_size > MAX_BLOCK_SIZE {
-            return Err(err("block_size", format!("must be in 1..={MAX_BLOCK_SIZE}")));
+            return Err(err(
+                "block_size",
+                format!("must be in 1..={MAX_BLOCK_SIZE}"),
+            ));
         }
         if raw.table_capacity_blocks < 64 || raw.table_capacity_blocks > 50_000_000 {
             return Err(err("table_capacity_blocks", "must be in 64..=50000000"));
@@ -120,7 +131,10 @@ impl Settings {
             return Err(err("stddev_factor", "must be a finite number >= 0"));
         }
         if !raw.match_header.is_empty() && !is_header_name(&raw.match_header) {
-            return Err(err("match_header", "must be a lowercase HTTP header name or empty"));
+            return Err(err(
+                "match_header",
+                "must be a lowercase HTTP header name or empty",
+            ));
         }
         if raw.max_body_bytes == 0 {
             return Err(err("max_body_bytes", "must be > 0"));
@@ -146,13 +160,19 @@ impl Settings {
                 return Err(err("model_endpoints", "model name must not be empty"));
             }
             if list.is_empty() {
-                return Err(err(format!("model_endpoints.{model}"), "must list at least one endpoint"));
+                return Err(err(
+                    format!("model_endpoints.{model}"),
+                    "must list at least one endpoint",
+                ));
             }
         }
         all.sort();
         all.dedup();
         if all.len() > MAX_ENDPOINTS {
-            return Err(err("endpoints", format!("at most {MAX_ENDPOINTS} distinct endpoints")));
+            return Err(err(
+                "endpoints",
+                format!("at most {MAX_ENDPOINTS} distinct endpoints"),
+            ));
         }
         let intern = |list: &[String]| -> Vec<u16> {
             let mut ids: Vec<u16> = list
@@ -170,7 +190,9 @@ impl Settings {
             .iter()
             .map(|(m, l)| (m.clone(), intern(l)))
             .collect();
-        raw.sync.validate().map_err(|e| err(format!("sync.{}", e.field), e.reason))?;
+        raw.sync
+            .validate()
+            .map_err(|e| err(format!("sync.{}", e.field), e.reason))?;
         Ok(Self {
             default_pool,
             model_pools,
@@ -266,7 +288,8 @@ mod tests {
 
     #[test]
     fn model_pools_intern_shared_endpoints() {
-        let s = parse(r#"{"endpoints":["a:1","b:1"],"model_endpoints":{"m":["b:1","c:1"]}}"#).unwrap();
+        let s =
+            parse(r#"{"endpoints":["a:1","b:1"],"model_endpoints":{"m":["b:1","c:1"]}}"#).unwrap();
         assert_eq!(s.all_endpoints, vec!["a:1", "b:1", "c:1"]);
         assert_eq!(s.pool_for("m"), &[1, 2]);
         assert_eq!(s.pool_for("other"), &[0, 1]);
@@ -285,10 +308,22 @@ mod tests {
     fn invalid_values_are_refused_by_name() {
         for (cfg, field) in [
             (r#"{"endpoints":["a:1"],"block_size":0}"#, "block_size"),
-            (r#"{"endpoints":["a:1"],"table_capacity_blocks":1}"#, "table_capacity_blocks"),
-            (r#"{"endpoints":["a:1"],"table_idle_expiry_secs":0}"#, "table_idle_expiry_secs"),
-            (r#"{"endpoints":["a:1"],"stddev_factor":-1}"#, "stddev_factor"),
-            (r#"{"endpoints":["a:1"],"match_header":"Bad Header"}"#, "match_header"),
+            (
+                r#"{"endpoints":["a:1"],"table_capacity_blocks":1}"#,
+                "table_capacity_blocks",
+            ),
+            (
+                r#"{"endpoints":["a:1"],"table_idle_expiry_secs":0}"#,
+                "table_idle_expiry_secs",
+            ),
+            (
+                r#"{"endpoints":["a:1"],"stddev_factor":-1}"#,
+                "stddev_factor",
+            ),
+            (
+                r#"{"endpoints":["a:1"],"match_header":"Bad Header"}"#,
+                "match_header",
+            ),
             (r#"{"endpoints":["nope"]}"#, "endpoints"),
             (r#"{"endpoints":["a:0"]}"#, "endpoints"),
             (r#"{}"#, "endpoints"),

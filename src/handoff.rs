@@ -115,7 +115,12 @@ mod tests {
 
     #[test]
     fn message_round_trips() {
-        let t = Touched { model: 3, pod: 9, time: 1_700_000_000, blocks: vec![1, u64::MAX] };
+        let t = Touched {
+            model: 3,
+            pod: 9,
+            time: 1_700_000_000,
+            blocks: vec![1, u64::MAX],
+        };
         assert_eq!(decode(&encode(&t)), Some(t));
         assert_eq!(decode(&[1, 2, 3]), None);
     }

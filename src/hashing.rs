@@ -76,7 +76,11 @@ mod tests {
         assert!(!GOLDEN.is_empty());
         for (block_size, seed, input, expected) in GOLDEN {
             let got = BlockHasher::new(*block_size, *seed).hash(input.as_bytes());
-            assert_eq!(&got[..], *expected, "block_size={block_size} seed={seed} input={input:?}");
+            assert_eq!(
+                &got[..],
+                *expected,
+                "block_size={block_size} seed={seed} input={input:?}"
+            );
         }
     }
 

@@ -22,8 +22,8 @@ pub mod resp;
 pub mod rng;
 pub mod router;
 pub mod store;
-pub mod syncables;
 pub mod sync;
+pub mod syncables;
 pub mod table;
 
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]

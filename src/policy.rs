@@ -52,19 +52,29 @@ pub fn choose(
 ) -> Option<Choice> {
     let load_of = |pod: u16| load.get(usize::from(pod)).copied().unwrap_or(0);
     let percent_of = |pod: u16| -> u8 {
-        let matched = matches.iter().find(|(p, _)| *p == pod).map_or(0, |(_, m)| *m);
+        let matched = matches
+            .iter()
+            .find(|(p, _)| *p == pod)
+            .map_or(0, |(_, m)| *m);
         if total_blocks == 0 {
             0
         } else {
             ((u64::from(matched) * 100) / total_blocks as u64).min(100) as u8
         }
     };
-    let (min, max) = pool.iter().map(|&p| load_of(p)).fold((u32::MAX, 0), |(lo, hi), l| (lo.min(l), hi.max(l)));
+    let (min, max) = pool
+        .iter()
+        .map(|&p| load_of(p))
+        .fold((u32::MAX, 0), |(lo, hi), l| (lo.min(l), hi.max(l)));
     if pool.is_empty() {
         return None;
     }
     let least_loaded = |rng: &mut SplitMix64| -> u16 {
-        let mins: Vec<u16> = pool.iter().copied().filter(|&p| load_of(p) == min).collect();
+        let mins: Vec<u16> = pool
+            .iter()
+            .copied()
+            .filter(|&p| load_of(p) == min)
+            .collect();
         mins[rng.below(mins.len())]
     };
     let pick = |pod: u16, reason: Reason| Choice {
@@ -92,9 +102,16 @@ pub fn choose(
     matched.sort_by(|a, b| b.1.cmp(&a.1).then(load_of(a.0).cmp(&load_of(b.0))));
     let n = pool.len() as f64;
     let mean = pool.iter().map(|&p| f64::from(load_of(p))).sum::<f64>() / n;
-    let var = pool.iter().map(|&p| (f64::from(load_of(p)) - mean).powi(2)).sum::<f64>() / n;
+    let var = pool
+        .iter()
+        .map(|&p| (f64::from(load_of(p)) - mean).powi(2))
+        .sum::<f64>()
+        / n;
     let bound = mean + cfg.stddev_factor * var.sqrt();
-    if let Some((pod, _)) = matched.iter().find(|(p, _)| f64::from(load_of(*p)) <= bound) {
+    if let Some((pod, _)) = matched
+        .iter()
+        .find(|(p, _)| f64::from(load_of(*p)) <= bound)
+    {
         return Some(pick(*pod, Reason::PrefixMatch));
     }
     // 4. Every matching pod is too busy.
@@ -118,19 +135,32 @@ mod tests {
 
     #[test]
     fn empty_pool_has_no_choice() {
-        assert_eq!(choose(&CFG, &[], &[], &[], 0, &mut SplitMix64::new(1)), None);
+        assert_eq!(
+            choose(&CFG, &[], &[], &[], 0, &mut SplitMix64::new(1)),
+            None
+        );
     }
 
     #[test]
     fn longest_match_wins() {
         let c = run(&[0, 1, 2], &[0, 0, 0], &[(0, 2), (1, 5)], 10, 1);
-        assert_eq!(c, Choice { pod: 1, reason: Reason::PrefixMatch, match_percent: 50 });
+        assert_eq!(
+            c,
+            Choice {
+                pod: 1,
+                reason: Reason::PrefixMatch,
+                match_percent: 50
+            }
+        );
     }
 
     #[test]
     fn equal_match_prefers_fewer_in_flight() {
         let c = run(&[0, 1, 2], &[3, 1, 0], &[(0, 4), (1, 4)], 4, 1);
-        assert_eq!((c.pod, c.reason, c.match_percent), (1, Reason::PrefixMatch, 100));
+        assert_eq!(
+            (c.pod, c.reason, c.match_percent),
+            (1, Reason::PrefixMatch, 100)
+        );
     }
 
     #[test]
@@ -169,17 +199,45 @@ mod tests {
 
     #[test]
     fn matched_pod_above_stddev_bound_is_skipped_for_next_match() {
-        let cfg = PolicyConfig { imbalance_abs_count: 100, stddev_factor: 0.5 };
+        let cfg = PolicyConfig {
+            imbalance_abs_count: 100,
+            stddev_factor: 0.5,
+        };
         // loads 10,0,0,0: mean 2.5, sd 4.33, bound 4.67 -> pod 0 too busy, pod 1 (shorter match) ok.
-        let c = choose(&cfg, &[0, 1, 2, 3], &[10, 0, 0, 0], &[(0, 8), (1, 4)], 8, &mut SplitMix64::new(3)).unwrap();
-        assert_eq!((c.pod, c.reason, c.match_percent), (1, Reason::PrefixMatch, 50));
+        let c = choose(
+            &cfg,
+            &[0, 1, 2, 3],
+            &[10, 0, 0, 0],
+            &[(0, 8), (1, 4)],
+            8,
+            &mut SplitMix64::new(3),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.pod, c.reason, c.match_percent),
+            (1, Reason::PrefixMatch, 50)
+        );
     }
 
     #[test]
     fn all_matched_pods_too_busy_falls_back_to_least_loaded() {
-        let cfg = PolicyConfig { imbalance_abs_count: 100, stddev_factor: 0.5 };
-        let c = choose(&cfg, &[0, 1, 2, 3], &[10, 0, 1, 1], &[(0, 8)], 8, &mut SplitMix64::new(3)).unwrap();
-        assert_eq!((c.pod, c.reason, c.match_percent), (1, Reason::LoadGuard, 0));
+        let cfg = PolicyConfig {
+            imbalance_abs_count: 100,
+            stddev_factor: 0.5,
+        };
+        let c = choose(
+            &cfg,
+            &[0, 1, 2, 3],
+            &[10, 0, 1, 1],
+            &[(0, 8)],
+            8,
+            &mut SplitMix64::new(3),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.pod, c.reason, c.match_percent),
+            (1, Reason::LoadGuard, 0)
+        );
     }
 
     #[test]

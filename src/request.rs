@@ -100,7 +100,8 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, PassReaso
     }
     match kind {
         ApiKind::Completions => {
-            let b: CompletionBody = serde_json::from_slice(body).map_err(|_| PassReason::NotJson)?;
+            let b: CompletionBody =
+                serde_json::from_slice(body).map_err(|_| PassReason::NotJson)?;
             let mut prompt = Vec::new();
             completion_prompt_bytes(b.prompt.as_ref().ok_or(PassReason::NoPrompt)?, &mut prompt)?;
             Ok(PromptRequest {
@@ -183,7 +184,10 @@ fn token_bytes(ids: &[Value], out: &mut Vec<u8>) -> Result<(), PassReason> {
 /// `\n`. The role is part of the key: the same text as `system` and as `user`
 /// fills a different KV cache. Non-text parts (images, audio) add nothing.
 fn chat_message_bytes(m: &Value, out: &mut Vec<u8>) -> Result<(), PassReason> {
-    let role = m.get("role").and_then(Value::as_str).ok_or(PassReason::NoPrompt)?;
+    let role = m
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or(PassReason::NoPrompt)?;
     out.extend_from_slice(b"<|");
     out.extend_from_slice(role.as_bytes());
     out.extend_from_slice(b"|>");
@@ -221,9 +225,18 @@ mod tests {
 
     #[test]
     fn classify_paths_and_methods() {
-        assert_eq!(classify("POST", "/v1/completions"), Ok(ApiKind::Completions));
-        assert_eq!(classify("post", "/v1/chat/completions?x=1"), Ok(ApiKind::ChatCompletions));
-        assert_eq!(classify("POST", "/v1/chat/completions/"), Ok(ApiKind::ChatCompletions));
+        assert_eq!(
+            classify("POST", "/v1/completions"),
+            Ok(ApiKind::Completions)
+        );
+        assert_eq!(
+            classify("post", "/v1/chat/completions?x=1"),
+            Ok(ApiKind::ChatCompletions)
+        );
+        assert_eq!(
+            classify("POST", "/v1/chat/completions/"),
+            Ok(ApiKind::ChatCompletions)
+        );
         assert_eq!(classify("GET", "/v1/completions"), Err(PassReason::Method));
         assert_eq!(classify("POST", "/v1/embeddings"), Err(PassReason::Path));
         assert_eq!(classify("GET", "/health"), Err(PassReason::Path));
@@ -252,7 +265,10 @@ mod tests {
     #[test]
     fn completion_token_id_lists_are_separated() {
         let r = completions(r#"{"prompt":[[1],[2]]}"#).unwrap();
-        assert_eq!(r.prompt, vec![1, 0, 0, 0, 255, 255, 255, 255, 2, 0, 0, 0, 255, 255, 255, 255]);
+        assert_eq!(
+            r.prompt,
+            vec![1, 0, 0, 0, 255, 255, 255, 255, 2, 0, 0, 0, 255, 255, 255, 255]
+        );
     }
 
     #[test]
@@ -261,17 +277,36 @@ mod tests {
         assert_eq!(completions(r#"{"prompt":[]}"#), Err(PassReason::NoPrompt));
         assert_eq!(completions(r#"{"prompt":5}"#), Err(PassReason::NoPrompt));
         assert_eq!(completions(r#"{"prompt":[-1]}"#), Err(PassReason::NoPrompt));
-        assert_eq!(completions(r#"{"prompt":[1,"a"]}"#), Err(PassReason::NoPrompt));
-        assert_eq!(completions(r#"{"prompt":[{"a":1}]}"#), Err(PassReason::NoPrompt));
-        assert_eq!(completions(r#"{"prompt":[5000000000]}"#), Err(PassReason::NoPrompt));
+        assert_eq!(
+            completions(r#"{"prompt":[1,"a"]}"#),
+            Err(PassReason::NoPrompt)
+        );
+        assert_eq!(
+            completions(r#"{"prompt":[{"a":1}]}"#),
+            Err(PassReason::NoPrompt)
+        );
+        assert_eq!(
+            completions(r#"{"prompt":[5000000000]}"#),
+            Err(PassReason::NoPrompt)
+        );
     }
 
     #[test]
     fn malformed_truncated_and_empty_bodies_are_not_json() {
-        for body in ["", "not json", r#"{"prompt":"abc"#, r#"["prompt"]"#, "\u{0}\u{1}", "{\"prompt\":\"\\ud800\"}"] {
+        for body in [
+            "",
+            "not json",
+            r#"{"prompt":"abc"#,
+            r#"["prompt"]"#,
+            "\u{0}\u{1}",
+            "{\"prompt\":\"\\ud800\"}",
+        ] {
             assert_eq!(completions(body), Err(PassReason::NotJson), "{body:?}");
         }
-        assert_eq!(chat(r#"{"messages":[{"role":"user","content":"x"}"#), Err(PassReason::NotJson));
+        assert_eq!(
+            chat(r#"{"messages":[{"role":"user","content":"x"}"#),
+            Err(PassReason::NotJson)
+        );
     }
 
     #[test]
@@ -280,7 +315,10 @@ mod tests {
             r#"{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"U"},{"role":"assistant","content":null},{"role":"user","content":[{"type":"text","text":"A"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"B"}]}]}"#,
         )
         .unwrap();
-        assert_eq!(r.prompt, b"<|system|>S\n<|user|>U\n<|assistant|>\n<|user|>AB\n");
+        assert_eq!(
+            r.prompt,
+            b"<|system|>S\n<|user|>U\n<|assistant|>\n<|user|>AB\n"
+        );
         let as_user = chat(r#"{"messages":[{"role":"user","content":"S"}]}"#).unwrap();
         let as_system = chat(r#"{"messages":[{"role":"system","content":"S"}]}"#).unwrap();
         assert_ne!(as_user.prompt, as_system.prompt);
@@ -288,7 +326,10 @@ mod tests {
 
     #[test]
     fn chat_later_turns_extend_earlier_prefix() {
-        let one = chat(r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"Q1"}]}"#).unwrap();
+        let one = chat(
+            r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"Q1"}]}"#,
+        )
+        .unwrap();
         let two = chat(
             r#"{"messages":[{"role":"system","content":"S"},{"role":"user","content":"Q1"},{"role":"assistant","content":"A1"},{"role":"user","content":"Q2"}]}"#,
         )
@@ -300,14 +341,23 @@ mod tests {
     fn chat_bad_shapes_pass_through() {
         assert_eq!(chat(r#"{"model":"m"}"#), Err(PassReason::NoPrompt));
         assert_eq!(chat(r#"{"messages":[]}"#), Err(PassReason::NoPrompt));
-        assert_eq!(chat(r#"{"messages":[{"content":"x"}]}"#), Err(PassReason::NoPrompt));
-        assert_eq!(chat(r#"{"messages":[{"role":"user","content":5}]}"#), Err(PassReason::NoPrompt));
+        assert_eq!(
+            chat(r#"{"messages":[{"content":"x"}]}"#),
+            Err(PassReason::NoPrompt)
+        );
+        assert_eq!(
+            chat(r#"{"messages":[{"role":"user","content":5}]}"#),
+            Err(PassReason::NoPrompt)
+        );
         assert_eq!(chat(r#"{"messages":"hi"}"#), Err(PassReason::NotJson));
     }
 
     #[test]
     fn non_string_model_is_ignored() {
-        assert_eq!(completions(r#"{"model":7,"prompt":"x"}"#).unwrap().model, "");
+        assert_eq!(
+            completions(r#"{"model":7,"prompt":"x"}"#).unwrap().model,
+            ""
+        );
     }
 
     #[test]
@@ -319,7 +369,11 @@ mod tests {
 
     #[test]
     fn deeply_nested_json_is_refused_not_overflowed() {
-        let body = format!(r#"{{"prompt":{}1{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+        let body = format!(
+            r#"{{"prompt":{}1{}}}"#,
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
         assert!(completions(&body).is_err());
     }
 }

@@ -83,7 +83,10 @@ impl fmt::Display for ReplyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ReplyError::Truncated { complete, expected } => {
-                write!(f, "truncated pipeline reply: {complete} of {expected} replies")
+                write!(
+                    f,
+                    "truncated pipeline reply: {complete} of {expected} replies"
+                )
             }
             ReplyError::Protocol(msg) => write!(f, "bad pipeline reply: {msg}"),
         }
@@ -191,7 +194,9 @@ pub fn parse(buf: &[u8]) -> Result<(Frame, usize), ParseError> {
 /// error: a caller can never see a prefix of a truncated reply.
 pub fn parse_pipeline_reply(buf: &[u8], expected: usize) -> Result<Vec<Frame>, ReplyError> {
     if expected == 0 {
-        return Err(ReplyError::Protocol("a pipeline ends with QUIT, so expects >= 1 reply".into()));
+        return Err(ReplyError::Protocol(
+            "a pipeline ends with QUIT, so expects >= 1 reply".into(),
+        ));
     }
     let mut frames = Vec::with_capacity(expected.min(1024));
     let mut pos = 0;
@@ -202,23 +207,33 @@ pub fn parse_pipeline_reply(buf: &[u8], expected: usize) -> Result<Vec<Frame>, R
                 pos += used;
             }
             Err(ParseError::Incomplete) => {
-                return Err(ReplyError::Truncated { complete: frames.len(), expected })
+                return Err(ReplyError::Truncated {
+                    complete: frames.len(),
+                    expected,
+                })
             }
             Err(ParseError::Protocol(msg)) => return Err(ReplyError::Protocol(msg)),
         }
     }
     if pos != buf.len() {
-        return Err(ReplyError::Protocol(format!("{} bytes after the QUIT reply", buf.len() - pos)));
+        return Err(ReplyError::Protocol(format!(
+            "{} bytes after the QUIT reply",
+            buf.len() - pos
+        )));
     }
     match frames.last() {
         Some(Frame::Simple(s)) if s == "OK" => Ok(frames),
-        other => Err(ReplyError::Protocol(format!("QUIT replied {other:?}, not +OK"))),
+        other => Err(ReplyError::Protocol(format!(
+            "QUIT replied {other:?}, not +OK"
+        ))),
     }
 }
 
 fn parse_at(buf: &[u8], pos: &mut usize, depth: usize) -> Result<Frame, ParseError> {
     if depth > MAX_DEPTH {
-        return Err(ParseError::Protocol(format!("nesting deeper than {MAX_DEPTH}")));
+        return Err(ParseError::Protocol(format!(
+            "nesting deeper than {MAX_DEPTH}"
+        )));
     }
     let tag = *buf.get(*pos).ok_or(ParseError::Incomplete)?;
     *pos += 1;
@@ -237,7 +252,9 @@ fn parse_at(buf: &[u8], pos: &mut usize, depth: usize) -> Result<Frame, ParseErr
                 return Err(ParseError::Incomplete);
             }
             if &buf[end..end + 2] != b"\r\n" {
-                return Err(ParseError::Protocol("bulk string not followed by CRLF".into()));
+                return Err(ParseError::Protocol(
+                    "bulk string not followed by CRLF".into(),
+                ));
             }
             let data = buf[*pos..end].to_vec();
             *pos = end + 2;
@@ -257,7 +274,9 @@ fn parse_at(buf: &[u8], pos: &mut usize, depth: usize) -> Result<Frame, ParseErr
             }
             Ok(Frame::Array(items))
         }
-        other => Err(ParseError::Protocol(format!("unknown frame type byte 0x{other:02x}"))),
+        other => Err(ParseError::Protocol(format!(
+            "unknown frame type byte 0x{other:02x}"
+        ))),
     }
 }
 
@@ -265,7 +284,9 @@ fn checked_len(len: i64, max: usize, what: &str) -> Result<usize, ParseError> {
     let len = usize::try_from(len)
         .map_err(|_| ParseError::Protocol(format!("negative {what} length {len}")))?;
     if len > max {
-        return Err(ParseError::Protocol(format!("{what} length {len} exceeds limit {max}")));
+        return Err(ParseError::Protocol(format!(
+            "{what} length {len} exceeds limit {max}"
+        )));
     }
     Ok(len)
 }
@@ -327,7 +348,11 @@ mod tests {
             Frame::Array(vec![]),
             Frame::Array(vec![
                 Frame::Bulk(b"17".to_vec()),
-                Frame::Array(vec![Frame::Bulk(b"k1".to_vec()), Frame::Null, Frame::Integer(-1)]),
+                Frame::Array(vec![
+                    Frame::Bulk(b"k1".to_vec()),
+                    Frame::Null,
+                    Frame::Integer(-1),
+                ]),
             ]),
         ]
     }
@@ -345,10 +370,16 @@ mod tests {
         assert_eq!(enc(&Frame::Integer(-2)), b":-2\r\n");
         assert_eq!(enc(&Frame::Null), b"$-1\r\n");
         assert_eq!(enc(&Frame::NullArray), b"*-1\r\n");
-        assert_eq!(parse(b":-9223372036854775808\r\n"), Ok((Frame::Integer(i64::MIN), 23)));
+        assert_eq!(
+            parse(b":-9223372036854775808\r\n"),
+            Ok((Frame::Integer(i64::MIN), 23))
+        );
         let mut cmd = Vec::new();
         encode_command(&mut cmd, &[b"SETEX", b"k", b"120", b"v"]);
-        assert_eq!(cmd, b"*4\r\n$5\r\nSETEX\r\n$1\r\nk\r\n$3\r\n120\r\n$1\r\nv\r\n");
+        assert_eq!(
+            cmd,
+            b"*4\r\n$5\r\nSETEX\r\n$1\r\nk\r\n$3\r\n120\r\n$1\r\nv\r\n"
+        );
     }
 
     #[test]
@@ -356,7 +387,11 @@ mod tests {
         for frame in sample_frames() {
             let bytes = enc(&frame);
             for cut in 0..bytes.len() {
-                assert_eq!(parse(&bytes[..cut]), Err(ParseError::Incomplete), "{frame:?} cut at {cut}");
+                assert_eq!(
+                    parse(&bytes[..cut]),
+                    Err(ParseError::Incomplete),
+                    "{frame:?} cut at {cut}"
+                );
             }
         }
     }
@@ -379,18 +414,30 @@ mod tests {
             b"+OK\rX",
             b"+\xff\r\n",
         ] {
-            assert!(matches!(parse(bad), Err(ParseError::Protocol(_))), "{bad:?}");
+            assert!(
+                matches!(parse(bad), Err(ParseError::Protocol(_))),
+                "{bad:?}"
+            );
         }
     }
 
     #[test]
     fn limits_return_protocol_errors() {
         let big_bulk = format!("${}\r\n", MAX_BULK_LEN + 1);
-        assert!(matches!(parse(big_bulk.as_bytes()), Err(ParseError::Protocol(_))));
+        assert!(matches!(
+            parse(big_bulk.as_bytes()),
+            Err(ParseError::Protocol(_))
+        ));
         let big_array = format!("*{}\r\n", MAX_ARRAY_LEN + 1);
-        assert!(matches!(parse(big_array.as_bytes()), Err(ParseError::Protocol(_))));
+        assert!(matches!(
+            parse(big_array.as_bytes()),
+            Err(ParseError::Protocol(_))
+        ));
         let deep = "*1\r\n".repeat(MAX_DEPTH + 2);
-        assert!(matches!(parse(deep.as_bytes()), Err(ParseError::Protocol(_))));
+        assert!(matches!(
+            parse(deep.as_bytes()),
+            Err(ParseError::Protocol(_))
+        ));
         let ok_deep = format!("{}:1\r\n", "*1\r\n".repeat(MAX_DEPTH));
         assert!(parse(ok_deep.as_bytes()).is_ok());
         let long_line = vec![b'+'; MAX_LINE_LEN + 10];
@@ -414,7 +461,11 @@ mod tests {
         let frames = parse_pipeline_reply(reply, 3);
         assert_eq!(
             frames,
-            Ok(vec![Frame::Bulk(b"v".to_vec()), Frame::Integer(-1), Frame::Simple("OK".into())])
+            Ok(vec![
+                Frame::Bulk(b"v".to_vec()),
+                Frame::Integer(-1),
+                Frame::Simple("OK".into())
+            ])
         );
     }
 
@@ -424,7 +475,10 @@ mod tests {
         assert!(parse_pipeline_reply(reply, 3).is_ok());
         for cut in 0..reply.len() {
             assert!(
-                matches!(parse_pipeline_reply(&reply[..cut], 3), Err(ReplyError::Truncated { .. })),
+                matches!(
+                    parse_pipeline_reply(&reply[..cut], 3),
+                    Err(ReplyError::Truncated { .. })
+                ),
                 "cut at {cut}"
             );
         }
@@ -432,8 +486,17 @@ mod tests {
 
     #[test]
     fn pipeline_reply_rejects_trailing_bytes_and_non_ok_quit() {
-        assert!(matches!(parse_pipeline_reply(b"+OK\r\n+OK\r\n", 1), Err(ReplyError::Protocol(_))));
-        assert!(matches!(parse_pipeline_reply(b":1\r\n", 1), Err(ReplyError::Protocol(_))));
-        assert!(matches!(parse_pipeline_reply(b"", 0), Err(ReplyError::Protocol(_))));
+        assert!(matches!(
+            parse_pipeline_reply(b"+OK\r\n+OK\r\n", 1),
+            Err(ReplyError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_pipeline_reply(b":1\r\n", 1),
+            Err(ReplyError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_pipeline_reply(b"", 0),
+            Err(ReplyError::Protocol(_))
+        ));
     }
 }

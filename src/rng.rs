@@ -58,7 +58,10 @@ mod tests {
         for _ in 0..4000 {
             counts[r.below(4)] += 1;
         }
-        assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "{counts:?}");
+        assert!(
+            counts.iter().all(|&c| (800..1200).contains(&c)),
+            "{counts:?}"
+        );
         assert_eq!(r.below(0), 0);
     }
 

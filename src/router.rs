@@ -66,6 +66,8 @@ pub struct Routed {
     pub write: WriteOutcome,
     /// CAS retries spent on the in-flight counter.
     pub load_retries: u32,
+    /// The chosen pod's in-flight count including this request.
+    pub inflight: u32,
 }
 
 /// Routing state of one VM: settings-derived helpers plus a model-id cache.
@@ -81,7 +83,10 @@ impl Router {
     pub fn new(settings: Settings) -> Self {
         Self {
             hasher: BlockHasher::new(settings.block_size, settings.hash_seed),
-            table: TableConfig::new(settings.table_capacity_blocks, settings.table_idle_expiry_secs),
+            table: TableConfig::new(
+                settings.table_capacity_blocks,
+                settings.table_idle_expiry_secs,
+            ),
             policy: PolicyConfig {
                 imbalance_abs_count: settings.imbalance_abs_count,
                 stddev_factor: settings.stddev_factor,
@@ -100,7 +105,11 @@ impl Router {
     }
 
     /// Table id of a model name (cached; ids are never reassigned).
-    pub fn model_id<S: SharedStore + ?Sized>(&self, store: &S, model: &str) -> Result<Option<u16>, StoreError> {
+    pub fn model_id<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        model: &str,
+    ) -> Result<Option<u16>, StoreError> {
         if let Some(id) = self.model_ids.borrow().get(model) {
             return Ok(Some(*id));
         }
@@ -134,14 +143,14 @@ impl Router {
         };
         let counters = InflightCounters::new(store, self.settings.all_endpoints.len());
         let load = counters.fleet()?;
-        let choice =
-            choose(&self.policy, pool, &load, &matches, hashes.len(), rng).ok_or(RouteError::NoEndpoints)?;
+        let choice = choose(&self.policy, pool, &load, &matches, hashes.len(), rng)
+            .ok_or(RouteError::NoEndpoints)?;
         let recorded: Vec<u64> = positions.iter().map(|&i| hashes[i]).collect();
         let write = match model {
             Some(m) => table.record(&recorded, m, choice.pod, now_secs),
             None => WriteOutcome::default(),
         };
-        let (_, load_retries) = counters.add(choice.pod, 1)?;
+        let (inflight, load_retries) = counters.add(choice.pod, 1)?;
         Ok(Routed {
             choice,
             total_blocks: hashes.len(),
@@ -150,6 +159,7 @@ impl Router {
             recorded,
             write,
             load_retries,
+            inflight,
         })
     }
 
@@ -264,8 +274,12 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
             }
             self.probes += 1;
             let mut pods = Vec::new();
-            self.table
-                .pods_holding(self.hashes[self.positions[idx]], self.model, self.now, &mut pods)?;
+            self.table.pods_holding(
+                self.hashes[self.positions[idx]],
+                self.model,
+                self.now,
+                &mut pods,
+            )?;
             self.memo[idx] = Some(pods);
         }
         Ok(self.memo[idx].as_deref())
@@ -334,13 +348,31 @@ mod tests {
         let r = router("");
         let mut rng = SplitMix64::new(7);
         let prefix = "x".repeat(4 * 200);
-        let a = r.route(&s, &req(&format!("{prefix}{}", "a".repeat(800))), 100, &mut rng).unwrap();
+        let a = r
+            .route(
+                &s,
+                &req(&format!("{prefix}{}", "a".repeat(800))),
+                100,
+                &mut rng,
+            )
+            .unwrap();
         r.release(&s, a.choice.pod).unwrap();
-        let b = r.route(&s, &req(&format!("{prefix}{}", "b".repeat(800))), 101, &mut rng).unwrap();
+        let b = r
+            .route(
+                &s,
+                &req(&format!("{prefix}{}", "b".repeat(800))),
+                101,
+                &mut rng,
+            )
+            .unwrap();
         assert_eq!(b.choice.pod, a.choice.pod);
         assert_eq!(b.choice.reason, Reason::PrefixMatch);
         // True match is 50 %; sampling may undercount by at most 1/8 of the length.
-        assert!((43..=50).contains(&b.choice.match_percent), "{}", b.choice.match_percent);
+        assert!(
+            (43..=50).contains(&b.choice.match_percent),
+            "{}",
+            b.choice.match_percent
+        );
     }
 
     #[test]
@@ -354,7 +386,11 @@ mod tests {
             r.release(&s, a.choice.pod).unwrap();
             let b = r.route(&s, &req(&p), 100, &mut rng).unwrap();
             assert!(b.probes <= 20, "{blocks} blocks took {} probes", b.probes);
-            assert!(b.recorded.len() <= 120, "{blocks} blocks recorded {}", b.recorded.len());
+            assert!(
+                b.recorded.len() <= 120,
+                "{blocks} blocks recorded {}",
+                b.recorded.len()
+            );
         }
     }
 
@@ -376,8 +412,14 @@ mod tests {
         let mut rng = SplitMix64::new(1);
         let p = "z".repeat(400);
         r.route(&s, &req(&p), 100, &mut rng).unwrap();
-        let other = PromptRequest { model: "other".into(), prompt: p.into_bytes() };
-        assert_eq!(r.route(&s, &other, 100, &mut rng).unwrap().choice.reason, Reason::NoMatch);
+        let other = PromptRequest {
+            model: "other".into(),
+            prompt: p.into_bytes(),
+        };
+        assert_eq!(
+            r.route(&s, &other, 100, &mut rng).unwrap().choice.reason,
+            Reason::NoMatch
+        );
     }
 
     #[test]
@@ -397,13 +439,22 @@ mod tests {
         struct Broken;
         impl SharedStore for Broken {
             fn get(&self, key: &str) -> Result<crate::store::Versioned, StoreError> {
-                Err(StoreError::Host { key: key.into(), status: "down".into() })
+                Err(StoreError::Host {
+                    key: key.into(),
+                    status: "down".into(),
+                })
             }
             fn set(&self, key: &str, _: &[u8], _: Option<u32>) -> Result<(), StoreError> {
-                Err(StoreError::Host { key: key.into(), status: "down".into() })
+                Err(StoreError::Host {
+                    key: key.into(),
+                    status: "down".into(),
+                })
             }
         }
         let r = router("");
-        assert!(matches!(r.route(&Broken, &req("abcdefgh"), 1, &mut SplitMix64::new(1)), Err(RouteError::Store(_))));
+        assert!(matches!(
+            r.route(&Broken, &req("abcdefgh"), 1, &mut SplitMix64::new(1)),
+            Err(RouteError::Store(_))
+        ));
     }
 }

@@ -228,7 +228,10 @@ mod tests {
         let s = MemStore::new();
         s.set("k", b"1", None).unwrap();
         s.interfere_next(10);
-        assert_eq!(cas_update(&s, "k", 4, |_| Some(vec![9])), Err(StoreError::CasMismatch));
+        assert_eq!(
+            cas_update(&s, "k", 4, |_| Some(vec![9])),
+            Err(StoreError::CasMismatch)
+        );
         assert_eq!(s.get("k").unwrap().0.as_deref(), Some(&b"1"[..]));
     }
 

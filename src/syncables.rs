@@ -49,7 +49,10 @@ impl<S: SharedStore> PrefixCacheSync<S> {
     pub fn new(store: S, settings: Rc<Settings>, clock: Clock, max_dirty: usize) -> Self {
         Self {
             namespace: settings.sync.namespaces.prefixcache.clone(),
-            table: TableConfig::new(settings.table_capacity_blocks, settings.table_idle_expiry_secs),
+            table: TableConfig::new(
+                settings.table_capacity_blocks,
+                settings.table_idle_expiry_secs,
+            ),
             store,
             settings,
             clock,
@@ -98,7 +101,9 @@ impl<S: SharedStore> PrefixCacheSync<S> {
     fn encode(&self, records: &[Record]) -> Option<Vec<u8>> {
         let mut p = BlockPayload::default();
         for r in records {
-            let (Some(model), Some(pod)) = (self.model_name(r.model), self.settings.endpoint_name(r.pod)) else {
+            let (Some(model), Some(pod)) =
+                (self.model_name(r.model), self.settings.endpoint_name(r.pod))
+            else {
                 continue;
             };
             p.model_to_pods
@@ -131,16 +136,22 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
     }
 
     fn apply_remote(&mut self, id: &str, payload: &[u8]) -> Result<(), Rejected> {
-        let block: u64 = id.parse().map_err(|_| Rejected(format!("id `{id}` is not a u64")))?;
+        let block: u64 = id
+            .parse()
+            .map_err(|_| Rejected(format!("id `{id}` is not a u64")))?;
         let p: BlockPayload =
             serde_json::from_slice(payload).map_err(|e| Rejected(format!("block {id}: {e}")))?;
         let registry = ModelRegistry::new(&self.store);
         let mut facts = Vec::new();
         for (model, pods) in &p.model_to_pods {
-            let Ok(Some(model)) = registry.id_of(model) else { continue };
+            let Ok(Some(model)) = registry.id_of(model) else {
+                continue;
+            };
             for (pod, nanos) in pods {
                 // Pods this replica is not configured for cannot be routed to.
-                let Some(pod) = self.settings.endpoint_id(pod) else { continue };
+                let Some(pod) = self.settings.endpoint_id(pod) else {
+                    continue;
+                };
                 facts.push(Record {
                     block,
                     model,
@@ -185,7 +196,8 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
         let Ok(p) = serde_json::from_slice::<BlockPayload>(payload) else {
             return false;
         };
-        let horizon = (self.clock)().saturating_sub(u64::from(self.settings.table_idle_expiry_secs));
+        let horizon =
+            (self.clock)().saturating_sub(u64::from(self.settings.table_idle_expiry_secs));
         p.model_to_pods
             .values()
             .flat_map(|pods| pods.values())
@@ -217,7 +229,13 @@ pub struct PodLoadSync<S: SharedStore> {
 }
 
 impl<S: SharedStore> PodLoadSync<S> {
-    pub fn new(store: S, settings: Rc<Settings>, replica: String, clock_ms: Clock, max_age_ms: u64) -> Self {
+    pub fn new(
+        store: S,
+        settings: Rc<Settings>,
+        replica: String,
+        clock_ms: Clock,
+        max_age_ms: u64,
+    ) -> Self {
         Self {
             namespace: settings.sync.namespaces.load.clone(),
             replica,
@@ -263,8 +281,8 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
         if id == self.replica {
             return Ok(());
         }
-        let report: LoadReport =
-            serde_json::from_slice(payload).map_err(|e| Rejected(format!("load report {id}: {e}")))?;
+        let report: LoadReport = serde_json::from_slice(payload)
+            .map_err(|e| Rejected(format!("load report {id}: {e}")))?;
         let mut counts = vec![0u32; self.settings.all_endpoints.len()];
         for (ep, n) in report.inflight {
             if let Some(pod) = self.settings.endpoint_id(&ep) {
@@ -332,7 +350,12 @@ mod tests {
         let model = ModelRegistry::new(&*store).id_of("llama").unwrap().unwrap();
         let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
         table.record(&[77], model, 0, 990);
-        sync.mark(&Touched { model, pod: 0, time: 990, blocks: vec![77] });
+        sync.mark(&Touched {
+            model,
+            pod: 0,
+            time: 990,
+            blocks: vec![77],
+        });
         let delta = sync.delta();
         assert_eq!(delta.updated.len(), 1);
         assert_eq!(delta.updated[0].0, "77");
@@ -355,9 +378,19 @@ mod tests {
     fn clear_dirty_only_clears_what_delta_saw() {
         let store = Rc::new(MemStore::new());
         let mut sync = PrefixCacheSync::new(store.clone(), settings(), clock(1000), 100);
-        sync.mark(&Touched { model: 0, pod: 0, time: 1, blocks: vec![1, 2] });
+        sync.mark(&Touched {
+            model: 0,
+            pod: 0,
+            time: 1,
+            blocks: vec![1, 2],
+        });
         let _ = sync.delta();
-        sync.mark(&Touched { model: 0, pod: 0, time: 1, blocks: vec![3] });
+        sync.mark(&Touched {
+            model: 0,
+            pod: 0,
+            time: 1,
+            blocks: vec![3],
+        });
         sync.clear_dirty(&[]);
         assert_eq!(sync.dirty_len(), 1);
     }
@@ -366,7 +399,12 @@ mod tests {
     fn evicted_dirty_block_is_skipped() {
         let store = Rc::new(MemStore::new());
         let mut sync = PrefixCacheSync::new(store, settings(), clock(1000), 100);
-        sync.mark(&Touched { model: 0, pod: 0, time: 1, blocks: vec![5] });
+        sync.mark(&Touched {
+            model: 0,
+            pod: 0,
+            time: 1,
+            blocks: vec![5],
+        });
         assert!(sync.delta().updated.is_empty());
     }
 
@@ -383,13 +421,18 @@ mod tests {
         let store = Rc::new(MemStore::new());
         let sync = PrefixCacheSync::new(store, settings(), clock(10_000), 100);
         assert!(sync.is_stale("1", br#"{"model_to_pods":{"m":{"a:1":1000000000000}}}"#));
-        assert!(!sync.is_stale("1", br#"{"model_to_pods":{"m":{"a:1":1000000000000,"b:1":9500000000000}}}"#));
+        assert!(!sync.is_stale(
+            "1",
+            br#"{"model_to_pods":{"m":{"a:1":1000000000000,"b:1":9500000000000}}}"#
+        ));
     }
 
     #[test]
     fn snapshot_lists_every_live_block() {
         let store = Rc::new(MemStore::new());
-        let s = Rc::new(Settings::from_json(br#"{"endpoints":["a:1"],"table_capacity_blocks":64}"#).unwrap());
+        let s = Rc::new(
+            Settings::from_json(br#"{"endpoints":["a:1"],"table_capacity_blocks":64}"#).unwrap(),
+        );
         let sync = PrefixCacheSync::new(store.clone(), s, clock(100), 100);
         ModelRegistry::new(&*store).id_of("m").unwrap();
         PrefixTable::new(&*store, TableConfig::new(64, 1200)).record(&[1, 2, 3], 0, 0, 100);
@@ -403,22 +446,39 @@ mod tests {
         let s = settings();
         let now = Rc::new(Cell::new(10_000u64));
         let n = now.clone();
-        let mut me = PodLoadSync::new(store.clone(), s.clone(), "r1".into(), Rc::new(move || n.get()), 30_000);
+        let mut me = PodLoadSync::new(
+            store.clone(),
+            s.clone(),
+            "r1".into(),
+            Rc::new(move || n.get()),
+            30_000,
+        );
         InflightCounters::new(&*store, 2).add(1, 2).unwrap();
         let snap = me.snapshot();
         assert_eq!(snap[0].0, "r1");
-        assert_eq!(String::from_utf8(snap[0].1.clone()).unwrap(), r#"{"inflight":{"b:1":2},"at_ms":10000}"#);
+        assert_eq!(
+            String::from_utf8(snap[0].1.clone()).unwrap(),
+            r#"{"inflight":{"b:1":2},"at_ms":10000}"#
+        );
         me.on_sync_start();
         me.apply_remote("r1", &snap[0].1).unwrap();
-        me.apply_remote("r2", br#"{"inflight":{"a:1":3,"b:1":1},"at_ms":9000}"#).unwrap();
-        me.apply_remote("r3", br#"{"inflight":{"a:1":4,"gone:1":9},"at_ms":9000}"#).unwrap();
+        me.apply_remote("r2", br#"{"inflight":{"a:1":3,"b:1":1},"at_ms":9000}"#)
+            .unwrap();
+        me.apply_remote("r3", br#"{"inflight":{"a:1":4,"gone:1":9},"at_ms":9000}"#)
+            .unwrap();
         me.on_sync_end();
-        assert_eq!(InflightCounters::new(&*store, 2).fleet().unwrap(), vec![7, 3]);
+        assert_eq!(
+            InflightCounters::new(&*store, 2).fleet().unwrap(),
+            vec![7, 3]
+        );
         now.set(100_000);
         assert!(me.is_stale("r2", br#"{"inflight":{},"at_ms":1}"#));
         assert!(!me.is_stale("r1", br#"{"inflight":{},"at_ms":1}"#));
         me.on_sync_start();
         me.on_sync_end();
-        assert_eq!(InflightCounters::new(&*store, 2).fleet().unwrap(), vec![0, 2]);
+        assert_eq!(
+            InflightCounters::new(&*store, 2).fleet().unwrap(),
+            vec![0, 2]
+        );
     }
 }

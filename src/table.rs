@@ -104,7 +104,13 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
     }
 
     /// Pods that hold `block` for `model`, written into `out` (cleared first).
-    pub fn pods_holding(&self, block: u64, model: u16, now: u32, out: &mut Vec<u16>) -> Result<(), StoreError> {
+    pub fn pods_holding(
+        &self,
+        block: u64,
+        model: u16,
+        now: u32,
+        out: &mut Vec<u16>,
+    ) -> Result<(), StoreError> {
         out.clear();
         for r in self.live_bucket(block, now)? {
             if r.block == block && r.model == model && !out.contains(&r.pod) {
@@ -164,20 +170,25 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
             let bucket = group[0].0;
             let mut new_slots = 0;
             let mut evictions = 0;
-            let res = cas_update(self.store, &bucket_key(bucket), self.cfg.max_cas_attempts, |cur| {
-                let mut records = decode_bucket(cur.unwrap_or(&[]));
-                let used_before = records.iter().filter(|r| r.last_access != 0).count();
-                evictions = 0;
-                let mut changed = false;
-                for (_, fact) in group {
-                    let (c, e) = self.place(&mut records, fact, now);
-                    changed |= c;
-                    evictions += e;
-                }
-                let used_after = records.iter().filter(|r| r.last_access != 0).count();
-                new_slots = used_after.saturating_sub(used_before) as u32;
-                changed.then(|| encode_bucket(&records))
-            });
+            let res = cas_update(
+                self.store,
+                &bucket_key(bucket),
+                self.cfg.max_cas_attempts,
+                |cur| {
+                    let mut records = decode_bucket(cur.unwrap_or(&[]));
+                    let used_before = records.iter().filter(|r| r.last_access != 0).count();
+                    evictions = 0;
+                    let mut changed = false;
+                    for (_, fact) in group {
+                        let (c, e) = self.place(&mut records, fact, now);
+                        changed |= c;
+                        evictions += e;
+                    }
+                    let used_after = records.iter().filter(|r| r.last_access != 0).count();
+                    new_slots = used_after.saturating_sub(used_before) as u32;
+                    changed.then(|| encode_bucket(&records))
+                },
+            );
             match res {
                 Ok(o) => {
                     out.cas_retries += o.retries;
@@ -198,10 +209,12 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
 
     /// Puts one fact into a decoded bucket. Returns (changed, evicted a live record).
     fn place(&self, records: &mut Vec<Record>, fact: &Record, now: u32) -> (bool, u32) {
-        if let Some(r) = records
-            .iter_mut()
-            .find(|r| r.block == fact.block && r.model == fact.model && r.pod == fact.pod && r.last_access != 0)
-        {
+        if let Some(r) = records.iter_mut().find(|r| {
+            r.block == fact.block
+                && r.model == fact.model
+                && r.pod == fact.pod
+                && r.last_access != 0
+        }) {
             if fact.last_access > r.last_access {
                 r.last_access = fact.last_access;
                 return (true, 0);
@@ -216,7 +229,13 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         let victim = records
             .iter()
             .enumerate()
-            .min_by_key(|(_, r)| if self.is_live(r, now) { u64::from(r.last_access) + 1 } else { 0 })
+            .min_by_key(|(_, r)| {
+                if self.is_live(r, now) {
+                    u64::from(r.last_access) + 1
+                } else {
+                    0
+                }
+            })
             .map(|(i, r)| (i, self.is_live(r, now)));
         match victim {
             Some((i, live)) => {
@@ -324,7 +343,9 @@ fn decode_names(mut bytes: &[u8]) -> Vec<String> {
     let mut names = Vec::new();
     while bytes.len() >= 2 {
         let len = usize::from(u16::from_le_bytes([bytes[0], bytes[1]]));
-        let Some(name) = bytes.get(2..2 + len) else { break };
+        let Some(name) = bytes.get(2..2 + len) else {
+            break;
+        };
         names.push(String::from_utf8_lossy(name).into_owned());
         bytes = &bytes[2 + len..];
     }
@@ -381,7 +402,9 @@ mod tests {
         for round in 0..200u32 {
             let blocks: Vec<u64> = (0..50)
                 .map(|_| {
-                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     x
                 })
                 .collect();
@@ -409,7 +432,12 @@ mod tests {
     fn upsert_keeps_newer_time() {
         let s = MemStore::new();
         let t = PrefixTable::new(&s, TableConfig::new(64, 3600));
-        let f = |ts| Record { block: 7, model: 0, pod: 1, last_access: ts };
+        let f = |ts| Record {
+            block: 7,
+            model: 0,
+            pod: 1,
+            last_access: ts,
+        };
         t.upsert(&[f(500)], 600);
         t.upsert(&[f(400)], 600);
         assert_eq!(t.block_records(7, 600).unwrap()[0].last_access, 500);
@@ -455,7 +483,12 @@ mod tests {
         assert!(decode_bucket(&[]).is_empty());
         assert!(decode_bucket(&[9, 1, 2, 3]).is_empty());
         assert_eq!(decode_bucket(&[LAYOUT_VERSION, 1, 2, 3]).len(), 0);
-        let r = Record { block: u64::MAX, model: 3, pod: 9, last_access: 77 };
+        let r = Record {
+            block: u64::MAX,
+            model: 3,
+            pod: 9,
+            last_access: 77,
+        };
         assert_eq!(decode_bucket(&encode_bucket(&[r])), vec![r]);
     }
 

@@ -63,14 +63,25 @@ impl PrefixFilter {
             .settings()
             .endpoint_name(pod)
             .ok_or(PassReason::InternalError)?;
-        hostcalls::set_map_value(MapType::HttpRequestHeaders, DESTINATION_HEADER, Some(endpoint))
-            .map_err(|_| PassReason::InternalError)?;
-        hostcalls::set_map_value(MapType::HttpRequestHeaders, ORIGINAL_DST_HEADER, Some(endpoint))
-            .map_err(|_| PassReason::InternalError)?;
+        hostcalls::set_map_value(
+            MapType::HttpRequestHeaders,
+            DESTINATION_HEADER,
+            Some(endpoint),
+        )
+        .map_err(|_| PassReason::InternalError)?;
+        hostcalls::set_map_value(
+            MapType::HttpRequestHeaders,
+            ORIGINAL_DST_HEADER,
+            Some(endpoint),
+        )
+        .map_err(|_| PassReason::InternalError)?;
         if let (Some(start), Ok(end)) = (started, hostcalls::get_current_time()) {
             if let Ok(d) = end.duration_since(start) {
                 let m = &self.shared.metrics;
-                m.record(m.route_time_us, u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+                m.record(
+                    m.route_time_us,
+                    u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+                );
             }
         }
         Ok(())
@@ -115,7 +126,10 @@ impl HttpContext for PrefixFilter {
             return self.pass(PassReason::NoPrompt);
         }
         let max = self.shared.router.settings().max_body_bytes;
-        if header("content-length").parse::<usize>().is_ok_and(|n| n > max) {
+        if header("content-length")
+            .parse::<usize>()
+            .is_ok_and(|n| n > max)
+        {
             return self.pass(PassReason::BodyTooLarge);
         }
         self.kind = Some(kind);
@@ -161,8 +175,15 @@ impl HttpContext for PrefixFilter {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let (Some(name), Some(pct)) = (&self.shared.router.settings().match_header, self.match_percent) {
-            let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(&pct.to_string()));
+        if let (Some(name), Some(pct)) = (
+            &self.shared.router.settings().match_header,
+            self.match_percent,
+        ) {
+            let _ = hostcalls::set_map_value(
+                MapType::HttpResponseHeaders,
+                name,
+                Some(&pct.to_string()),
+            );
         }
         Action::Continue
     }

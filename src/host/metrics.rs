@@ -46,13 +46,18 @@ impl Metrics {
             cas_retries: c("table.cas_retries"),
             cas_exhausted: c("table.cas_exhausted"),
             table_evictions: c("table.evictions"),
-            dirty_dropped: c("sync.dirty_dropped"),
+            dirty_dropped: c("sync.handoff_dropped"),
             slots_used: define(MetricType::Gauge, "prefix_router.table.slots_used"),
             route_time_us: define(MetricType::Histogram, "prefix_router.route_time_us"),
             inflight: settings
                 .all_endpoints
                 .iter()
-                .map(|ep| define(MetricType::Gauge, &format!("prefix_router.inflight.{}", stat_safe(ep))))
+                .map(|ep| {
+                    define(
+                        MetricType::Gauge,
+                        &format!("prefix_router.inflight.{}", stat_safe(ep)),
+                    )
+                })
                 .collect(),
         }
     }
@@ -96,6 +101,12 @@ impl Metrics {
 /// Stat names split on `.`; endpoint names become one segment.
 fn stat_safe(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }

@@ -11,8 +11,7 @@ use proxy_wasm::types::ContextType;
 
 use super::filter::PrefixFilter;
 use super::metrics::Metrics;
-use super::{now_secs, now_nanos};
-use crate::config::Settings;
+use super::{now_nanos, now_secs};
 use crate::handoff::{self, Touched};
 use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
@@ -33,29 +32,34 @@ pub struct FilterShared {
 impl FilterShared {
     /// Routes one request, records stats, and hands the recorded blocks to
     /// the sync singleton.
-    pub fn route<S: SharedStore>(&self, store: &S, req: &PromptRequest) -> Result<Routed, RouteError> {
+    pub fn route<S: SharedStore>(
+        &self,
+        store: &S,
+        req: &PromptRequest,
+    ) -> Result<Routed, RouteError> {
         let now = now_secs();
-        let routed = self.router.route(store, req, now, &mut self.rng.borrow_mut());
-        let m = &self.metrics;
-        match &routed {
-            Ok(r) => {
-                m.routed(r.choice.reason);
-                m.add(m.cas_retries, u64::from(r.write.cas_retries + r.load_retries));
-                m.add(m.cas_exhausted, u64::from(r.write.failed_buckets));
-                m.add(m.table_evictions, u64::from(r.write.evictions));
-                if r.write.new_slots > 0 {
-                    let _ = hostcalls::increment_metric(m.slots_used, i64::from(r.write.new_slots));
-                }
-                if let Ok(local) = crate::load::InflightCounters::new(store, self.router.settings().all_endpoints.len()).local() {
-                    if let Some(v) = local.get(usize::from(r.choice.pod)) {
-                        m.inflight(r.choice.pod, *v);
-                    }
-                }
-                if let Some(model) = r.model {
-                    self.hand_off(Touched { model, pod: r.choice.pod, time: now, blocks: r.recorded.clone() });
-                }
+        let routed = self
+            .router
+            .route(store, req, now, &mut self.rng.borrow_mut());
+        if let Ok(r) = &routed {
+            let m = &self.metrics;
+            m.routed(r.choice.reason);
+            m.add(
+                m.cas_retries,
+                u64::from(r.write.cas_retries + r.load_retries),
+            );
+            m.add(m.cas_exhausted, u64::from(r.write.failed_buckets));
+            m.add(m.table_evictions, u64::from(r.write.evictions));
+            m.add(m.slots_used, u64::from(r.write.new_slots));
+            m.inflight(r.choice.pod, r.inflight);
+            if let Some(model) = r.model {
+                self.hand_off(Touched {
+                    model,
+                    pod: r.choice.pod,
+                    time: now,
+                    blocks: r.recorded.clone(),
+                });
             }
-            Err(_) => {}
         }
         routed
     }
@@ -66,7 +70,9 @@ impl FilterShared {
         }
         let mut queue = self.dirty_queue.borrow_mut();
         if queue.is_none() {
-            *queue = hostcalls::resolve_shared_queue(&self.vm_id, handoff::QUEUE_NAME).ok().flatten();
+            *queue = hostcalls::resolve_shared_queue(&self.vm_id, handoff::QUEUE_NAME)
+                .ok()
+                .flatten();
         }
         let sent = queue
             .map(|q| hostcalls::enqueue_shared_queue(q, Some(&handoff::encode(&touched))).is_ok())

@@ -1,10 +1,329 @@
-//! The sync singleton (placeholder until the engine lands).
+//! The sync singleton: one root context on Envoy's main thread (an
+//! `envoy.bootstrap.wasm` service with `singleton: true`, same `vm_id` as the
+//! filter, root id [`SYNC_ROOT_ID`](super::SYNC_ROOT_ID)). It drives the
+//! sans-IO [`SyncEngine`] from `on_tick`, sends its RESP pipelines to the
+//! Redis bridge with `dispatch_http_call`, feeds replies back, and drains the
+//! workers' shared queue of touched blocks into the prefix-cache syncable.
+//!
+//! Nothing happens in `on_configure` beyond parsing: Envoy may configure two
+//! singleton VMs of which only one ticks, so the queue and the engine start
+//! on the first tick.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, RootContext};
+use proxy_wasm::types::{BufferType, MapType, MetricType};
+
+use super::store::HostStore;
+use super::{now_millis, now_nanos, now_secs};
+use crate::config::Settings;
+use crate::handoff::{self, Touched};
+use crate::sync::{Call, CallFailed, CallId, SyncEngine, SyncStats};
+use crate::syncables::{PodLoadSync, PrefixCacheSync};
+
+/// How often the engine is ticked; bounds write-through latency.
+const TICK: Duration = Duration::from_millis(100);
+/// Most dirty blocks kept between pushes (oldest dropped, counted).
+const MAX_DIRTY: usize = 200_000;
+/// Queue messages drained per callback, so one burst cannot stall the main thread.
+const MAX_DRAIN: usize = 10_000;
 
 #[derive(Default)]
-pub struct SyncRoot;
+pub struct SyncRoot {
+    settings: Option<Rc<Settings>>,
+    state: Option<SyncState>,
+}
 
-impl Context for SyncRoot {}
+struct SyncState {
+    engine: SyncEngine,
+    prefix: Rc<RefCell<PrefixCacheSync<HostStore>>>,
+    prefix_ns: String,
+    queue: Option<u32>,
+    /// dispatch_http_call token -> engine call id.
+    calls: HashMap<u32, CallId>,
+    metrics: SyncMetrics,
+    settings: Rc<Settings>,
+}
 
-impl RootContext for SyncRoot {}
+impl Context for SyncRoot {
+    /// VM shutdown (Envoy drain): end the loop cleanly.
+    fn on_done(&mut self) -> bool {
+        if let Some(state) = self.state.as_mut() {
+            state.engine.stop();
+        }
+        true
+    }
+
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        let Some(state) = self.state.as_mut() else {
+            return;
+        };
+        let Some(call_id) = state.calls.remove(&token_id) else {
+            return;
+        };
+        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|s| s.parse::<u32>().ok());
+        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let result = match status {
+            Some(200) => Ok(body.as_slice()),
+            Some(code) => Err(CallFailed::Status(code)),
+            // Envoy reports a reset or timeout as a response without headers.
+            None if num_headers == 0 => Err(CallFailed::Timeout),
+            None => Err(CallFailed::Status(0)),
+        };
+        let next = state.engine.on_response(call_id, now_millis(), result);
+        state.dispatch(next);
+        state.publish();
+    }
+}
+
+impl RootContext for SyncRoot {
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        let Some(settings) = super::load_settings() else {
+            return false;
+        };
+        if settings.sync.enabled {
+            let _ = hostcalls::set_tick_period(TICK);
+        } else {
+            log::info!("prefix_router sync: disabled (sync.enabled is false)");
+        }
+        self.settings = Some(Rc::new(settings));
+        true
+    }
+
+    fn on_tick(&mut self) {
+        if self.state.is_none() {
+            self.state = self.settings.clone().and_then(SyncState::start);
+        }
+        let Some(state) = self.state.as_mut() else {
+            return;
+        };
+        state.drain_queue();
+        let calls = state.engine.tick(now_millis());
+        state.dispatch(calls);
+        state.publish();
+    }
+
+    fn on_queue_ready(&mut self, _queue_id: u32) {
+        if let Some(state) = self.state.as_mut() {
+            state.drain_queue();
+        }
+    }
+}
+
+impl SyncState {
+    fn start(settings: Rc<Settings>) -> Option<Self> {
+        if !settings.sync.enabled {
+            return None;
+        }
+        let mut engine = SyncEngine::new(settings.sync.clone(), now_nanos());
+        let secs: Rc<dyn Fn() -> u64> = Rc::new(|| u64::from(now_secs()));
+        let millis: Rc<dyn Fn() -> u64> = Rc::new(now_millis);
+        let prefix = Rc::new(RefCell::new(PrefixCacheSync::new(
+            HostStore,
+            settings.clone(),
+            secs,
+            MAX_DIRTY,
+        )));
+        let prefix_ns = settings.sync.namespaces.prefixcache.clone();
+        let max_age = settings.sync.period_ms.saturating_mul(3);
+        let load = PodLoadSync::new(
+            HostStore,
+            settings.clone(),
+            engine.origin().to_string(),
+            millis,
+            max_age,
+        );
+        // Registration errors are logged by the engine; a namespace that did
+        // not register simply does not sync.
+        let _ = engine.register(Box::new(prefix.clone()));
+        let _ = engine.register(Box::new(load));
+        if let Err(e) = engine.start(now_millis()) {
+            log::error!("prefix_router sync: cannot start: {e}");
+            return None;
+        }
+        let queue = hostcalls::register_shared_queue(handoff::QUEUE_NAME).ok();
+        log::info!(
+            "prefix_router sync: started, replica {}, namespaces {:?}, bridge cluster {}",
+            engine.origin(),
+            engine.namespaces(),
+            settings.sync.bridge_cluster
+        );
+        Some(Self {
+            engine,
+            prefix,
+            prefix_ns,
+            queue,
+            calls: HashMap::new(),
+            metrics: SyncMetrics::define(),
+            settings,
+        })
+    }
+
+    fn drain_queue(&mut self) {
+        let Some(queue) = self.queue else { return };
+        let write_through = self.settings.sync.write_through;
+        for _ in 0..MAX_DRAIN {
+            let msg = match hostcalls::dequeue_shared_queue(queue) {
+                Ok(Some(m)) => m,
+                _ => break,
+            };
+            let Some(touched) = handoff::decode(&msg) else {
+                continue;
+            };
+            self.on_touched(&touched, write_through);
+        }
+    }
+
+    fn on_touched(&mut self, touched: &Touched, write_through: bool) {
+        let Ok(mut prefix) = self.prefix.try_borrow_mut() else {
+            return;
+        };
+        prefix.mark(touched);
+        if write_through {
+            for block in &touched.blocks {
+                if let Some(payload) = prefix.payload(*block) {
+                    let _ = self
+                        .engine
+                        .put(&self.prefix_ns, &block.to_string(), payload);
+                }
+            }
+        }
+    }
+
+    /// Sends calls; a failed dispatch is fed back at once, which may yield
+    /// more calls (bounded by the engine's own retry limits).
+    fn dispatch(&mut self, calls: Vec<Call>) {
+        let mut pending = calls;
+        let s = &self.settings.sync;
+        let timeout = Duration::from_millis(s.op_timeout_ms.max(1));
+        while let Some(call) = pending.pop() {
+            let headers = vec![
+                (":method", "POST"),
+                (":path", s.bridge_path.as_str()),
+                (":authority", s.bridge_authority.as_str()),
+                ("content-type", "application/octet-stream"),
+            ];
+            match hostcalls::dispatch_http_call(
+                &s.bridge_cluster,
+                headers,
+                Some(&call.body),
+                vec![],
+                timeout,
+            ) {
+                Ok(token) => {
+                    self.calls.insert(token, call.id);
+                }
+                Err(status) => {
+                    let failed =
+                        CallFailed::Dispatch(format!("{status:?} (cluster {})", s.bridge_cluster));
+                    pending.extend(self.engine.on_response(call.id, now_millis(), Err(failed)));
+                }
+            }
+        }
+    }
+
+    fn publish(&mut self) {
+        let rtts = self.engine.drain_rtt_samples();
+        let dropped = self
+            .prefix
+            .try_borrow()
+            .map(|p| p.dirty_dropped())
+            .unwrap_or(0);
+        self.metrics
+            .publish(self.engine.stats(), &rtts, dropped, now_millis());
+    }
+}
+
+/// Envoy stats of the sync singleton. Engine totals are turned into counter
+/// increments against what was last published.
+/// Reads one engine total.
+type StatField = fn(&SyncStats) -> u64;
+
+struct SyncMetrics {
+    /// (metric id, engine total, value last published)
+    counters: Vec<(u32, StatField, u64)>,
+    backoff_ms: u32,
+    last_success_age_s: u32,
+    rtt_ms: u32,
+    dirty_dropped: u32,
+    last_dropped: u64,
+}
+
+impl SyncMetrics {
+    fn define() -> Self {
+        let def = |t, n: &str| {
+            hostcalls::define_metric(t, &format!("prefix_router.sync.{n}")).unwrap_or(0)
+        };
+        let fields: [(&str, StatField); 16] = [
+            ("cycles_ok", |s| s.cycles_ok),
+            ("cycles_failed", |s| s.cycles_failed),
+            ("cycles_timed_out", |s| s.cycles_timed_out),
+            ("full_scans", |s| s.full_scans),
+            ("incremental_pulls", |s| s.incremental_pulls),
+            ("keys_pulled", |s| s.keys_pulled),
+            ("applied", |s| s.applied),
+            ("rejected", |s| s.rejected),
+            ("stale_deleted", |s| s.stale_deleted),
+            ("pushed", |s| s.pushed),
+            ("truncations", |s| s.truncations),
+            ("calls_sent", |s| s.calls_sent),
+            ("calls_failed", |s| s.calls_failed),
+            ("commands_sent", |s| s.commands_sent),
+            ("bytes_sent", |s| s.bytes_sent),
+            ("write_through_calls", |s| s.write_through_calls),
+        ];
+        Self {
+            counters: fields
+                .iter()
+                .map(|(n, f)| (def(MetricType::Counter, n), *f, 0))
+                .collect(),
+            backoff_ms: def(MetricType::Gauge, "backoff_ms"),
+            last_success_age_s: def(MetricType::Gauge, "last_success_age_s"),
+            rtt_ms: def(MetricType::Histogram, "redis_rtt_ms"),
+            dirty_dropped: def(MetricType::Counter, "dirty_dropped"),
+            last_dropped: 0,
+        }
+    }
+
+    fn publish(&mut self, stats: &SyncStats, rtts: &[u64], dropped: u64, now_ms: u64) {
+        for (id, field, last) in &mut self.counters {
+            let v = field(stats);
+            if v > *last {
+                let _ =
+                    hostcalls::increment_metric(*id, i64::try_from(v - *last).unwrap_or(i64::MAX));
+                *last = v;
+            }
+        }
+        if dropped > self.last_dropped {
+            let _ = hostcalls::increment_metric(
+                self.dirty_dropped,
+                i64::try_from(dropped - self.last_dropped).unwrap_or(0),
+            );
+            self.last_dropped = dropped;
+        }
+        let _ = hostcalls::record_metric(self.backoff_ms, stats.backoff_ms);
+        if let Some(t) = stats.last_success_ms {
+            let _ =
+                hostcalls::record_metric(self.last_success_age_s, now_ms.saturating_sub(t) / 1000);
+        }
+        for rtt in rtts {
+            let _ = hostcalls::record_metric(self.rtt_ms, *rtt);
+        }
+    }
+}

@@ -110,7 +110,9 @@ impl fmt::Display for SyncError {
             SyncError::UnknownNamespace(ns) => write!(f, "namespace {ns:?} not registered"),
             SyncError::WriteThroughOff => write!(f, "write-through is off (sync.write_through)"),
             SyncError::Transport(e) => write!(f, "redis bridge call failed: {e}"),
-            SyncError::Truncated { command } => write!(f, "{command} reply truncated by the bridge"),
+            SyncError::Truncated { command } => {
+                write!(f, "{command} reply truncated by the bridge")
+            }
             SyncError::Protocol(msg) => write!(f, "unexpected redis reply: {msg}"),
             SyncError::Redis(msg) => write!(f, "redis error: {msg}"),
             SyncError::Auth(msg) => write!(f, "redis AUTH refused: {msg}"),
@@ -199,20 +201,60 @@ impl Write {
 
 /// Work not yet sent.
 enum Op {
-    Scan { ns: usize, cursor: String, count: usize, with_head: bool, attempt: u32 },
-    LogRead { ns: usize, from: String, count: usize, attempt: u32 },
-    Mget { ns: usize, ids: Vec<String>, attempt: u32 },
-    DelStale { ns: usize, ids: Vec<String> },
-    Write { ns: usize, writes: Vec<Write> },
+    Scan {
+        ns: usize,
+        cursor: String,
+        count: usize,
+        with_head: bool,
+        attempt: u32,
+    },
+    LogRead {
+        ns: usize,
+        from: String,
+        count: usize,
+        attempt: u32,
+    },
+    Mget {
+        ns: usize,
+        ids: Vec<String>,
+        attempt: u32,
+    },
+    DelStale {
+        ns: usize,
+        ids: Vec<String>,
+    },
+    Write {
+        ns: usize,
+        writes: Vec<Write>,
+    },
 }
 
 /// What a call in flight was for (write payloads already dropped).
 enum Sent {
-    Scan { ns: usize, cursor: String, count: usize, with_head: bool, attempt: u32 },
-    LogRead { ns: usize, from: String, count: usize, attempt: u32 },
-    Mget { ns: usize, ids: Vec<String>, attempt: u32 },
-    DelStale { n: usize },
-    Write { n: usize },
+    Scan {
+        ns: usize,
+        cursor: String,
+        count: usize,
+        with_head: bool,
+        attempt: u32,
+    },
+    LogRead {
+        ns: usize,
+        from: String,
+        count: usize,
+        attempt: u32,
+    },
+    Mget {
+        ns: usize,
+        ids: Vec<String>,
+        attempt: u32,
+    },
+    DelStale {
+        n: usize,
+    },
+    Write {
+        n: usize,
+    },
 }
 
 impl Sent {
@@ -310,10 +352,13 @@ impl SyncEngine {
     /// startup delay, jitter and this replica's origin id in the change log:
     /// give every replica a different one (e.g. current time in ns).
     pub fn new(settings: SyncSettings, seed: u64) -> Self {
-        let mut origin_rng = SplitMix64::new(seed ^ 0x5eed_0f_0123_4567);
+        let mut origin_rng = SplitMix64::new(seed ^ 0x5EED_0F01_2345_6789);
         Self {
             schedule: Schedule::new(settings.period_ms, seed),
-            stats: SyncStats { backoff_ms: settings.period_ms, ..Default::default() },
+            stats: SyncStats {
+                backoff_ms: settings.period_ms,
+                ..Default::default()
+            },
             settings,
             origin: format!("{:016x}", origin_rng.next_u64()),
             regs: Vec::new(),
@@ -349,14 +394,19 @@ impl SyncEngine {
             return Err(e);
         }
         let caps = comp.capabilities();
+        let keys = KeyLayout::new(&self.settings.key_prefix, &ns);
+        // SCAN returns about COUNT keys: keep a page's reply within budget
+        // up front (ids estimated at 20 bytes, RESP framing at 8).
+        let key_reply = keys.entity_prefix().len() + 28;
+        let scan_cap = self.settings.scan_count.min(self.settings.max_reply_bytes / key_reply).max(1);
         self.regs.push(Registered {
-            keys: KeyLayout::new(&self.settings.key_prefix, &ns),
+            keys,
             comp,
             ns,
             caps,
             log_pos: None,
             mget_cap: self.settings.mget_batch,
-            scan_cap: self.settings.scan_count,
+            scan_cap,
             log_cap: self.settings.log_read_count,
             value_reply_bytes: 0,
             write_through: Vec::new(),
@@ -519,12 +569,18 @@ impl SyncEngine {
 
     /// The component registered for `ns`.
     pub fn component(&self, ns: &str) -> Option<&dyn Syncable> {
-        self.regs.iter().find(|r| r.ns == ns).map(|r| r.comp.as_ref())
+        self.regs
+            .iter()
+            .find(|r| r.ns == ns)
+            .map(|r| r.comp.as_ref())
     }
 
     /// The component registered for `ns`, mutably.
     pub fn component_mut(&mut self, ns: &str) -> Option<&mut (dyn Syncable + 'static)> {
-        self.regs.iter_mut().find(|r| r.ns == ns).map(|r| r.comp.as_mut())
+        self.regs
+            .iter_mut()
+            .find(|r| r.ns == ns)
+            .map(|r| r.comp.as_mut())
     }
 
     // ---- cycle life ----
@@ -548,7 +604,11 @@ impl SyncEngine {
             if reg.caps.hooks {
                 reg.comp.on_sync_start();
             }
-            let pos = if full_cycle { None } else { reg.log_pos.clone() };
+            let pos = if full_cycle {
+                None
+            } else {
+                reg.log_pos.clone()
+            };
             match &pos {
                 Some(from) => {
                     self.stats.incremental_pulls += 1;
@@ -570,7 +630,11 @@ impl SyncEngine {
                     });
                 }
             }
-            cycle.ns.push(NsCycle { new_pos: pos, seen: HashSet::new(), hooks_started: reg.caps.hooks });
+            cycle.ns.push(NsCycle {
+                new_pos: pos,
+                seen: HashSet::new(),
+                hooks_started: reg.caps.hooks,
+            });
         }
         self.cycle = Some(cycle);
     }
@@ -580,7 +644,9 @@ impl SyncEngine {
     fn pump(&mut self, now_ms: u64, calls: &mut Vec<Call>) {
         while let Some(mut cycle) = self.cycle.take() {
             while cycle.inflight < self.settings.max_inflight_calls {
-                let Some(op) = cycle.queue.pop_front() else { break };
+                let Some(op) = cycle.queue.pop_front() else {
+                    break;
+                };
                 calls.push(self.dispatch(op, Some(cycle.seq), now_ms));
                 cycle.inflight += 1;
             }
@@ -642,7 +708,11 @@ impl SyncEngine {
             } else {
                 let snapshot = reg.comp.snapshot();
                 let total: usize = snapshot.iter().map(|(_, v)| v.len()).sum();
-                let avg = if snapshot.is_empty() { 0 } else { total / snapshot.len() };
+                let avg = if snapshot.is_empty() {
+                    0
+                } else {
+                    total / snapshot.len()
+                };
                 if snapshot.len() > LARGE_SNAPSHOT_ENTITIES || avg > LARGE_SNAPSHOT_AVG_BYTES {
                     self.stats.large_snapshot_warnings += 1;
                     log::warn!(
@@ -653,7 +723,10 @@ impl SyncEngine {
                         avg
                     );
                 }
-                snapshot.into_iter().map(|(id, v)| Write::Set(id, v)).collect()
+                snapshot
+                    .into_iter()
+                    .map(|(id, v)| Write::Set(id, v))
+                    .collect()
             };
             let mut it = writes.into_iter().peekable();
             while it.peek().is_some() {
@@ -678,7 +751,9 @@ impl SyncEngine {
     }
 
     fn fail_cycle(&mut self, now_ms: u64, why: SyncError) {
-        let Some(mut cycle) = self.cycle.take() else { return };
+        let Some(mut cycle) = self.cycle.take() else {
+            return;
+        };
         log::warn!("sync: cycle {} failed: {why}", cycle.seq);
         self.end_pull_hooks(&mut cycle);
         // Forget its calls: their replies, if any, count as late.
@@ -696,7 +771,9 @@ impl SyncEngine {
     ) -> Result<(), SyncError> {
         match sent {
             Sent::Scan { ns, with_head, .. } => self.on_scan(ns, with_head, frames),
-            Sent::LogRead { ns, from, count, .. } => self.on_log(ns, &from, count, frames),
+            Sent::LogRead {
+                ns, from, count, ..
+            } => self.on_log(ns, &from, count, frames),
             Sent::Mget { ns, ids, .. } => self.on_mget(ns, ids, frames, reply_len),
             Sent::DelStale { n } => {
                 self.stats.stale_deleted += n as u64;
@@ -712,7 +789,9 @@ impl SyncEngine {
     fn on_scan(&mut self, ns: usize, with_head: bool, frames: Vec<Frame>) -> Result<(), SyncError> {
         let mut frames = frames.into_iter();
         if with_head {
-            let head = frames.next().ok_or_else(|| proto("XREVRANGE reply missing"))?;
+            let head = frames
+                .next()
+                .ok_or_else(|| proto("XREVRANGE reply missing"))?;
             let pos = log_entries(head)?.into_iter().next().map(|e| e.id);
             if let Some(c) = self.cycle.as_mut() {
                 c.ns[ns].new_pos = pos;
@@ -739,7 +818,9 @@ impl SyncEngine {
             .collect();
         self.stats.keys_scanned += ids.len() as u64;
         let scan_cap = reg.scan_cap;
-        let Some(cycle) = self.cycle.as_mut() else { return Ok(()) };
+        let Some(cycle) = self.cycle.as_mut() else {
+            return Ok(());
+        };
         if cursor != b"0" {
             // Next page first: enumeration overlaps with the MGETs below.
             cycle.queue.push_front(Op::Scan {
@@ -762,14 +843,24 @@ impl SyncEngine {
         count: usize,
         frames: Vec<Frame>,
     ) -> Result<(), SyncError> {
-        let entries = log_entries(frames.into_iter().next().ok_or_else(|| proto("no XRANGE reply"))?)?;
+        let entries = log_entries(
+            frames
+                .into_iter()
+                .next()
+                .ok_or_else(|| proto("no XRANGE reply"))?,
+        )?;
         let batch = mget_batch_size(&self.regs[ns], &self.settings);
         let reg = &self.regs[ns];
-        let Some(cycle) = self.cycle.as_mut() else { return Ok(()) };
+        let Some(cycle) = self.cycle.as_mut() else {
+            return Ok(());
+        };
         // Trimming removes the oldest entries first, so our last-seen entry
         // still being there proves nothing after it was lost.
         if entries.first().map(|e| e.id.as_str()) != Some(from) {
-            log::info!("sync: change log of {:?} trimmed or gone; full scan", reg.ns);
+            log::info!(
+                "sync: change log of {:?} trimmed or gone; full scan",
+                reg.ns
+            );
             self.stats.log_fallbacks += 1;
             self.stats.full_scans += 1;
             cycle.ns[ns].new_pos = None;
@@ -819,7 +910,12 @@ impl SyncEngine {
     ) -> Result<(), SyncError> {
         let values = match frames.into_iter().next() {
             Some(Frame::Array(values)) if values.len() == ids.len() => values,
-            other => return Err(proto(&format!("MGET of {} keys replied {other:?}", ids.len()))),
+            other => {
+                return Err(proto(&format!(
+                    "MGET of {} keys replied {other:?}",
+                    ids.len()
+                )))
+            }
         };
         let budget = self.settings.max_reply_bytes;
         let mget_batch = self.settings.mget_batch;
@@ -871,9 +967,15 @@ impl SyncEngine {
     fn on_truncated(&mut self, sent: Sent) -> Result<(), SyncError> {
         self.stats.truncations += 1;
         let command = sent.command();
-        let Some(cycle) = self.cycle.as_mut() else { return Ok(()) };
+        let Some(cycle) = self.cycle.as_mut() else {
+            return Ok(());
+        };
         match sent {
-            Sent::Mget { ns, mut ids, attempt } if attempt < MAX_TRUNCATION_RETRIES => {
+            Sent::Mget {
+                ns,
+                mut ids,
+                attempt,
+            } if attempt < MAX_TRUNCATION_RETRIES => {
                 let reg = &mut self.regs[ns];
                 if ids.len() == 1 {
                     self.stats.oversized_values += 1;
@@ -886,24 +988,50 @@ impl SyncEngine {
                 }
                 let tail = ids.split_off(ids.len() / 2);
                 reg.mget_cap = reg.mget_cap.min(ids.len()).max(1);
-                cycle.queue.push_front(Op::Mget { ns, ids: tail, attempt: attempt + 1 });
-                cycle.queue.push_front(Op::Mget { ns, ids, attempt: attempt + 1 });
+                cycle.queue.push_front(Op::Mget {
+                    ns,
+                    ids: tail,
+                    attempt: attempt + 1,
+                });
+                cycle.queue.push_front(Op::Mget {
+                    ns,
+                    ids,
+                    attempt: attempt + 1,
+                });
                 Ok(())
             }
-            Sent::Scan { ns, cursor, count, with_head, attempt }
-                if count > 1 && attempt < MAX_TRUNCATION_RETRIES =>
-            {
+            Sent::Scan {
+                ns,
+                cursor,
+                count,
+                with_head,
+                attempt,
+            } if count > 1 && attempt < MAX_TRUNCATION_RETRIES => {
                 let count = count / 2;
                 self.regs[ns].scan_cap = count;
-                cycle.queue.push_front(Op::Scan { ns, cursor, count, with_head, attempt: attempt + 1 });
+                cycle.queue.push_front(Op::Scan {
+                    ns,
+                    cursor,
+                    count,
+                    with_head,
+                    attempt: attempt + 1,
+                });
                 Ok(())
             }
-            Sent::LogRead { ns, from, count, attempt }
-                if count > 2 && attempt < MAX_TRUNCATION_RETRIES =>
-            {
+            Sent::LogRead {
+                ns,
+                from,
+                count,
+                attempt,
+            } if count > 2 && attempt < MAX_TRUNCATION_RETRIES => {
                 let count = (count / 2).max(2);
                 self.regs[ns].log_cap = count;
-                cycle.queue.push_front(Op::LogRead { ns, from, count, attempt: attempt + 1 });
+                cycle.queue.push_front(Op::LogRead {
+                    ns,
+                    from,
+                    count,
+                    attempt: attempt + 1,
+                });
                 Ok(())
             }
             _ => Err(SyncError::Truncated { command }),
@@ -932,17 +1060,39 @@ impl SyncEngine {
         self.stats.calls_sent += 1;
         self.stats.commands_sent += expected as u64;
         self.stats.bytes_sent += body.len() as u64;
-        self.outstanding.insert(id, Outstanding { sent, sent_ms: now_ms, expected, auth, cycle });
+        self.outstanding.insert(
+            id,
+            Outstanding {
+                sent,
+                sent_ms: now_ms,
+                expected,
+                auth,
+                cycle,
+            },
+        );
         Call { id, body }
     }
 
     fn encode(&self, op: Op, p: &mut Pipeline) -> Sent {
         let ttl = self.settings.effective_ttl_secs().to_string();
         match op {
-            Op::Scan { ns, cursor, count, with_head, attempt } => {
+            Op::Scan {
+                ns,
+                cursor,
+                count,
+                with_head,
+                attempt,
+            } => {
                 let keys = &self.regs[ns].keys;
                 if with_head {
-                    p.push(&[b"XREVRANGE", keys.log_key().as_bytes(), b"+", b"-", b"COUNT", b"1"]);
+                    p.push(&[
+                        b"XREVRANGE",
+                        keys.log_key().as_bytes(),
+                        b"+",
+                        b"-",
+                        b"COUNT",
+                        b"1",
+                    ]);
                 }
                 let n = count.to_string();
                 p.push(&[
@@ -953,15 +1103,38 @@ impl SyncEngine {
                     b"COUNT",
                     n.as_bytes(),
                 ]);
-                Sent::Scan { ns, cursor, count, with_head, attempt }
+                Sent::Scan {
+                    ns,
+                    cursor,
+                    count,
+                    with_head,
+                    attempt,
+                }
             }
-            Op::LogRead { ns, from, count, attempt } => {
+            Op::LogRead {
+                ns,
+                from,
+                count,
+                attempt,
+            } => {
                 let keys = &self.regs[ns].keys;
                 let n = count.to_string();
                 // Inclusive start: the first entry must be `from` itself,
                 // which is how a trimmed log is detected.
-                p.push(&[b"XRANGE", keys.log_key().as_bytes(), from.as_bytes(), b"+", b"COUNT", n.as_bytes()]);
-                Sent::LogRead { ns, from, count, attempt }
+                p.push(&[
+                    b"XRANGE",
+                    keys.log_key().as_bytes(),
+                    from.as_bytes(),
+                    b"+",
+                    b"COUNT",
+                    n.as_bytes(),
+                ]);
+                Sent::LogRead {
+                    ns,
+                    from,
+                    count,
+                    attempt,
+                }
             }
             Op::Mget { ns, ids, attempt } => {
                 let keys = &self.regs[ns].keys;
@@ -993,8 +1166,11 @@ impl SyncEngine {
                 if self.settings.change_log_enabled() {
                     // Ids with a comma cannot be listed; the periodic full
                     // scan still carries them.
-                    let ids: Vec<&str> =
-                        writes.iter().map(Write::id).filter(|id| !id.contains(',')).collect();
+                    let ids: Vec<&str> = writes
+                        .iter()
+                        .map(Write::id)
+                        .filter(|id| !id.contains(','))
+                        .collect();
                     if !ids.is_empty() {
                         let joined = ids.join(",");
                         let maxlen = self.settings.change_log_max_entries.to_string();
@@ -1076,8 +1252,8 @@ fn proto(msg: &str) -> SyncError {
 /// observed value size so the reply fits the budget with a 25 % margin.
 fn mget_batch_size(reg: &Registered, settings: &SyncSettings) -> usize {
     let mut n = settings.mget_batch.min(reg.mget_cap);
-    if reg.value_reply_bytes > 0 {
-        n = n.min(settings.max_reply_bytes * 3 / 4 / reg.value_reply_bytes);
+    if let Some(fit) = (settings.max_reply_bytes * 3 / 4).checked_div(reg.value_reply_bytes) {
+        n = n.min(fit);
     }
     n.max(1)
 }
@@ -1086,7 +1262,11 @@ fn queue_mgets(cycle: &mut Cycle, ns: usize, ids: Vec<String>, batch: usize) {
     let mut it = ids.into_iter().peekable();
     while it.peek().is_some() {
         let ids: Vec<String> = it.by_ref().take(batch).collect();
-        cycle.queue.push_back(Op::Mget { ns, ids, attempt: 0 });
+        cycle.queue.push_back(Op::Mget {
+            ns,
+            ids,
+            attempt: 0,
+        });
     }
 }
 
@@ -1129,19 +1309,30 @@ fn log_entries(frame: Frame) -> Result<Vec<LogEntry>, SyncError> {
     };
     let mut entries = Vec::with_capacity(items.len());
     for item in items {
-        let Frame::Array(mut parts) = item else { return Err(proto("stream entry not an array")) };
+        let Frame::Array(mut parts) = item else {
+            return Err(proto("stream entry not an array"));
+        };
         if parts.len() != 2 {
             return Err(proto("stream entry is not [id, fields]"));
         }
         let fields = parts.pop();
-        let id = parts.pop().and_then(|f| f.as_bytes().map(|b| String::from_utf8_lossy(b).into_owned()));
+        let id = parts.pop().and_then(|f| {
+            f.as_bytes()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+        });
         let (Some(id), Some(Frame::Array(fields))) = (id, fields) else {
             return Err(proto("stream entry is not [id, fields]"));
         };
-        let mut entry = LogEntry { id, origin: None, ids: String::new() };
+        let mut entry = LogEntry {
+            id,
+            origin: None,
+            ids: String::new(),
+        };
         for pair in fields.chunks(2) {
             if let [name, value] = pair {
-                let value = value.as_bytes().map(|b| String::from_utf8_lossy(b).into_owned());
+                let value = value
+                    .as_bytes()
+                    .map(|b| String::from_utf8_lossy(b).into_owned());
                 match (name.as_bytes(), value) {
                     (Some(b"o"), Some(v)) => entry.origin = Some(v),
                     (Some(b"i"), Some(v)) => entry.ids = v,

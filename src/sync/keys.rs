@@ -19,7 +19,11 @@ impl KeyLayout {
         // The prefix is user-chosen: escape glob metacharacters so MATCH
         // never selects keys of another prefix.
         let scan_pattern = format!("{}*", glob_escape(&entity_prefix));
-        Self { log_key: format!("{prefix}:{{{ns}}}:log"), entity_prefix, scan_pattern }
+        Self {
+            log_key: format!("{prefix}:{{{ns}}}:log"),
+            entity_prefix,
+            scan_pattern,
+        }
     }
 
     /// Key of one entity.
@@ -30,6 +34,11 @@ impl KeyLayout {
     /// Entity id of a key, or None when the key is not one of ours.
     pub fn entity_id<'a>(&self, key: &'a str) -> Option<&'a str> {
         key.strip_prefix(self.entity_prefix.as_str())
+    }
+
+    /// The part of every entity key before the id.
+    pub fn entity_prefix(&self) -> &str {
+        &self.entity_prefix
     }
 
     /// `SCAN ... MATCH` pattern selecting exactly this namespace's entities.
@@ -62,7 +71,10 @@ mod tests {
     #[test]
     fn key_format_has_prefix_and_hash_tag() {
         let k = KeyLayout::new("aibrix", "prefixcache");
-        assert_eq!(k.entity_key("1234567890"), "aibrix:{prefixcache}:e:1234567890");
+        assert_eq!(
+            k.entity_key("1234567890"),
+            "aibrix:{prefixcache}:e:1234567890"
+        );
         assert_eq!(k.scan_pattern(), "aibrix:{prefixcache}:e:*");
         assert_eq!(k.log_key(), "aibrix:{prefixcache}:log");
         assert_eq!(k.entity_id("aibrix:{prefixcache}:e:42"), Some("42"));

@@ -13,10 +13,12 @@ use std::collections::BTreeMap;
 use crate::resp::{parse, Frame};
 
 type StreamId = (u64, u64);
+type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+type StreamEntry = (StreamId, Fields);
 
 #[derive(Clone, Debug, Default)]
 struct Stream {
-    entries: Vec<(StreamId, Vec<(Vec<u8>, Vec<u8>)>)>,
+    entries: Vec<StreamEntry>,
     last: StreamId,
 }
 
@@ -53,7 +55,10 @@ pub struct MemRedis {
 impl MemRedis {
     /// An empty Redis at time 0 that records commands.
     pub fn new() -> Self {
-        Self { record: true, ..Default::default() }
+        Self {
+            record: true,
+            ..Default::default()
+        }
     }
 
     /// Sets the fake clock.
@@ -78,12 +83,20 @@ impl MemRedis {
     /// like AIBrix's Go gateway).
     pub fn setex(&mut self, key: &str, ttl_secs: u64, value: &[u8]) {
         let expires_ms = Some(self.now_ms + ttl_secs * 1000);
-        self.data.insert(key.as_bytes().to_vec(), Entry { value: Value::Str(value.to_vec()), expires_ms });
+        self.data.insert(
+            key.as_bytes().to_vec(),
+            Entry {
+                value: Value::Str(value.to_vec()),
+                expires_ms,
+            },
+        );
     }
 
     /// Remaining TTL in ms of a live key (None: missing or no TTL).
     pub fn ttl_ms(&self, key: &str) -> Option<u64> {
-        self.live(key.as_bytes()).and_then(|e| e.expires_ms).map(|t| t - self.now_ms)
+        self.live(key.as_bytes())
+            .and_then(|e| e.expires_ms)
+            .map(|t| t - self.now_ms)
     }
 
     /// Live keys matching a glob pattern, sorted.
@@ -105,7 +118,11 @@ impl MemRedis {
 
     /// Trims a stream to its newest `keep` entries (simulates MAXLEN).
     pub fn trim_stream(&mut self, key: &str, keep: usize) {
-        if let Some(Entry { value: Value::Stream(s), .. }) = self.data.get_mut(key.as_bytes()) {
+        if let Some(Entry {
+            value: Value::Stream(s),
+            ..
+        }) = self.data.get_mut(key.as_bytes())
+        {
             let drop = s.entries.len().saturating_sub(keep);
             s.entries.drain(..drop);
         }
@@ -118,7 +135,13 @@ impl MemRedis {
 
     /// Executed commands whose name is `name` (needs `record`).
     pub fn count(&self, name: &str) -> usize {
-        self.log.iter().filter(|c| c.first().is_some_and(|n| n.eq_ignore_ascii_case(name.as_bytes()))).count()
+        self.log
+            .iter()
+            .filter(|c| {
+                c.first()
+                    .is_some_and(|n| n.eq_ignore_ascii_case(name.as_bytes()))
+            })
+            .count()
     }
 
     /// Names of recorded commands, in order.
@@ -148,14 +171,20 @@ impl MemRedis {
             };
             pos += used;
             let args: Vec<Vec<u8>> = match frame {
-                Frame::Array(items) => items.into_iter().filter_map(|f| f.as_bytes().map(<[u8]>::to_vec)).collect(),
+                Frame::Array(items) => items
+                    .into_iter()
+                    .filter_map(|f| f.as_bytes().map(<[u8]>::to_vec))
+                    .collect(),
                 _ => Vec::new(),
             };
             self.commands_executed += 1;
             if self.record {
                 self.log.push(args.clone());
             }
-            let name = args.first().map(|n| n.to_ascii_uppercase()).unwrap_or_default();
+            let name = args
+                .first()
+                .map(|n| n.to_ascii_uppercase())
+                .unwrap_or_default();
             let reply = if name == b"QUIT" {
                 Frame::Simple("OK".into())
             } else if name == b"AUTH" {
@@ -166,7 +195,9 @@ impl MemRedis {
                         Frame::Simple("OK".into())
                     }
                     Some(_) => Frame::Error("WRONGPASS invalid username-password pair".into()),
-                    None => Frame::Error("ERR AUTH <password> called without any password configured".into()),
+                    None => Frame::Error(
+                        "ERR AUTH <password> called without any password configured".into(),
+                    ),
                 }
             } else if !authed {
                 Frame::Error("NOAUTH Authentication required.".into())
@@ -185,7 +216,7 @@ impl MemRedis {
     }
 
     fn is_live(&self, e: &Entry) -> bool {
-        e.expires_ms.is_none_or(|t| t > self.now_ms)
+        !matches!(e.expires_ms, Some(t) if t <= self.now_ms)
     }
 
     fn live(&self, key: &[u8]) -> Option<&Entry> {
@@ -194,7 +225,11 @@ impl MemRedis {
 
     fn purge(&mut self, key: &[u8]) {
         let now = self.now_ms;
-        if self.data.get(key).is_some_and(|e| e.expires_ms.is_some_and(|t| t <= now)) {
+        if self
+            .data
+            .get(key)
+            .is_some_and(|e| e.expires_ms.is_some_and(|t| t <= now))
+        {
             self.data.remove(key);
         }
     }
@@ -203,17 +238,33 @@ impl MemRedis {
         let wrong_args = || Frame::Error("ERR wrong number of arguments".into());
         match name {
             b"SETEX" => {
-                let [key, ttl, value] = args else { return wrong_args() };
+                let [key, ttl, value] = args else {
+                    return wrong_args();
+                };
                 let Some(ttl) = num(ttl).filter(|t| *t > 0) else {
                     return Frame::Error("ERR invalid expire time in 'setex' command".into());
                 };
                 let expires_ms = Some(self.now_ms + ttl * 1000);
-                self.data.insert(key.clone(), Entry { value: Value::Str(value.clone()), expires_ms });
+                self.data.insert(
+                    key.clone(),
+                    Entry {
+                        value: Value::Str(value.clone()),
+                        expires_ms,
+                    },
+                );
                 Frame::Simple("OK".into())
             }
             b"SET" => {
-                let [key, value] = args else { return wrong_args() };
-                self.data.insert(key.clone(), Entry { value: Value::Str(value.clone()), expires_ms: None });
+                let [key, value] = args else {
+                    return wrong_args();
+                };
+                self.data.insert(
+                    key.clone(),
+                    Entry {
+                        value: Value::Str(value.clone()),
+                        expires_ms: None,
+                    },
+                );
                 Frame::Simple("OK".into())
             }
             b"GET" => {
@@ -243,8 +294,12 @@ impl MemRedis {
                 Frame::Integer(n)
             }
             b"EXPIRE" => {
-                let [key, secs] = args else { return wrong_args() };
-                let Some(secs) = num(secs) else { return Frame::Error("ERR not an integer".into()) };
+                let [key, secs] = args else {
+                    return wrong_args();
+                };
+                let Some(secs) = num(secs) else {
+                    return Frame::Error("ERR not an integer".into());
+                };
                 self.purge(key);
                 let now = self.now_ms;
                 match self.data.get_mut(key) {
@@ -258,7 +313,10 @@ impl MemRedis {
             b"SCAN" => self.scan(args),
             b"XADD" => self.xadd(args),
             b"XRANGE" | b"XREVRANGE" => self.xrange(args, name == b"XREVRANGE"),
-            _ => Frame::Error(format!("ERR unknown command '{}'", String::from_utf8_lossy(name))),
+            _ => Frame::Error(format!(
+                "ERR unknown command '{}'",
+                String::from_utf8_lossy(name)
+            )),
         }
     }
 
@@ -278,22 +336,34 @@ impl MemRedis {
             i += 2;
         }
         let keys: Vec<&Vec<u8>> = self.data.keys().collect();
-        let start = usize::try_from(cursor).unwrap_or(usize::MAX).min(keys.len());
-        let end = start.saturating_add(usize::try_from(count).unwrap_or(usize::MAX)).min(keys.len());
+        let start = usize::try_from(cursor)
+            .unwrap_or(usize::MAX)
+            .min(keys.len());
+        let end = start
+            .saturating_add(usize::try_from(count).unwrap_or(usize::MAX))
+            .min(keys.len());
         let found: Vec<Frame> = keys[start..end]
             .iter()
             .filter(|k| self.live(k).is_some() && glob_match(pattern, k))
             .map(|k| Frame::Bulk(k.to_vec()))
             .collect();
         let next = if end >= keys.len() { 0 } else { end };
-        Frame::Array(vec![Frame::Bulk(next.to_string().into_bytes()), Frame::Array(found)])
+        Frame::Array(vec![
+            Frame::Bulk(next.to_string().into_bytes()),
+            Frame::Array(found),
+        ])
     }
 
     fn xadd(&mut self, args: &[Vec<u8>]) -> Frame {
-        let Some(key) = args.first() else { return Frame::Error("ERR wrong number of arguments".into()) };
+        let Some(key) = args.first() else {
+            return Frame::Error("ERR wrong number of arguments".into());
+        };
         let mut i = 1;
         let mut maxlen = None;
-        if args.get(i).is_some_and(|a| a.eq_ignore_ascii_case(b"MAXLEN")) {
+        if args
+            .get(i)
+            .is_some_and(|a| a.eq_ignore_ascii_case(b"MAXLEN"))
+        {
             i += 1;
             if args.get(i).is_some_and(|a| a == b"~" || a == b"=") {
                 i += 1;
@@ -310,11 +380,23 @@ impl MemRedis {
         }
         self.purge(key);
         let now = self.now_ms;
-        let entry = self.data.entry(key.clone()).or_insert_with(|| Entry { value: Value::Stream(Stream::default()), expires_ms: None });
-        let Value::Stream(stream) = &mut entry.value else { return wrongtype() };
-        let id = if now > stream.last.0 { (now, 0) } else { (stream.last.0, stream.last.1 + 1) };
+        let entry = self.data.entry(key.clone()).or_insert_with(|| Entry {
+            value: Value::Stream(Stream::default()),
+            expires_ms: None,
+        });
+        let Value::Stream(stream) = &mut entry.value else {
+            return wrongtype();
+        };
+        let id = if now > stream.last.0 {
+            (now, 0)
+        } else {
+            (stream.last.0, stream.last.1 + 1)
+        };
         stream.last = id;
-        let pairs = fields.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect();
+        let pairs = fields
+            .chunks(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect();
         stream.entries.push((id, pairs));
         if let Some(max) = maxlen.and_then(|m| usize::try_from(m).ok()) {
             let drop = stream.entries.len().saturating_sub(max);
@@ -329,10 +411,14 @@ impl MemRedis {
         };
         let (lo, hi) = if reverse { (b, a) } else { (a, b) };
         let (Some(lo), Some(hi)) = (bound(lo, (0, 0)), bound(hi, (u64::MAX, u64::MAX))) else {
-            return Frame::Error("ERR Invalid stream ID specified as stream command argument".into());
+            return Frame::Error(
+                "ERR Invalid stream ID specified as stream command argument".into(),
+            );
         };
         let count = match (args.get(3), args.get(4)) {
-            (Some(c), Some(n)) if c.eq_ignore_ascii_case(b"COUNT") => num(n).and_then(|n| usize::try_from(n).ok()),
+            (Some(c), Some(n)) if c.eq_ignore_ascii_case(b"COUNT") => {
+                num(n).and_then(|n| usize::try_from(n).ok())
+            }
             _ => None,
         };
         let stream = match self.live(key).map(|e| &e.value) {
@@ -340,8 +426,11 @@ impl MemRedis {
             Some(_) => return wrongtype(),
             None => return Frame::Array(Vec::new()),
         };
-        let mut selected: Vec<&(StreamId, Vec<(Vec<u8>, Vec<u8>)>)> =
-            stream.entries.iter().filter(|(id, _)| *id >= lo && *id <= hi).collect();
+        let mut selected: Vec<&StreamEntry> = stream
+            .entries
+            .iter()
+            .filter(|(id, _)| *id >= lo && *id <= hi)
+            .collect();
         if reverse {
             selected.reverse();
         }
@@ -356,7 +445,10 @@ impl MemRedis {
                         .iter()
                         .flat_map(|(f, v)| [Frame::Bulk(f.clone()), Frame::Bulk(v.clone())])
                         .collect();
-                    Frame::Array(vec![Frame::Bulk(format!("{}-{}", id.0, id.1).into_bytes()), Frame::Array(flat)])
+                    Frame::Array(vec![
+                        Frame::Bulk(format!("{}-{}", id.0, id.1).into_bytes()),
+                        Frame::Array(flat),
+                    ])
                 })
                 .collect(),
         )
@@ -431,9 +523,14 @@ mod tests {
         let mut cursor = b"0".to_vec();
         let mut found = 0;
         loop {
-            let f = run(&mut r, &[&[b"SCAN", &cursor, b"MATCH", b"p:{n}:e:*", b"COUNT", b"10"]]);
+            let f = run(
+                &mut r,
+                &[&[b"SCAN", &cursor, b"MATCH", b"p:{n}:e:*", b"COUNT", b"10"]],
+            );
             let Frame::Array(parts) = &f[0] else { panic!() };
-            let Frame::Array(keys) = &parts[1] else { panic!() };
+            let Frame::Array(keys) = &parts[1] else {
+                panic!()
+            };
             found += keys.len();
             cursor = parts[0].as_bytes().unwrap().to_vec();
             if cursor == b"0" {
@@ -448,15 +545,24 @@ mod tests {
         let mut r = MemRedis::new();
         r.set_now(5);
         for _ in 0..5 {
-            run(&mut r, &[&[b"XADD", b"s", b"MAXLEN", b"~", b"3", b"*", b"i", b"a"]]);
+            run(
+                &mut r,
+                &[&[b"XADD", b"s", b"MAXLEN", b"~", b"3", b"*", b"i", b"a"]],
+            );
         }
         assert_eq!(r.stream_len("s"), 3);
         let f = run(&mut r, &[&[b"XRANGE", b"s", b"5-3", b"+", b"COUNT", b"10"]]);
-        let Frame::Array(entries) = &f[0] else { panic!() };
+        let Frame::Array(entries) = &f[0] else {
+            panic!()
+        };
         assert_eq!(entries.len(), 2);
         let f = run(&mut r, &[&[b"XREVRANGE", b"s", b"+", b"-", b"COUNT", b"1"]]);
-        let Frame::Array(entries) = &f[0] else { panic!() };
-        let Frame::Array(e) = &entries[0] else { panic!() };
+        let Frame::Array(entries) = &f[0] else {
+            panic!()
+        };
+        let Frame::Array(e) = &entries[0] else {
+            panic!()
+        };
         assert_eq!(e[0], Frame::Bulk(b"5-4".to_vec()));
     }
 

@@ -47,7 +47,11 @@ pub struct Schedule {
 impl Schedule {
     /// Timing for `period_ms`, randomised by `seed`.
     pub fn new(period_ms: u64, seed: u64) -> Self {
-        Self { period_ms, backoff_ms: period_ms, rng: SplitMix64::new(seed) }
+        Self {
+            period_ms,
+            backoff_ms: period_ms,
+            rng: SplitMix64::new(seed),
+        }
     }
 
     /// Delay before the first cycle, in `[0, period/2)`, so replicas started
@@ -89,8 +93,9 @@ mod tests {
             assert!(d < 5_000, "{d}");
         }
         // Spread, not a constant.
-        let distinct: std::collections::BTreeSet<u64> =
-            (0..50).map(|s| Schedule::new(10_000, s).startup_delay()).collect();
+        let distinct: std::collections::BTreeSet<u64> = (0..50)
+            .map(|s| Schedule::new(10_000, s).startup_delay())
+            .collect();
         assert!(distinct.len() > 40);
     }
 

@@ -24,7 +24,10 @@ pub struct SyncNamespaces {
 
 impl Default for SyncNamespaces {
     fn default() -> Self {
-        Self { prefixcache: "prefixcache".into(), load: "podload".into() }
+        Self {
+            prefixcache: "prefixcache".into(),
+            load: "podload".into(),
+        }
     }
 }
 
@@ -128,7 +131,10 @@ impl fmt::Debug for SyncSettings {
             .field("bridge_authority", &self.bridge_authority)
             .field("bridge_path", &self.bridge_path)
             .field("auth_username", &self.auth_username)
-            .field("auth_password", &self.auth_password.as_ref().map(|_| "<redacted>"))
+            .field(
+                "auth_password",
+                &self.auth_password.as_ref().map(|_| "<redacted>"),
+            )
             .field("max_reply_bytes", &self.max_reply_bytes)
             .finish()
     }
@@ -152,7 +158,10 @@ impl fmt::Display for SettingsError {
 impl std::error::Error for SettingsError {}
 
 fn err(field: &'static str, reason: impl Into<String>) -> SettingsError {
-    SettingsError { field, reason: reason.into() }
+    SettingsError {
+        field,
+        reason: reason.into(),
+    }
 }
 
 fn range<T: PartialOrd + fmt::Display + Copy>(
@@ -173,8 +182,14 @@ pub(crate) fn key_part(field: &'static str, value: &str) -> Result<(), SettingsE
     if value.is_empty() {
         return Err(err(field, "must not be empty"));
     }
-    if value.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control()) {
-        return Err(err(field, format!("{value:?} must not contain braces or whitespace")));
+    if value
+        .chars()
+        .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+    {
+        return Err(err(
+            field,
+            format!("{value:?} must not contain braces or whitespace"),
+        ));
     }
     Ok(())
 }
@@ -196,15 +211,28 @@ impl SyncSettings {
         key_part("namespaces.prefixcache", &self.namespaces.prefixcache)?;
         key_part("namespaces.load", &self.namespaces.load)?;
         if self.namespaces.prefixcache == self.namespaces.load {
-            return Err(err("namespaces.load", "must differ from namespaces.prefixcache"));
+            return Err(err(
+                "namespaces.load",
+                "must differ from namespaces.prefixcache",
+            ));
         }
         range("setex_chunk", self.setex_chunk, 1, 10_000)?;
         range("mget_batch", self.mget_batch, 1, 10_000)?;
         range("scan_count", self.scan_count, 1, 100_000)?;
-        range("change_log_max_entries", self.change_log_max_entries, 16, 1_000_000)?;
+        range(
+            "change_log_max_entries",
+            self.change_log_max_entries,
+            16,
+            1_000_000,
+        )?;
         range("log_read_count", self.log_read_count, 2, 10_000)?;
         range("max_inflight_calls", self.max_inflight_calls, 1, 64)?;
-        range("max_reply_bytes", self.max_reply_bytes, 1024, MAX_REPLY_BUDGET)?;
+        range(
+            "max_reply_bytes",
+            self.max_reply_bytes,
+            1024,
+            MAX_REPLY_BUDGET,
+        )?;
         if self.bridge_cluster.is_empty() {
             return Err(err("bridge_cluster", "must not be empty"));
         }
@@ -264,10 +292,16 @@ mod tests {
     #[test]
     fn non_positive_ttl_means_default() {
         for ttl in [0, -5] {
-            let s = SyncSettings { record_ttl_secs: ttl, ..Default::default() };
+            let s = SyncSettings {
+                record_ttl_secs: ttl,
+                ..Default::default()
+            };
             assert_eq!(s.effective_ttl_secs(), 120);
         }
-        let s = SyncSettings { record_ttl_secs: 30, ..Default::default() };
+        let s = SyncSettings {
+            record_ttl_secs: 30,
+            ..Default::default()
+        };
         assert_eq!(s.effective_ttl_secs(), 30);
     }
 
@@ -304,7 +338,10 @@ mod tests {
 
     #[test]
     fn debug_redacts_the_password() {
-        let s = SyncSettings { auth_password: Some("hunter2".into()), ..Default::default() };
+        let s = SyncSettings {
+            auth_password: Some("hunter2".into()),
+            ..Default::default()
+        };
         let shown = format!("{s:?}");
         assert!(!shown.contains("hunter2"));
         assert!(shown.contains("redacted"));

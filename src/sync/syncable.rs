@@ -118,7 +118,9 @@ impl<T: Syncable + ?Sized> Syncable for Rc<RefCell<T>> {
         }
     }
     fn capabilities(&self) -> Capabilities {
-        self.try_borrow().map(|c| c.capabilities()).unwrap_or_default()
+        self.try_borrow()
+            .map(|c| c.capabilities())
+            .unwrap_or_default()
     }
     fn delta(&self) -> Delta {
         self.try_borrow().map(|c| c.delta()).unwrap_or_default()
@@ -139,13 +141,19 @@ impl<T: Syncable + ?Sized> Syncable for Rc<RefCell<T>> {
         }
     }
     fn is_stale(&self, id: &str, payload: &[u8]) -> bool {
-        self.try_borrow().map(|c| c.is_stale(id, payload)).unwrap_or(false)
+        self.try_borrow()
+            .map(|c| c.is_stale(id, payload))
+            .unwrap_or(false)
     }
     fn make_tombstone(&self, id: &str) -> Vec<u8> {
-        self.try_borrow().map(|c| c.make_tombstone(id)).unwrap_or_default()
+        self.try_borrow()
+            .map(|c| c.make_tombstone(id))
+            .unwrap_or_default()
     }
     fn is_tombstone(&self, id: &str, payload: &[u8]) -> bool {
-        self.try_borrow().map(|c| c.is_tombstone(id, payload)).unwrap_or(false)
+        self.try_borrow()
+            .map(|c| c.is_tombstone(id, payload))
+            .unwrap_or(false)
     }
     fn delete_local(&mut self, id: &str) {
         if let Ok(mut c) = self.try_borrow_mut() {

@@ -41,7 +41,11 @@ pub struct MapComponent {
 impl MapComponent {
     /// An empty component for `ns` with `caps`.
     pub fn new(ns: &str, caps: Capabilities) -> Self {
-        Self { ns: ns.to_owned(), caps, ..Default::default() }
+        Self {
+            ns: ns.to_owned(),
+            caps,
+            ..Default::default()
+        }
     }
 
     /// Shared handle, so a test keeps access after registering it.
@@ -69,10 +73,17 @@ impl Syncable for MapComponent {
         self.ns.clone()
     }
     fn snapshot(&self) -> Vec<(String, Vec<u8>)> {
-        self.entries.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.entries
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
     fn apply_remote(&mut self, id: &str, payload: &[u8]) -> Result<(), Rejected> {
-        if self.reject_prefix.as_ref().is_some_and(|p| payload.starts_with(p)) {
+        if self
+            .reject_prefix
+            .as_ref()
+            .is_some_and(|p| payload.starts_with(p))
+        {
             self.events.push(format!("reject:{id}"));
             return Err(Rejected(format!("{id} refused")));
         }
@@ -107,7 +118,9 @@ impl Syncable for MapComponent {
         self.events.push("end".into());
     }
     fn is_stale(&self, _id: &str, payload: &[u8]) -> bool {
-        self.stale_prefix.as_ref().is_some_and(|p| payload.starts_with(p))
+        self.stale_prefix
+            .as_ref()
+            .is_some_and(|p| payload.starts_with(p))
     }
     fn make_tombstone(&self, _id: &str) -> Vec<u8> {
         TOMBSTONE.to_vec()
@@ -121,6 +134,10 @@ impl Syncable for MapComponent {
     }
 }
 
+/// A call's fate in [`deliver_with`]: `Some(Ok(reply))`, `Some(Err(_))`
+/// or `None` (held, never answered).
+pub type Outcome = Option<Result<Vec<u8>, CallFailed>>;
+
 /// Delivers `calls` to `redis` and their follow-ups until none is left.
 /// `outcome` decides each call's fate: `Some(Ok(bytes))` / `Some(Err(_))`
 /// answer it, `None` holds it (returned, never answered).
@@ -129,7 +146,7 @@ pub fn deliver_with(
     redis: &mut MemRedis,
     now_ms: u64,
     calls: Vec<Call>,
-    outcome: &mut dyn FnMut(&Call, &mut MemRedis) -> Option<Result<Vec<u8>, CallFailed>>,
+    outcome: &mut dyn FnMut(&Call, &mut MemRedis) -> Outcome,
 ) -> Vec<Call> {
     let mut queue: std::collections::VecDeque<Call> = calls.into();
     let mut held = Vec::new();
@@ -147,13 +164,18 @@ pub fn deliver_with(
 /// One tick at `now_ms`, every call answered by `redis`.
 pub fn drive(engine: &mut SyncEngine, redis: &mut MemRedis, now_ms: u64) {
     let calls = engine.tick(now_ms);
-    deliver_with(engine, redis, now_ms, calls, &mut |c, r| Some(Ok(r.execute(&c.body))));
+    deliver_with(engine, redis, now_ms, calls, &mut |c, r| {
+        Some(Ok(r.execute(&c.body)))
+    });
 }
 
 /// Ticks at the engine's next due time and drives that cycle to its end;
 /// returns the time used.
 pub fn run_cycle(engine: &mut SyncEngine, redis: &mut MemRedis, not_before_ms: u64) -> u64 {
-    let now = engine.next_cycle_ms().unwrap_or(not_before_ms).max(not_before_ms);
+    let now = engine
+        .next_cycle_ms()
+        .unwrap_or(not_before_ms)
+        .max(not_before_ms);
     drive(engine, redis, now);
     now
 }
@@ -182,7 +204,10 @@ pub fn steady_state_cost(
     full_scan_every: u32,
     cycles: usize,
 ) -> CycleCost {
-    let caps = Capabilities { delta: true, ..Default::default() };
+    let caps = Capabilities {
+        delta: true,
+        ..Default::default()
+    };
     let settings = SyncSettings {
         enabled: true,
         full_scan_every,
@@ -202,12 +227,19 @@ pub fn steady_state_cost(
     let _ = a.start(0);
     let _ = b.start(0);
     let payload = |i: usize, gen: usize| {
-        format!(r#"{{"model_to_pods":{{"llama-3-8b":{{"10.0.0.{}:8000":{}}}}}}}"#, i % 8, 1_700_000_000_000_000_000u64 + gen as u64)
+        format!(
+            r#"{{"model_to_pods":{{"llama-3-8b":{{"10.0.0.{}:8000":{}}}}}}}"#,
+            i % 8,
+            1_700_000_000_000_000_000u64 + gen as u64
+        )
     };
     {
         let mut w = writer.borrow_mut();
         for i in 0..entities {
-            w.set(&format!("{}", 1_000_000_007u64 * i as u64), payload(i, 0).as_bytes());
+            w.set(
+                &format!("{}", 1_000_000_007u64 * i as u64),
+                payload(i, 0).as_bytes(),
+            );
         }
     }
     let mut now = run_cycle(&mut a, &mut redis, 0);
@@ -219,7 +251,10 @@ pub fn steady_state_cost(
             let mut w = writer.borrow_mut();
             for k in 0..churn {
                 let i = (gen * 7919 + k * 104_729) % entities.max(1);
-                w.set(&format!("{}", 1_000_000_007u64 * i as u64), payload(i, gen).as_bytes());
+                w.set(
+                    &format!("{}", 1_000_000_007u64 * i as u64),
+                    payload(i, gen).as_bytes(),
+                );
             }
         }
         now = run_cycle(&mut a, &mut redis, now);

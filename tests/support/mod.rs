@@ -712,6 +712,7 @@ pub struct Setup {
     config: &'static str,
     options: EnvoyOptions,
     patches: Vec<PluginPatch>,
+    edits: Vec<Box<dyn FnOnce(String) -> String>>,
 }
 
 /// A running setup. Fields drop in order: Envoy first, then the pods.
@@ -729,6 +730,7 @@ impl Setup {
             config,
             options: EnvoyOptions::default(),
             patches: Vec::new(),
+            edits: Vec::new(),
         }
     }
 
@@ -752,6 +754,16 @@ impl Setup {
         })
     }
 
+    /// Edits the rendered YAML text (after ports and plugin JSON), e.g. a
+    /// shorter route timeout. Panics if the edit changed nothing.
+    pub fn edit_yaml(mut self, from: &'static str, to: &'static str) -> Setup {
+        self.edits.push(Box::new(move |text: String| {
+            assert!(text.contains(from), "config has no {from:?} to edit");
+            text.replace(from, to)
+        }));
+        self
+    }
+
     /// Renders the config into a scratch dir; Envoy is not started.
     pub fn render(mut self) -> (TestDir, Ports, PathBuf) {
         let dir = TestDir::new(self.config.trim_end_matches(".yaml"));
@@ -762,6 +774,13 @@ impl Setup {
                 patch(config);
             }
         });
+        if !self.edits.is_empty() {
+            let mut text = fs::read_to_string(&path).expect("read rendered config");
+            for edit in self.edits.drain(..) {
+                text = edit(text);
+            }
+            fs::write(&path, text).expect("write edited config");
+        }
         (dir, ports, path)
     }
 
