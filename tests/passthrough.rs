@@ -85,9 +85,9 @@ fn malformed_bodies_still_reach_a_pod() {
             Some("no_prompt"),
         ),
         Case {
-            what: "GET",
+            what: "GET on an inference path",
             method: "GET",
-            path: "/v1/models",
+            path: "/v1/completions",
             body: None,
             reason: Some("method"),
         },

@@ -27,6 +27,8 @@ use crate::syncables::{PodLoadSync, PrefixCacheSync};
 
 /// How often the engine is ticked; bounds write-through latency.
 const TICK: Duration = Duration::from_millis(100);
+/// Upper bound of one bridge call.
+const CALL_TIMEOUT_MS: u64 = 5_000;
 /// Most dirty blocks kept between pushes (oldest dropped, counted).
 const MAX_DIRTY: usize = 200_000;
 /// Queue messages drained per callback, so one burst cannot stall the main thread.
@@ -211,7 +213,9 @@ impl SyncState {
     fn dispatch(&mut self, calls: Vec<Call>) {
         let mut pending = calls;
         let s = &self.settings.sync;
-        let timeout = Duration::from_millis(s.op_timeout_ms.max(1));
+        // A per-call timeout makes every call end in a response; the engine also
+        // abandons a whole cycle after op_timeout_ms.
+        let timeout = Duration::from_millis(s.op_timeout_ms.clamp(1, CALL_TIMEOUT_MS));
         while let Some(call) = pending.pop() {
             let headers = vec![
                 (":method", "POST"),

@@ -13,11 +13,14 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
 
-use crate::resp::{parse_pipeline_reply, Frame, Pipeline, ReplyError};
+use crate::resp::{Frame, Pipeline};
 
+use super::error::{CallFailed, SyncError};
 use super::keys::KeyLayout;
+use super::reply::{decode, log_entries, proto};
 use super::schedule::{Schedule, SplitMix64};
 use super::settings::{key_part, SyncSettings};
+use super::stats::SyncStats;
 use super::syncable::{Capabilities, Syncable};
 
 /// Identifies one call between [`SyncEngine::tick`]/[`SyncEngine::on_response`].
@@ -39,151 +42,6 @@ pub struct Call {
     pub id: CallId,
     /// Raw RESP pipeline, ending with QUIT.
     pub body: Vec<u8>,
-}
-
-/// Why the host could not get a reply body for a call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CallFailed {
-    /// `dispatch_http_call` itself failed.
-    Dispatch(String),
-    /// The bridge answered with a non-200 status.
-    Status(u32),
-    /// No answer in time.
-    Timeout,
-}
-
-impl fmt::Display for CallFailed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CallFailed::Dispatch(why) => write!(f, "dispatch failed: {why}"),
-            CallFailed::Status(code) => write!(f, "bridge answered HTTP {code}"),
-            CallFailed::Timeout => write!(f, "bridge call timed out"),
-        }
-    }
-}
-
-/// Errors of the sync layer: refused API uses and failed calls.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SyncError {
-    /// `register` after `start`.
-    AlreadyStarted,
-    /// `start` with `enabled: false`.
-    Disabled,
-    /// A component's namespace was empty.
-    EmptyNamespace,
-    /// A namespace with braces or whitespace.
-    InvalidNamespace(String),
-    /// Two components with one namespace.
-    DuplicateNamespace(String),
-    /// `put`/`delete` for a namespace nobody registered.
-    UnknownNamespace(String),
-    /// `put`/`delete` while `write_through` is off.
-    WriteThroughOff,
-    /// The call never produced a reply body.
-    Transport(CallFailed),
-    /// The reply was cut short by the bridge.
-    Truncated {
-        /// Redis command that was cut.
-        command: &'static str,
-    },
-    /// The reply was malformed or not what the command returns.
-    Protocol(String),
-    /// Redis answered a command with an error.
-    Redis(String),
-    /// Redis refused AUTH.
-    Auth(String),
-    /// The cycle outlived `op_timeout_ms`.
-    Timeout {
-        /// Calls still pending.
-        pending: usize,
-    },
-}
-
-impl fmt::Display for SyncError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SyncError::AlreadyStarted => write!(f, "sync engine already started"),
-            SyncError::Disabled => write!(f, "sync is disabled (sync.enabled=false)"),
-            SyncError::EmptyNamespace => write!(f, "empty namespace"),
-            SyncError::InvalidNamespace(ns) => write!(f, "invalid namespace {ns:?}"),
-            SyncError::DuplicateNamespace(ns) => write!(f, "namespace {ns:?} already registered"),
-            SyncError::UnknownNamespace(ns) => write!(f, "namespace {ns:?} not registered"),
-            SyncError::WriteThroughOff => write!(f, "write-through is off (sync.write_through)"),
-            SyncError::Transport(e) => write!(f, "redis bridge call failed: {e}"),
-            SyncError::Truncated { command } => {
-                write!(f, "{command} reply truncated by the bridge")
-            }
-            SyncError::Protocol(msg) => write!(f, "unexpected redis reply: {msg}"),
-            SyncError::Redis(msg) => write!(f, "redis error: {msg}"),
-            SyncError::Auth(msg) => write!(f, "redis AUTH refused: {msg}"),
-            SyncError::Timeout { pending } => {
-                write!(f, "sync cycle timed out with {pending} calls pending")
-            }
-        }
-    }
-}
-
-impl std::error::Error for SyncError {}
-
-/// Counters and gauges for the host to export as metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SyncStats {
-    /// Cycles whose pull and push all succeeded.
-    pub cycles_ok: u64,
-    /// Cycles that failed (timeouts included).
-    pub cycles_failed: u64,
-    /// Cycles abandoned after `op_timeout_ms`.
-    pub cycles_timed_out: u64,
-    /// Current base wait between cycles (period, or more while backing off).
-    pub backoff_ms: u64,
-    /// Namespace pulls done by full SCAN.
-    pub full_scans: u64,
-    /// Namespace pulls done from the change log.
-    pub incremental_pulls: u64,
-    /// Incremental pulls that found the log trimmed/missing and fell back.
-    pub log_fallbacks: u64,
-    /// Keys returned by SCAN.
-    pub keys_scanned: u64,
-    /// Values fetched by MGET (non-nil).
-    pub keys_pulled: u64,
-    /// MGET slots that were nil (expired since SCAN).
-    pub missing_values: u64,
-    /// Remote entities merged.
-    pub applied: u64,
-    /// Remote entities the component refused.
-    pub rejected: u64,
-    /// Stale remote entities deleted from Redis.
-    pub stale_deleted: u64,
-    /// Remote tombstones applied (`delete_local`).
-    pub tombstones_applied: u64,
-    /// Entity writes (SETEX/DEL) confirmed, periodic and write-through.
-    pub pushed: u64,
-    /// Replies cut by the bridge (never applied).
-    pub truncations: u64,
-    /// Values too large to fetch even alone within the reply budget.
-    pub oversized_values: u64,
-    /// Full pushes that hit the size warnings.
-    pub large_snapshot_warnings: u64,
-    /// Bridge calls emitted.
-    pub calls_sent: u64,
-    /// Bridge calls that failed (transport, protocol, Redis error).
-    pub calls_failed: u64,
-    /// Redis commands sent (AUTH and QUIT included).
-    pub commands_sent: u64,
-    /// Request bytes sent.
-    pub bytes_sent: u64,
-    /// Reply bytes received.
-    pub bytes_received: u64,
-    /// Replies for calls the engine no longer waits for (abandoned cycle).
-    pub late_responses: u64,
-    /// Write-through calls emitted / failed.
-    pub write_through_calls: u64,
-    /// Write-through calls that failed.
-    pub write_through_failed: u64,
-    /// `now_ms` of the last successful cycle's end.
-    pub last_success_ms: Option<u64>,
-    /// Duration of the last finished cycle.
-    pub last_cycle_ms: u64,
 }
 
 enum Write {
@@ -398,7 +256,11 @@ impl SyncEngine {
         // SCAN returns about COUNT keys: keep a page's reply within budget
         // up front (ids estimated at 20 bytes, RESP framing at 8).
         let key_reply = keys.entity_prefix().len() + 28;
-        let scan_cap = self.settings.scan_count.min(self.settings.max_reply_bytes / key_reply).max(1);
+        let scan_cap = self
+            .settings
+            .scan_count
+            .min(self.settings.max_reply_bytes / key_reply)
+            .max(1);
         self.regs.push(Registered {
             keys,
             comp,
@@ -1244,10 +1106,6 @@ impl SyncEngine {
     }
 }
 
-fn proto(msg: &str) -> SyncError {
-    SyncError::Protocol(msg.to_owned())
-}
-
 /// MGET keys per call: configured batch, shrunk by truncations and by the
 /// observed value size so the reply fits the budget with a 25 % margin.
 fn mget_batch_size(reg: &Registered, settings: &SyncSettings) -> usize {
@@ -1268,79 +1126,4 @@ fn queue_mgets(cycle: &mut Cycle, ns: usize, ids: Vec<String>, batch: usize) {
             attempt: 0,
         });
     }
-}
-
-/// Checks a whole pipeline reply and strips the AUTH and QUIT replies.
-fn decode(
-    result: Result<&[u8], CallFailed>,
-    expected: usize,
-    auth: bool,
-    command: &'static str,
-) -> Result<Vec<Frame>, SyncError> {
-    let body = result.map_err(SyncError::Transport)?;
-    let mut frames = parse_pipeline_reply(body, expected).map_err(|e| match e {
-        ReplyError::Truncated { .. } => SyncError::Truncated { command },
-        ReplyError::Protocol(msg) => SyncError::Protocol(msg),
-    })?;
-    frames.pop();
-    if auth && !frames.is_empty() {
-        if let Frame::Error(msg) = frames.remove(0) {
-            return Err(SyncError::Auth(msg));
-        }
-    }
-    if let Some(Frame::Error(msg)) = frames.iter().find(|f| matches!(f, Frame::Error(_))) {
-        return Err(SyncError::Redis(msg.clone()));
-    }
-    Ok(frames)
-}
-
-struct LogEntry {
-    id: String,
-    origin: Option<String>,
-    ids: String,
-}
-
-/// Parses an XRANGE/XREVRANGE reply: `[[id, [field, value, ...]], ...]`.
-fn log_entries(frame: Frame) -> Result<Vec<LogEntry>, SyncError> {
-    let items = match frame {
-        Frame::Array(items) => items,
-        Frame::NullArray => return Ok(Vec::new()),
-        other => return Err(proto(&format!("stream range replied {other:?}"))),
-    };
-    let mut entries = Vec::with_capacity(items.len());
-    for item in items {
-        let Frame::Array(mut parts) = item else {
-            return Err(proto("stream entry not an array"));
-        };
-        if parts.len() != 2 {
-            return Err(proto("stream entry is not [id, fields]"));
-        }
-        let fields = parts.pop();
-        let id = parts.pop().and_then(|f| {
-            f.as_bytes()
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-        });
-        let (Some(id), Some(Frame::Array(fields))) = (id, fields) else {
-            return Err(proto("stream entry is not [id, fields]"));
-        };
-        let mut entry = LogEntry {
-            id,
-            origin: None,
-            ids: String::new(),
-        };
-        for pair in fields.chunks(2) {
-            if let [name, value] = pair {
-                let value = value
-                    .as_bytes()
-                    .map(|b| String::from_utf8_lossy(b).into_owned());
-                match (name.as_bytes(), value) {
-                    (Some(b"o"), Some(v)) => entry.origin = Some(v),
-                    (Some(b"i"), Some(v)) => entry.ids = v,
-                    _ => {}
-                }
-            }
-        }
-        entries.push(entry);
-    }
-    Ok(entries)
 }

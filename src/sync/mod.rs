@@ -1,5 +1,5 @@
-//! Cross-replica state sync through Redis (the AIBrix `statesync` design,
-//! see `docs`/spec `statesync.md`), as a sans-IO engine the host drives:
+//! Cross-replica state sync through Redis (the AIBrix `statesync` design;
+//! semantics in the shared spec `statesync.md`), as a sans-IO engine the host drives:
 //!
 //! ```text
 //! host on_tick          -> engine.tick(now)            -> [Call] -> dispatch_http_call(bridge, body)
@@ -10,7 +10,8 @@
 //! - [`syncable`]: the trait components implement (+ optional capabilities).
 //! - [`keys`]: the Redis key layout shared with AIBrix.
 //! - [`schedule`]: startup delay, jitter, backoff.
-//! - [`engine`]: the state machine.
+//! - [`engine`]: the state machine; [`error`], [`stats`] its error and
+//!   counters; `reply` decodes what Redis answers.
 //! - [`memredis`], [`testkit`]: an in-memory Redis and drivers for tests and
 //!   benchmarks.
 //!
@@ -19,17 +20,22 @@
 //! still runs every `full_scan_every` cycles (see [`SyncSettings`]).
 
 pub mod engine;
+pub mod error;
 pub mod keys;
 pub mod memredis;
+mod reply;
 pub mod schedule;
 pub mod settings;
+pub mod stats;
 pub mod syncable;
 pub mod testkit;
 
 #[cfg(test)]
 mod tests;
 
-pub use engine::{Call, CallFailed, CallId, SyncEngine, SyncError, SyncStats};
+pub use engine::{Call, CallId, SyncEngine};
+pub use error::{CallFailed, SyncError};
 pub use keys::KeyLayout;
 pub use settings::{SettingsError, SyncNamespaces, SyncSettings};
+pub use stats::SyncStats;
 pub use syncable::{Capabilities, Delta, Rejected, Syncable};

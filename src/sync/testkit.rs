@@ -7,7 +7,8 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
-use super::engine::{Call, CallFailed, SyncEngine};
+use super::engine::{Call, SyncEngine};
+use super::error::CallFailed;
 use super::memredis::MemRedis;
 use super::settings::SyncSettings;
 use super::syncable::{Capabilities, Delta, Rejected, Syncable};

@@ -583,7 +583,11 @@ fn truncated_scan_is_retried_with_a_smaller_count() {
         r.setex(&key(&format!("{i:04}")), 600, b"v");
     }
     // Only this many keys fit the budget: SCAN COUNT starts at 1200.
-    let s = SyncSettings { scan_count: 5000, max_reply_bytes: 60 * 1024, ..settings() };
+    let s = SyncSettings {
+        scan_count: 5000,
+        max_reply_bytes: 60 * 1024,
+        ..settings()
+    };
     let mut e = engine(s, &[&comp], 1);
     let cut = |c: &Call, r: &mut MemRedis| {
         let mut reply = r.execute(&c.body);
@@ -595,7 +599,12 @@ fn truncated_scan_is_retried_with_a_smaller_count() {
     deliver_with(&mut e, &mut r, now, calls, &mut { cut });
     assert_eq!(e.stats().cycles_ok, 1);
     assert!(e.stats().truncations >= 2);
-    let applies = comp.borrow().events.iter().filter(|ev| ev.starts_with("apply:")).count();
+    let applies = comp
+        .borrow()
+        .events
+        .iter()
+        .filter(|ev| ev.starts_with("apply:"))
+        .count();
     assert_eq!((applies, comp.borrow().entries.len()), (3000, 3000));
 }
 
@@ -698,7 +707,10 @@ fn incremental_pull_reads_only_changed_keys() {
 
 #[test]
 fn truncated_log_read_is_retried_with_a_smaller_count() {
-    let s = SyncSettings { setex_chunk: 10, ..settings() };
+    let s = SyncSettings {
+        setex_chunk: 10,
+        ..settings()
+    };
     let (a, b, mut ea, mut eb, mut r, mut now) = warmed_pair(s, 500);
     for i in 0..500 {
         a.borrow_mut().set(&i.to_string(), b"v1");

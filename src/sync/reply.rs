@@ -1,0 +1,85 @@
+//! Decoding of the Redis replies the engine expects: whole pipelines
+//! (AUTH/QUIT stripped, errors surfaced) and stream ranges.
+
+use crate::resp::{parse_pipeline_reply, Frame, ReplyError};
+
+use super::error::{CallFailed, SyncError};
+
+/// Checks a whole pipeline reply and strips the AUTH and QUIT replies.
+pub(crate) fn decode(
+    result: Result<&[u8], CallFailed>,
+    expected: usize,
+    auth: bool,
+    command: &'static str,
+) -> Result<Vec<Frame>, SyncError> {
+    let body = result.map_err(SyncError::Transport)?;
+    let mut frames = parse_pipeline_reply(body, expected).map_err(|e| match e {
+        ReplyError::Truncated { .. } => SyncError::Truncated { command },
+        ReplyError::Protocol(msg) => SyncError::Protocol(msg),
+    })?;
+    frames.pop();
+    if auth && !frames.is_empty() {
+        if let Frame::Error(msg) = frames.remove(0) {
+            return Err(SyncError::Auth(msg));
+        }
+    }
+    if let Some(Frame::Error(msg)) = frames.iter().find(|f| matches!(f, Frame::Error(_))) {
+        return Err(SyncError::Redis(msg.clone()));
+    }
+    Ok(frames)
+}
+
+pub(crate) struct LogEntry {
+    pub(crate) id: String,
+    pub(crate) origin: Option<String>,
+    pub(crate) ids: String,
+}
+
+/// Parses an XRANGE/XREVRANGE reply: `[[id, [field, value, ...]], ...]`.
+pub(crate) fn log_entries(frame: Frame) -> Result<Vec<LogEntry>, SyncError> {
+    let items = match frame {
+        Frame::Array(items) => items,
+        Frame::NullArray => return Ok(Vec::new()),
+        other => return Err(proto(&format!("stream range replied {other:?}"))),
+    };
+    let mut entries = Vec::with_capacity(items.len());
+    for item in items {
+        let Frame::Array(mut parts) = item else {
+            return Err(proto("stream entry not an array"));
+        };
+        if parts.len() != 2 {
+            return Err(proto("stream entry is not [id, fields]"));
+        }
+        let fields = parts.pop();
+        let id = parts.pop().and_then(|f| {
+            f.as_bytes()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+        });
+        let (Some(id), Some(Frame::Array(fields))) = (id, fields) else {
+            return Err(proto("stream entry is not [id, fields]"));
+        };
+        let mut entry = LogEntry {
+            id,
+            origin: None,
+            ids: String::new(),
+        };
+        for pair in fields.chunks(2) {
+            if let [name, value] = pair {
+                let value = value
+                    .as_bytes()
+                    .map(|b| String::from_utf8_lossy(b).into_owned());
+                match (name.as_bytes(), value) {
+                    (Some(b"o"), Some(v)) => entry.origin = Some(v),
+                    (Some(b"i"), Some(v)) => entry.ids = v,
+                    _ => {}
+                }
+            }
+        }
+        entries.push(entry);
+    }
+    Ok(entries)
+}
+
+pub(crate) fn proto(msg: &str) -> SyncError {
+    SyncError::Protocol(msg.to_owned())
+}
