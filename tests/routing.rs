@@ -10,7 +10,7 @@ mod support;
 use std::collections::BTreeSet;
 
 use serde_json::json;
-use support::{text, token_ids, Setup};
+use support::{send, text, token_ids, Setup, CLIENT_TIMEOUT};
 
 #[test]
 fn long_shared_prefix_sticks_to_one_pod() {
@@ -162,4 +162,17 @@ fn original_dst_cluster_routes_by_header() {
         pods.insert(run.complete(&json!(text(4100 + i, 1024))).expect_pod());
     }
     assert!(pods.len() >= 2, "new prefixes all went to {pods:?}");
+    // ORIGINAL_DST has no fallback of its own: requests the filter does not
+    // route must still be given a pod, or Envoy answers 503 itself.
+    for (method, path, body) in [
+        ("POST", "/v1/completions", Some(&b"not json"[..])),
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/completions", Some(&br#"{"model":"m"}"#[..])),
+    ] {
+        let reply = send(method, &run.envoy.url(path), &[], body, CLIENT_TIMEOUT).unwrap();
+        assert!(
+            reply.header("x-served-by").is_some(),
+            "{method} {path} did not reach a pod: {reply:?}"
+        );
+    }
 }

@@ -39,8 +39,28 @@ impl PrefixFilter {
 
     fn pass(&mut self, reason: PassReason) -> Action {
         self.kind = None;
-        self.shared.metrics.passthrough(reason);
+        self.count_pass(reason);
         Action::Continue
+    }
+
+    /// Counts a pass-through and gives ORIGINAL_DST clusters a destination,
+    /// so a request we do not route still reaches a pod.
+    fn count_pass(&self, reason: PassReason) {
+        self.shared.metrics.passthrough(reason);
+        if let Some(endpoint) = self.shared.fallback_endpoint() {
+            let _ = hostcalls::set_map_value(
+                MapType::HttpRequestHeaders,
+                ORIGINAL_DST_HEADER,
+                Some(endpoint),
+            );
+        }
+    }
+
+    /// Routes a complete body, or passes the request through counting why.
+    fn finish(&mut self, kind: ApiKind, body: &[u8]) {
+        if let Err(reason) = self.route_body(kind, body) {
+            self.count_pass(reason);
+        }
     }
 
     fn route_body(&mut self, kind: ApiKind, body: &[u8]) -> Result<(), PassReason> {
@@ -154,9 +174,7 @@ impl HttpContext for PrefixFilter {
             Ok(None) => Vec::new(),
             Err(_) => return self.pass(PassReason::InternalError),
         };
-        if let Err(reason) = self.route_body(kind, &body) {
-            self.shared.metrics.passthrough(reason);
-        }
+        self.finish(kind, &body);
         Action::Continue
     }
 
@@ -167,9 +185,7 @@ impl HttpContext for PrefixFilter {
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-            if let Err(reason) = self.route_body(kind, &body) {
-                self.shared.metrics.passthrough(reason);
-            }
+            self.finish(kind, &body);
         }
         Action::Continue
     }

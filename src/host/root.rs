@@ -64,6 +64,24 @@ impl FilterShared {
         routed
     }
 
+    /// A pod for a request the filter does not route (pass-through), chosen
+    /// at random from the default pool (else from all endpoints). Only the
+    /// ORIGINAL_DST header gets it: that cluster type has no fallback of its
+    /// own, while `override_host` falls back to round robin without a header.
+    pub fn fallback_endpoint(&self) -> Option<&str> {
+        let s = self.router.settings();
+        let n = if s.default_pool.is_empty() {
+            s.all_endpoints.len()
+        } else {
+            s.default_pool.len()
+        };
+        let i = self.rng.borrow_mut().below(n);
+        match s.default_pool.get(i) {
+            Some(pod) => s.endpoint_name(*pod),
+            None => s.all_endpoints.get(i).map(String::as_str),
+        }
+    }
+
     fn hand_off(&self, touched: Touched) {
         if !self.router.settings().sync.enabled || touched.blocks.is_empty() {
             return;
