@@ -327,6 +327,8 @@ fn integer(bytes: &[u8]) -> Result<i64, ParseError> {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn enc(frame: &Frame) -> Vec<u8> {
         let mut out = Vec::new();

@@ -67,6 +67,8 @@ pub fn glob_escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn key_format_has_prefix_and_hash_tag() {
