@@ -491,9 +491,9 @@ pub fn glob_match(pattern: &[u8], s: &[u8]) -> bool {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use crate::resp::{parse_pipeline_reply, Pipeline};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use crate::resp::{parse_pipeline_reply, Pipeline};
 
     fn run(r: &mut MemRedis, cmds: &[&[&[u8]]]) -> Vec<Frame> {
         let mut p = Pipeline::new();

@@ -273,9 +273,9 @@ impl SyncSettings {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use serde_json::json;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-    use serde_json::json;
 
     #[test]
     fn defaults_match_the_spec() {

@@ -7,10 +7,10 @@ use std::rc::Rc;
 
 use super::testkit::{deliver_with, drive, run_cycle, steady_state_cost, MapComponent, TOMBSTONE};
 use super::*;
-#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
-use wasm_bindgen_test::wasm_bindgen_test as test;
 use crate::resp::{parse, Frame};
 use memredis::MemRedis;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
 
 type Comp = Rc<RefCell<MapComponent>>;
 
