@@ -61,7 +61,8 @@ pub struct Routed {
     pub probes: usize,
     /// Model id in the table, None when the registry is full.
     pub model: Option<u16>,
-    /// The block hashes recorded for the chosen pod (sync pushes these).
+    /// The block hashes written for the chosen pod (sync pushes these): the
+    /// sampled blocks past its fresh matched prefix.
     pub recorded: Vec<u64>,
     pub write: WriteOutcome,
     /// CAS retries spent on the in-flight counter.
@@ -77,6 +78,7 @@ pub struct Router {
     table: TableConfig,
     policy: PolicyConfig,
     model_ids: RefCell<HashMap<String, u16>>,
+    touch_interval_secs: u32,
 }
 
 impl Router {
@@ -92,6 +94,7 @@ impl Router {
                 stddev_factor: settings.stddev_factor,
             },
             model_ids: RefCell::new(HashMap::new()),
+            touch_interval_secs: touch_interval_secs(&settings),
             settings,
         }
     }
@@ -142,10 +145,29 @@ impl Router {
             None => (Vec::new(), 0),
         };
         let counters = InflightCounters::new(store, self.settings.all_endpoints.len());
-        let load = counters.fleet()?;
-        let choice = choose(&self.policy, pool, &load, &matches, hashes.len(), rng)
+        // Other replicas' load exists only when syncing: skip that read otherwise.
+        let load = if self.settings.sync.enabled {
+            counters.fleet()?
+        } else {
+            counters.local()?
+        };
+        let lengths: Vec<(u16, u32)> = matches.iter().map(|m| (m.pod, m.blocks)).collect();
+        let choice = choose(&self.policy, pool, &load, &lengths, hashes.len(), rng)
             .ok_or(RouteError::NoEndpoints)?;
-        let recorded: Vec<u64> = positions.iter().map(|&i| hashes[i]).collect();
+        // The chosen pod's matched prefix needs no rewrite while it is fresh:
+        // only blocks past the match are new. Refreshing at most every
+        // `touch_interval_secs` keeps hot prefixes alive (idle expiry, Redis
+        // TTL) at a fraction of the shared-data writes.
+        let fresh = matches
+            .iter()
+            .find(|m| m.pod == choice.pod)
+            .filter(|m| now_secs.saturating_sub(m.oldest_access) < self.touch_interval_secs)
+            .map_or(0, |m| m.blocks as usize);
+        let recorded: Vec<u64> = positions
+            .iter()
+            .filter(|&&i| i >= fresh)
+            .map(|&i| hashes[i])
+            .collect();
         let write = match model {
             Some(m) => table.record(&recorded, m, choice.pod, now_secs),
             None => WriteOutcome::default(),
@@ -169,6 +191,26 @@ impl Router {
             .add(pod, -1)
             .map(|(v, _)| v)
     }
+}
+
+/// How long a recorded block counts as fresh: a quarter of the shortest
+/// lifetime it must survive (idle expiry; Redis TTL when syncing), at most 60 s.
+fn touch_interval_secs(s: &Settings) -> u32 {
+    let mut life = s.table_idle_expiry_secs;
+    if s.sync.enabled {
+        life = life.min(u32::try_from(s.sync.effective_ttl_secs()).unwrap_or(u32::MAX));
+    }
+    (life / 4).clamp(1, 60)
+}
+
+/// How far one pod's cached prefix reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PodMatch {
+    pod: u16,
+    /// Leading blocks the pod holds.
+    blocks: u32,
+    /// Oldest last access among the probed blocks it holds.
+    oldest_access: u32,
 }
 
 /// Block positions recorded and probed for a prompt of `blocks` blocks:
@@ -199,7 +241,7 @@ fn longest_matches<S: SharedStore + ?Sized>(
     model: u16,
     pool: &[u16],
     now: u32,
-) -> Result<(Vec<(u16, u32)>, usize), StoreError> {
+) -> Result<(Vec<PodMatch>, usize), StoreError> {
     if positions.is_empty() {
         return Ok((Vec::new(), 0));
     }
@@ -213,23 +255,30 @@ fn longest_matches<S: SharedStore + ?Sized>(
         probes: 0,
     };
     // Which pods hold the first sampled block at all.
-    let first: Vec<u16> = probe
+    let first: Vec<(u16, u32)> = probe
         .pods_at(0)?
-        .map(|p| p.iter().copied().filter(|p| pool.contains(p)).collect())
+        .map(|p| {
+            p.iter()
+                .copied()
+                .filter(|(p, _)| pool.contains(p))
+                .collect()
+        })
         .unwrap_or_default();
     let n = positions.len();
     let mut matches = Vec::with_capacity(first.len());
-    for pod in first {
+    for (pod, first_seen) in first {
+        let mut oldest = first_seen;
         let (mut lo, mut hi) = (0usize, n);
         let mut step = 1;
         // Gallop: double the stride while the pod still holds the block.
         while lo + step < n {
-            match probe.holds(lo + step, pod)? {
-                Some(true) => {
+            match probe.held_since(lo + step, pod)? {
+                Some(Some(t)) => {
+                    oldest = oldest.min(t);
                     lo += step;
                     step *= 2;
                 }
-                Some(false) => {
+                Some(None) => {
                     hi = lo + step;
                     break;
                 }
@@ -242,13 +291,20 @@ fn longest_matches<S: SharedStore + ?Sized>(
         // Bisect (lo holds, hi does not or is the end).
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
-            match probe.holds(mid, pod)? {
-                Some(true) => lo = mid,
-                Some(false) => hi = mid,
+            match probe.held_since(mid, pod)? {
+                Some(Some(t)) => {
+                    oldest = oldest.min(t);
+                    lo = mid;
+                }
+                Some(None) => hi = mid,
                 None => break,
             }
         }
-        matches.push((pod, (positions[lo] + 1) as u32));
+        matches.push(PodMatch {
+            pod,
+            blocks: (positions[lo] + 1) as u32,
+            oldest_access: oldest,
+        });
     }
     Ok((matches, probe.probes))
 }
@@ -260,14 +316,14 @@ struct Prober<'a, 't, S: SharedStore + ?Sized> {
     positions: &'a [usize],
     model: u16,
     now: u32,
-    memo: Vec<Option<Vec<u16>>>,
+    memo: Vec<Option<Vec<(u16, u32)>>>,
     probes: usize,
 }
 
 impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
-    /// Pods holding the block at sampled index `idx`; None once the probe
-    /// budget is spent.
-    fn pods_at(&mut self, idx: usize) -> Result<Option<&[u16]>, StoreError> {
+    /// Pods (with last access) holding the block at sampled index `idx`;
+    /// None once the probe budget is spent.
+    fn pods_at(&mut self, idx: usize) -> Result<Option<&[(u16, u32)]>, StoreError> {
         if self.memo[idx].is_none() {
             if self.probes >= MAX_PROBES {
                 return Ok(None);
@@ -285,8 +341,12 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
         Ok(self.memo[idx].as_deref())
     }
 
-    fn holds(&mut self, idx: usize, pod: u16) -> Result<Option<bool>, StoreError> {
-        Ok(self.pods_at(idx)?.map(|p| p.contains(&pod)))
+    /// `Some(Some(last_access))` if `pod` holds the block, `Some(None)` if
+    /// not, None once the probe budget is spent.
+    fn held_since(&mut self, idx: usize, pod: u16) -> Result<Option<Option<u32>>, StoreError> {
+        Ok(self
+            .pods_at(idx)?
+            .map(|p| p.iter().find(|(q, _)| *q == pod).map(|(_, t)| *t)))
     }
 }
 
@@ -340,6 +400,40 @@ mod tests {
         assert_eq!(second.choice.reason, Reason::PrefixMatch);
         assert_eq!(second.choice.pod, first.choice.pod);
         assert_eq!(second.choice.match_percent, 100);
+    }
+
+    #[test]
+    fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
+        let s = MemStore::new();
+        let r = router(r#","table_idle_expiry_secs":400"#); // touch interval 60 s
+        let mut rng = SplitMix64::new(1);
+        let prefix = "p".repeat(4 * 100);
+        let a = r
+            .route(&s, &req(&format!("{prefix}aaaa")), 1000, &mut rng)
+            .unwrap();
+        r.release(&s, a.choice.pod).unwrap();
+        assert_eq!(a.recorded.len(), sampled_positions(101, 32).len());
+        // Same prefix, new tail, 30 s later: only the new last block is written.
+        let b = r
+            .route(&s, &req(&format!("{prefix}bbbb")), 1030, &mut rng)
+            .unwrap();
+        r.release(&s, b.choice.pod).unwrap();
+        assert_eq!(b.choice.pod, a.choice.pod);
+        assert_eq!(
+            b.recorded,
+            vec![*r
+                .hasher
+                .hash(format!("{prefix}bbbb").as_bytes())
+                .last()
+                .unwrap()]
+        );
+        // Past the touch interval the whole prefix is refreshed.
+        let c = r
+            .route(&s, &req(&format!("{prefix}cccc")), 1100, &mut rng)
+            .unwrap();
+        assert_eq!(c.recorded.len(), a.recorded.len());
+        // 96 of 101 blocks: the match is known to the sampled position below its end.
+        assert_eq!(c.choice.match_percent, 95);
     }
 
     #[test]

@@ -369,7 +369,7 @@ mod tests {
         let mut pods = Vec::new();
         table.pods_holding(77, model, 1000, &mut pods).unwrap();
         pods.sort_unstable();
-        assert_eq!(pods, vec![0, 1]);
+        assert_eq!(pods, vec![(0, 990), (1, 995)]);
         let recs = table.block_records(77, 1000).unwrap();
         assert!(recs.iter().any(|r| r.pod == 0 && r.last_access == 990));
     }

@@ -103,18 +103,19 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         Ok(records)
     }
 
-    /// Pods that hold `block` for `model`, written into `out` (cleared first).
+    /// Pods that hold `block` for `model`, with their last access, written
+    /// into `out` (cleared first).
     pub fn pods_holding(
         &self,
         block: u64,
         model: u16,
         now: u32,
-        out: &mut Vec<u16>,
+        out: &mut Vec<(u16, u32)>,
     ) -> Result<(), StoreError> {
         out.clear();
         for r in self.live_bucket(block, now)? {
-            if r.block == block && r.model == model && !out.contains(&r.pod) {
-                out.push(r.pod);
+            if r.block == block && r.model == model && !out.iter().any(|(p, _)| *p == r.pod) {
+                out.push((r.pod, r.last_access));
             }
         }
         Ok(())
@@ -362,8 +363,9 @@ mod tests {
     fn holders(t: &PrefixTable<'_, MemStore>, block: u64, model: u16, now: u32) -> Vec<u16> {
         let mut v = Vec::new();
         t.pods_holding(block, model, now, &mut v).unwrap();
-        v.sort_unstable();
-        v
+        let mut pods: Vec<u16> = v.into_iter().map(|(p, _)| p).collect();
+        pods.sort_unstable();
+        pods
     }
 
     #[test]

@@ -1,0 +1,1238 @@
+//! Cross-replica sync of the prefix table through a real Redis
+//! (docs: /work/shared/spec/statesync.md): two or three Envoy replicas on
+//! `envoy/sync.yaml` (own listener, admin and bridge ports; the same four
+//! podsim pods and the same `redis-server`), driven through their listeners
+//! and observed through their `prefix_router.sync.*` stats and Redis itself.
+//!
+//! Probing discipline: a request that a replica routes *is recorded* on that
+//! replica for the pod it chose. So a replica is never asked twice about the
+//! same prompt while waiting for the sync: a miss would plant the prompt
+//! there for a random pod (a 1-in-4 chance to be the right one, and a local
+//! 100 % match from then on). Instead, many prompts are learned on the source
+//! replica up front and each probe of the target uses a prompt the target has
+//! never seen; a 100 % match on the learning replica's pod can then only come
+//! from Redis.
+//!
+//! Timing: waits are deadlines, never latency assertions; every deadline is
+//! derived from the configured period and generous slack (two shared cores).
+
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use envoy_prefix_router::hashing::BlockHasher;
+use envoy_prefix_router::request::{parse_body, ApiKind};
+use envoy_prefix_router::router::sampled_positions;
+use serde_json::{json, Value};
+use support::{
+    completion_body, envoy_template, free_port, patch_plugin_json, resp_command, send,
+    substitute_ports, tail, text, wait_until, wasm_module, Envoy, EnvoyOptions, Pod, Ports, Redis,
+    Reply, TestDir, CLIENT_TIMEOUT, WASM_REL_PATH,
+};
+
+/// Model named by `support::completion_body`.
+const MODEL: &str = "test-model";
+/// Block size and dense prefix of envoy/sync.yaml (defaults).
+const BLOCK: usize = 128;
+const DENSE: usize = 32;
+/// 32 full blocks: every block is recorded (all below `dense_prefix_blocks`),
+/// so a 100 % match needs every one of them.
+const PROMPT_LEN: usize = DENSE * BLOCK;
+/// Time between two probes of a replica.
+const PROBE_EVERY: Duration = Duration::from_millis(100);
+/// Added to every period-derived deadline: CPU contention, Envoy start-up
+/// of the singleton, cycle duration, stats publishing.
+const SLACK: Duration = Duration::from_millis(2500);
+
+// ---------------------------------------------------------------------------
+// Fleet: pods, replicas
+// ---------------------------------------------------------------------------
+
+/// The four pods every replica routes to (named `pod-1`..`pod-4`).
+struct Pods {
+    _pods: Vec<Pod>,
+    ports: [u16; 4],
+}
+
+impl Pods {
+    fn start(dir: &TestDir) -> Pods {
+        let ports = [free_port(), free_port(), free_port(), free_port()];
+        let pods = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &port)| Pod::start(dir, &format!("pod-{}", i + 1), port))
+            .collect();
+        Pods { _pods: pods, ports }
+    }
+
+    fn name(&self, i: usize) -> String {
+        format!("pod-{}", i + 1)
+    }
+
+    fn endpoint_of(&self, name: &str) -> String {
+        let i = (1..=4)
+            .position(|n| format!("pod-{n}") == name)
+            .unwrap_or_else(|| panic!("no pod {name}"));
+        format!("127.0.0.1:{}", self.ports[i])
+    }
+}
+
+/// How to start one replica.
+struct Spec {
+    name: &'static str,
+    template: &'static str,
+    /// Merged (recursively) into both plugin configurations.
+    plugin: Value,
+    /// Textual edits of the rendered YAML.
+    edits: Vec<(String, String)>,
+}
+
+impl Spec {
+    fn new(name: &'static str, plugin: Value) -> Spec {
+        Spec {
+            name,
+            template: "sync.yaml",
+            plugin,
+            edits: Vec::new(),
+        }
+    }
+}
+
+/// One Envoy replica of the fleet.
+struct Replica {
+    name: &'static str,
+    envoy: Envoy,
+}
+
+fn merge(dst: &mut Value, src: &Value) {
+    match (dst, src) {
+        (Value::Object(d), Value::Object(s)) => {
+            for (k, v) in s {
+                merge(d.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (d, s) => *d = s.clone(),
+    }
+}
+
+/// Renders a replica's config: its own listener/admin/bridge ports, the
+/// shared pods and Redis, the module path made absolute, the patch applied
+/// to both plugin configurations (filter and singleton), then the edits.
+fn render_replica(dir: &TestDir, spec: &Spec, ports: &Ports) -> PathBuf {
+    let text = substitute_ports(&envoy_template(spec.template), ports)
+        .replace(WASM_REL_PATH, &wasm_module().display().to_string());
+    let mut patched = 0;
+    let mut text = patch_plugin_json(&text, &mut |config: &mut Value| {
+        merge(config, &spec.plugin);
+        patched += 1;
+    });
+    assert_eq!(
+        patched, 2,
+        "{}: expected two plugin configurations (filter and singleton)",
+        spec.template
+    );
+    for (from, to) in &spec.edits {
+        assert!(text.contains(from.as_str()), "config has no {from:?}");
+        text = text.replace(from.as_str(), to);
+    }
+    let path = dir.join(&format!("envoy-{}.yaml", spec.name));
+    fs::write(&path, text).expect("write replica config");
+    path
+}
+
+/// Starts the replicas in parallel (each Envoy takes about a second).
+fn start_replicas(dir: &TestDir, pods: &Pods, redis_port: u16, specs: Vec<Spec>) -> Vec<Replica> {
+    thread::scope(|scope| {
+        let handles: Vec<_> = specs
+            .into_iter()
+            .map(|spec| {
+                scope.spawn(move || {
+                    let ports = Ports {
+                        listener: free_port(),
+                        admin: free_port(),
+                        pods: pods.ports,
+                        redis_bridge: free_port(),
+                        redis: redis_port,
+                    };
+                    let path = render_replica(dir, &spec, &ports);
+                    let log = dir.join(&format!("envoy-{}.log", spec.name));
+                    let envoy = Envoy::start(&path, &ports, log, &EnvoyOptions::default())
+                        .unwrap_or_else(|e| panic!("replica {}: {e}", spec.name));
+                    let replica = Replica {
+                        name: spec.name,
+                        envoy,
+                    };
+                    replica.wait_singleton();
+                    replica
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("replica start thread"))
+            .collect()
+    })
+}
+
+/// The plugin patch for a sync period (and more sync settings).
+fn sync_patch(period_ms: u64, more: Value) -> Value {
+    let mut sync = json!({ "period_ms": period_ms });
+    merge(&mut sync, &more);
+    json!({ "sync": sync })
+}
+
+impl Replica {
+    fn complete(&self, prompt: &str) -> Reply {
+        let url = self.envoy.url("/v1/completions");
+        let body = completion_body(&json!(prompt));
+        send(
+            "POST",
+            &url,
+            &[("content-type", "application/json")],
+            Some(body.as_bytes()),
+            CLIENT_TIMEOUT,
+        )
+        .unwrap_or_else(|e| panic!("replica {}: POST {url}: {e}", self.name))
+    }
+
+    /// A `prefix_router.sync.<name>` stat (0 while not defined yet).
+    fn stat(&self, name: &str) -> i64 {
+        self.envoy
+            .router_stat(&format!("prefix_router.sync.{name}"))
+    }
+
+    /// Every sync stat, for failure messages.
+    fn sync_stats(&self) -> String {
+        let stats: BTreeMap<String, i64> = self
+            .envoy
+            .router_stats()
+            .into_iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix("prefix_router.sync.")?.to_string(), v)))
+            .collect();
+        format!("replica {} sync stats: {stats:?}", self.name)
+    }
+
+    /// Waits until stat `name` satisfies `ok` and returns it; panics with the
+    /// replica's sync stats and log tail after `timeout`.
+    fn wait_stat(&self, name: &str, timeout: Duration, ok: impl Fn(i64) -> bool) -> i64 {
+        let mut last = 0;
+        let met = wait_until(timeout, || {
+            last = self.stat(name);
+            ok(last)
+        });
+        assert!(
+            met,
+            "replica {}: sync.{name} stuck at {last} after {timeout:?}\n{}\n{}",
+            self.name,
+            self.sync_stats(),
+            self.log_tail()
+        );
+        last
+    }
+
+    /// Waits until the sync singleton has started (its stats exist). Envoy
+    /// reports LIVE and routes before the singleton's first tick registers
+    /// the hand-off queue; blocks routed in that window are never pushed
+    /// (counted in `sync.handoff_dropped`), so tests learn only after this.
+    fn wait_singleton(&self) {
+        let up = wait_until(SLACK * 4, || {
+            self.envoy
+                .router_stats()
+                .contains_key("prefix_router.sync.cycles_ok")
+        });
+        assert!(up, "replica {}: sync singleton not started\n{}", self.name, self.log_tail());
+    }
+
+    /// Cycles started so far (each cycle pulls both namespaces and counts
+    /// one full scan or incremental pull per namespace).
+    fn pull_starts(&self) -> i64 {
+        self.stat("full_scans") + self.stat("incremental_pulls")
+    }
+
+    fn log_tail(&self) -> String {
+        format!(
+            "--- replica {} log tail ---\n{}",
+            self.name,
+            tail(&self.envoy.log, 15)
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Learning and probing
+// ---------------------------------------------------------------------------
+
+/// A prompt routed on the learning replica, and where it went.
+struct Learned {
+    prompt: String,
+    pod: String,
+    at: Instant,
+}
+
+/// Routes one fresh prompt per seed on `r` (each must be new to it).
+fn learn(r: &Replica, seeds: std::ops::Range<u64>) -> VecDeque<Learned> {
+    seeds
+        .map(|seed| {
+            let prompt = text(seed, PROMPT_LEN);
+            let reply = r.complete(&prompt);
+            let pod = reply.expect_pod();
+            assert_eq!(
+                reply.match_percent(),
+                0,
+                "replica {}: fresh prompt {seed} already matched: {reply:?}",
+                r.name
+            );
+            Learned {
+                prompt,
+                pod,
+                at: Instant::now(),
+            }
+        })
+        .collect()
+}
+
+/// What one probe saw (shown through Debug in failure messages).
+#[derive(Debug)]
+#[allow(dead_code)]
+struct Probe {
+    after: Duration,
+    pod: String,
+    percent: u32,
+}
+
+/// The first probe that routed with a full match.
+#[derive(Debug)]
+struct Hit {
+    /// From the moment the probed prompt was learned to the probe.
+    since_learned: Duration,
+    /// From the start of probing.
+    since_start: Duration,
+    probes: usize,
+}
+
+/// Probes `r` every [`PROBE_EVERY`], each time with the next learned prompt
+/// (consumed: never probed again), until one routes with a 100 % match to the
+/// pod that learned it. A full match to another pod fails at once.
+fn first_synced(
+    r: &Replica,
+    learned: &mut VecDeque<Learned>,
+    timeout: Duration,
+) -> Result<Hit, String> {
+    let start = Instant::now();
+    let mut seen: Vec<Probe> = Vec::new();
+    loop {
+        let Some(l) = learned.pop_front() else {
+            return Err(format!(
+                "ran out of fresh prompts after {:?}; probes: {seen:?}",
+                start.elapsed()
+            ));
+        };
+        let reply = r.complete(&l.prompt);
+        let pod = reply.expect_pod();
+        let percent = reply.match_percent();
+        if percent == 100 {
+            assert_eq!(
+                pod, l.pod,
+                "replica {}: full match routed to {pod}, but the prompt was learned on {}",
+                r.name, l.pod
+            );
+            return Ok(Hit {
+                since_learned: l.at.elapsed(),
+                since_start: start.elapsed(),
+                probes: seen.len() + 1,
+            });
+        }
+        seen.push(Probe {
+            after: start.elapsed(),
+            pod,
+            percent,
+        });
+        if start.elapsed() >= timeout {
+            return Err(format!(
+                "replica {}: no full match within {timeout:?} ({} probes: {seen:?})",
+                r.name,
+                seen.len()
+            ));
+        }
+        thread::sleep(PROBE_EVERY);
+    }
+}
+
+/// Probes `r` with the next `n` learned prompts; returns the ones that did
+/// not route with a 100 % match to their learning pod.
+fn not_synced(r: &Replica, learned: &mut VecDeque<Learned>, n: usize) -> Vec<String> {
+    let mut misses = Vec::new();
+    for _ in 0..n {
+        let l = learned.pop_front().expect("enough learned prompts");
+        let reply = r.complete(&l.prompt);
+        let pod = reply.expect_pod();
+        let percent = reply.match_percent();
+        if percent != 100 || pod != l.pod {
+            misses.push(format!(
+                "{}...: {percent}% on {pod}, learned on {}",
+                &l.prompt[..12],
+                l.pod
+            ));
+        }
+    }
+    misses
+}
+
+/// Worst case from a request on A to B routing it: A pushes at its next
+/// cycle (up to period + 10 % jitter away), B pulls at its next cycle after
+/// that (the same again). The two schedules are independent, so the bound is
+/// two jittered periods, plus slack.
+fn sync_deadline(period_ms: u64) -> Duration {
+    Duration::from_millis(2 * period_ms * 11 / 10) + SLACK
+}
+
+/// Enough fresh prompts to probe every [`PROBE_EVERY`] until `deadline`.
+fn probes_for(deadline: Duration) -> u64 {
+    (deadline.as_millis() / PROBE_EVERY.as_millis()) as u64 + 10
+}
+
+/// Block hashes a replica records for `prompt` (sampled positions), with
+/// the crate's own hasher over the crate's own prompt bytes.
+fn recorded_blocks(prompt: &str, seed: u64) -> Vec<u64> {
+    let body = completion_body(&json!(prompt));
+    let req = parse_body(ApiKind::Completions, body.as_bytes()).expect("parse completion body");
+    let hashes = BlockHasher::new(BLOCK, seed).hash(&req.prompt);
+    sampled_positions(hashes.len(), DENSE)
+        .into_iter()
+        .map(|i| hashes[i])
+        .collect()
+}
+
+fn entity_key(block: u64) -> String {
+    format!("aibrix:{{prefixcache}}:e:{block}")
+}
+
+fn now_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos() as u64
+}
+
+// ---------------------------------------------------------------------------
+// A tiny independent RESP client (the crate's own codec is under test)
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug, PartialEq)]
+enum Resp {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Resp>>),
+}
+
+impl Resp {
+    fn int(&self) -> i64 {
+        match self {
+            Resp::Int(n) => *n,
+            other => panic!("expected an integer reply, got {other:?}"),
+        }
+    }
+}
+
+fn parse_resp(buf: &[u8], pos: &mut usize) -> Option<Resp> {
+    let line_end = buf[*pos..].windows(2).position(|w| w == b"\r\n")? + *pos;
+    let kind = buf[*pos];
+    let line = String::from_utf8_lossy(&buf[*pos + 1..line_end]).into_owned();
+    *pos = line_end + 2;
+    Some(match kind {
+        b'+' => Resp::Simple(line),
+        b'-' => Resp::Error(line),
+        b':' => Resp::Int(line.parse().ok()?),
+        b'$' => {
+            let n: i64 = line.parse().ok()?;
+            if n < 0 {
+                Resp::Bulk(None)
+            } else {
+                let n = n as usize;
+                let data = buf.get(*pos..*pos + n)?.to_vec();
+                *pos += n + 2;
+                Resp::Bulk(Some(data))
+            }
+        }
+        b'*' => {
+            let n: i64 = line.parse().ok()?;
+            if n < 0 {
+                Resp::Array(None)
+            } else {
+                let mut items = Vec::new();
+                for _ in 0..n {
+                    items.push(parse_resp(buf, pos)?);
+                }
+                Resp::Array(Some(items))
+            }
+        }
+        _ => return None,
+    })
+}
+
+/// Plain-TCP access to a Redis (for inspection and for writing keys the way
+/// an AIBrix Go gateway does).
+#[derive(Clone)]
+struct RedisAt {
+    port: u16,
+    password: Option<String>,
+}
+
+impl RedisAt {
+    fn of(redis: &Redis) -> RedisAt {
+        RedisAt {
+            port: redis.port,
+            password: redis.password.clone(),
+        }
+    }
+
+    /// Sends the commands as one pipeline (AUTH first when a password is
+    /// set, QUIT last) and returns one reply per command.
+    fn pipeline(&self, commands: &[Vec<String>]) -> Vec<Resp> {
+        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))
+            .unwrap_or_else(|e| panic!("connect to redis :{}: {e}", self.port));
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        let mut payload = Vec::new();
+        if let Some(pw) = &self.password {
+            payload.extend(resp_command(&["AUTH", pw]));
+        }
+        for c in commands {
+            let args: Vec<&str> = c.iter().map(String::as_str).collect();
+            payload.extend(resp_command(&args));
+        }
+        payload.extend(resp_command(&["QUIT"]));
+        stream.write_all(&payload).expect("write to redis");
+        let mut buf = Vec::new();
+        stream.read_to_end(&mut buf).expect("read from redis");
+        let mut pos = 0;
+        let mut replies = Vec::new();
+        while pos < buf.len() {
+            match parse_resp(&buf, &mut pos) {
+                Some(r) => replies.push(r),
+                None => panic!("unparsable redis reply at byte {pos} of {}", buf.len()),
+            }
+        }
+        if self.password.is_some() {
+            let auth = replies.remove(0);
+            assert_eq!(auth, Resp::Simple("OK".into()), "AUTH");
+        }
+        assert_eq!(replies.pop(), Some(Resp::Simple("OK".into())), "QUIT");
+        assert_eq!(replies.len(), commands.len(), "one reply per command");
+        replies
+    }
+
+    fn cmd(&self, args: &[&str]) -> Resp {
+        let c: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        self.pipeline(&[c]).remove(0)
+    }
+
+    /// How many of `keys` exist.
+    fn exists(&self, keys: &[String]) -> i64 {
+        let mut c = vec!["EXISTS".to_string()];
+        c.extend(keys.iter().cloned());
+        self.pipeline(&[c])[0].int()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+#[test]
+fn prefix_learned_on_a_routes_on_b_within_a_period() {
+    const PERIOD: u64 = 1000;
+    let dir = TestDir::new("sync-a-to-b");
+    let redis = Redis::start(&dir, free_port(), None);
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![
+            Spec::new("a", sync_patch(PERIOD, json!({}))),
+            Spec::new("b", sync_patch(PERIOD, json!({}))),
+        ],
+    );
+    let (a, b) = (&fleet[0], &fleet[1]);
+    // Steady state: both singletons have finished a cycle (the first one
+    // comes after a random delay below period/2).
+    for r in [a, b] {
+        r.wait_stat(
+            "cycles_ok",
+            Duration::from_millis(PERIOD) + SLACK * 2,
+            |v| v >= 1,
+        );
+    }
+
+    let deadline = sync_deadline(PERIOD);
+    let learn_start = Instant::now();
+    let mut learned = learn(a, 1000..1000 + probes_for(deadline) + 8);
+    let learning = learn_start.elapsed();
+    let hit = first_synced(b, &mut learned, deadline).unwrap_or_else(|e| {
+        panic!(
+            "a prefix learned on A never routed on B: {e}\n{}\n{}\n{}",
+            a.sync_stats(),
+            b.sync_stats(),
+            b.log_tail()
+        )
+    });
+    eprintln!(
+        "A->B: full match on B {:?} after the prompt was learned on A ({:?} after the \
+         burst ended; learning took {learning:?}; probe {}; period {PERIOD} ms)",
+        hit.since_learned, hit.since_start, hit.probes
+    );
+    assert!(
+        hit.since_learned <= deadline,
+        "A->B took {:?} (> {deadline:?} = 2 jittered periods + slack)",
+        hit.since_learned
+    );
+
+    // Every other prompt A learned in that burst arrives too, once B has run
+    // two more full cycles (the burst may straddle one of A's pushes).
+    let ok = b.stat("cycles_ok");
+    b.wait_stat("cycles_ok", deadline, |v| v >= ok + 2);
+    let misses = not_synced(b, &mut learned, 8);
+    assert!(
+        misses.is_empty(),
+        "prompts learned on A that B does not route to A's pod: {misses:#?}\n{}",
+        b.sync_stats()
+    );
+    assert!(a.stat("pushed") >= 32, "{}", a.sync_stats());
+    assert!(b.stat("applied") >= 32, "{}", b.sync_stats());
+}
+
+#[test]
+fn different_hash_seed_on_b_gives_no_match() {
+    const PERIOD: u64 = 500;
+    let dir = TestDir::new("sync-seed");
+    let redis = Redis::start(&dir, free_port(), None);
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![
+            Spec::new("a", sync_patch(PERIOD, json!({}))),
+            Spec::new("b", {
+                let mut p = sync_patch(PERIOD, json!({}));
+                p["hash_seed"] = json!(7);
+                p
+            }),
+            Spec::new("c", sync_patch(PERIOD, json!({}))),
+        ],
+    );
+    let (a, b, c) = (&fleet[0], &fleet[1], &fleet[2]);
+    for r in [a, b, c] {
+        r.wait_stat(
+            "cycles_ok",
+            Duration::from_millis(PERIOD) + SLACK * 2,
+            |v| v >= 1,
+        );
+    }
+    let b_pulled = b.stat("keys_pulled");
+    let deadline = sync_deadline(PERIOD);
+    let mut learned = learn(a, 2000..2000 + probes_for(deadline) + 12);
+    let b_cycles = b.stat("cycles_ok");
+
+    // Same seed: C routes A's prefixes.
+    let hit = first_synced(c, &mut learned, deadline)
+        .unwrap_or_else(|e| panic!("same-seed replica C never matched: {e}\n{}", c.sync_stats()));
+    eprintln!("A->C (same seed): {:?}", hit.since_learned);
+
+    // Different seed: B pulls the same keys (so it did sync) ...
+    b.wait_stat("keys_pulled", deadline, |v| v >= b_pulled + 32);
+    b.wait_stat("cycles_ok", deadline * 2, |v| v >= b_cycles + 3);
+    // ... but over several more periods none of A's prompts ever matches.
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let l = learned.pop_front().expect("prompt");
+        let reply = b.complete(&l.prompt);
+        reply.expect_pod();
+        seen.push(reply.match_percent());
+        thread::sleep(Duration::from_millis(PERIOD / 2));
+    }
+    assert!(
+        seen.iter().all(|&p| p == 0),
+        "replica B with hash_seed 7 matched prefixes hashed with seed 0: {seen:?}"
+    );
+    // C still matches the remaining ones.
+    let misses = not_synced(c, &mut learned, 4);
+    assert!(misses.is_empty(), "same-seed misses on C: {misses:#?}");
+}
+
+#[test]
+fn keys_carry_the_ttl_and_expire() {
+    const PERIOD: u64 = 500;
+    const TTL_SECS: u64 = 3;
+    let dir = TestDir::new("sync-ttl");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let pods = Pods::start(&dir);
+    let patch = sync_patch(PERIOD, json!({ "record_ttl_secs": TTL_SECS }));
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![Spec::new("a", patch.clone()), Spec::new("b", patch)],
+    );
+    let (a, b) = (&fleet[0], &fleet[1]);
+    let b_pulled = b.stat("keys_pulled");
+
+    let learned = learn(a, 3000..3001);
+    let l = &learned[0];
+    let keys: Vec<String> = recorded_blocks(&l.prompt, 0)
+        .into_iter()
+        .map(entity_key)
+        .collect();
+    assert_eq!(keys.len(), 32);
+
+    // A pushes every block of the prompt, each with the record TTL.
+    let mut present = 0;
+    let pushed = wait_until(sync_deadline(PERIOD), || {
+        present = db.exists(&keys);
+        present == keys.len() as i64
+    });
+    assert!(
+        pushed,
+        "only {present} of {} keys in Redis\n{}",
+        keys.len(),
+        a.sync_stats()
+    );
+    let appeared = Instant::now();
+    let ttls: Vec<i64> = db
+        .pipeline(
+            &keys
+                .iter()
+                .map(|k| vec!["PTTL".to_string(), k.clone()])
+                .collect::<Vec<_>>(),
+        )
+        .iter()
+        .map(Resp::int)
+        .collect();
+    assert!(
+        ttls.iter().all(|&t| t > 0 && t <= (TTL_SECS * 1000) as i64),
+        "PTTL outside (0, {TTL_SECS} s]: {ttls:?}"
+    );
+
+    // The payload is AIBrix's, naming the pod A chose, with a recent time.
+    let value = match db.cmd(&["GET", &keys[0]]) {
+        Resp::Bulk(Some(v)) => v,
+        other => panic!("GET {}: {other:?}", keys[0]),
+    };
+    let payload: Value = serde_json::from_slice(&value).expect("payload is JSON");
+    let pods_of_model = payload["model_to_pods"][MODEL]
+        .as_object()
+        .unwrap_or_else(|| panic!("payload without model {MODEL}: {payload}"));
+    let endpoint = pods.endpoint_of(&l.pod);
+    let nanos = pods_of_model
+        .get(&endpoint)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("payload does not name {endpoint}: {payload}"));
+    let age_secs = (now_nanos() as i128 - nanos as i128).abs() / 1_000_000_000;
+    assert!(age_secs < 120, "last access {age_secs} s off: {payload}");
+
+    // B pulls them (and must not write them back: pulled facts are not dirty).
+    b.wait_stat("keys_pulled", sync_deadline(PERIOD), |v| v >= b_pulled + 32);
+
+    // No new traffic: nothing is dirty, nobody rewrites them, they expire.
+    let mut left = 0;
+    let expired = wait_until(Duration::from_secs(TTL_SECS) + SLACK, || {
+        left = db.exists(&keys);
+        left == 0
+    });
+    assert!(
+        expired,
+        "{left} keys still in Redis {:?} after they appeared (TTL {TTL_SECS} s): \
+         something keeps rewriting them\n{}\n{}",
+        appeared.elapsed(),
+        a.sync_stats(),
+        b.sync_stats()
+    );
+    // And they stay gone for several more cycles of both replicas.
+    let (ca, cb) = (a.stat("cycles_ok"), b.stat("cycles_ok"));
+    a.wait_stat("cycles_ok", sync_deadline(PERIOD), |v| v >= ca + 3);
+    b.wait_stat("cycles_ok", sync_deadline(PERIOD), |v| v >= cb + 3);
+    assert_eq!(db.exists(&keys), 0, "expired keys came back");
+}
+
+#[test]
+fn write_through_makes_b_see_it_fast() {
+    // A has write-through on and a 30 s period; B pulls every 500 ms.
+    // Without write-through A's blocks reach Redis only with A's next
+    // periodic push: its first cycle comes after a random delay in [0, 15 s),
+    // then one every ~30 s. With write-through the singleton SETEXes them on
+    // its next 100 ms tick, so B's next pull (<= ~550 ms later) sees them.
+    //
+    // To make the test unable to pass without write-through, an attempt
+    // counts only if A started no periodic cycle and finished none between
+    // learning and B's match (A's pull-start and cycles_ok stats unchanged):
+    // then the only way the blocks reached Redis is write-through. A's
+    // periodic cycle can spoil at most one attempt (they are ~30 s apart).
+    const PERIOD_A: u64 = 30_000;
+    const PERIOD_B: u64 = 500;
+    let dir = TestDir::new("sync-write-through");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![
+            Spec::new("a", sync_patch(PERIOD_A, json!({ "write_through": true }))),
+            Spec::new("b", sync_patch(PERIOD_B, json!({}))),
+        ],
+    );
+    let (a, b) = (&fleet[0], &fleet[1]);
+    b.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);
+    // B's deadline: one jittered B period, plus A's tick, plus slack; far
+    // below the A period it would otherwise take.
+    let deadline = Duration::from_millis(PERIOD_B * 11 / 10) + SLACK;
+
+    let mut outcomes = Vec::new();
+    for attempt in 0..3u64 {
+        let (starts0, ok0) = (a.pull_starts(), a.stat("cycles_ok"));
+        let wt0 = a.stat("write_through_calls");
+        let seed = 4000 + attempt * 100;
+        let mut learned = learn(a, seed..seed + probes_for(deadline));
+        let first_keys: Vec<String> = recorded_blocks(&learned[0].prompt, 0)
+            .into_iter()
+            .map(entity_key)
+            .collect();
+        let in_redis = wait_until(Duration::from_millis(500) + SLACK, || {
+            db.exists(&first_keys) == first_keys.len() as i64
+        });
+        let to_redis = learned[0].at.elapsed();
+        let hit = first_synced(b, &mut learned, deadline);
+        thread::sleep(Duration::from_millis(300)); // let A publish its stats
+        let clean = a.pull_starts() == starts0 && a.stat("cycles_ok") == ok0;
+        outcomes.push(format!(
+            "attempt {attempt}: keys in redis {in_redis} after {to_redis:?}, B: {hit:?}, \
+             A ran a periodic cycle meanwhile: {}",
+            !clean
+        ));
+        if !clean {
+            continue; // A's periodic push may have carried the blocks; retry.
+        }
+        assert!(
+            in_redis,
+            "write-through did not put A's blocks in Redis: {outcomes:#?}\n{}",
+            a.sync_stats()
+        );
+        let hit = hit.unwrap_or_else(|e| {
+            panic!(
+                "B did not see A's write-through blocks: {e}\n{outcomes:#?}\n{}\n{}",
+                a.sync_stats(),
+                b.sync_stats()
+            )
+        });
+        assert!(
+            a.stat("write_through_calls") > wt0,
+            "no write-through call counted\n{}",
+            a.sync_stats()
+        );
+        eprintln!(
+            "write-through: A's blocks in Redis after {to_redis:?}, B matched {:?} after \
+             learning ({PERIOD_A} ms period on A)",
+            hit.since_learned
+        );
+        return;
+    }
+    panic!("A's periodic cycle overlapped every attempt: {outcomes:#?}");
+}
+
+#[test]
+fn large_value_set_exceeding_64k_mget_still_syncs() {
+    // Written straight into Redis as an AIBrix Go gateway does: plain SETEX,
+    // no change-log entry, so the replica finds them only with a full SCAN
+    // (every `full_scan_every` = 6 cycles here), and ~1 KB payloads make a
+    // 200-key MGET reply ~200 KB, far beyond what the bridge can return
+    // (~64 KB): the engine must shrink its batches and still apply them all.
+    const PERIOD: u64 = 500;
+    const PROMPTS: usize = 10;
+    const BLOCKS: usize = 30; // all below dense_prefix_blocks: every one probed
+    const PAYLOAD: usize = 1024;
+    let dir = TestDir::new("sync-large");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![Spec::new(
+            "r",
+            sync_patch(PERIOD, json!({ "full_scan_every": 6 })),
+        )],
+    );
+    let r = &fleet[0];
+    // Its start-up full scan is over: the keys below arrive by anti-entropy.
+    r.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);
+    let applied0 = r.stat("applied");
+    let truncations0 = r.stat("truncations");
+
+    let now = now_nanos();
+    let mut commands = Vec::new();
+    let mut prompts = Vec::new();
+    let mut sizes = Vec::new();
+    for i in 0..PROMPTS {
+        let prompt = text(5000 + i as u64, BLOCKS * BLOCK);
+        let blocks = recorded_blocks(&prompt, 0);
+        assert_eq!(blocks.len(), BLOCKS);
+        let pod = i % 4;
+        for block in blocks {
+            let mut holders = serde_json::Map::new();
+            holders.insert(format!("127.0.0.1:{}", pods.ports[pod]), json!(now));
+            let mut n = 0;
+            while json!({ "model_to_pods": { MODEL: &holders } })
+                .to_string()
+                .len()
+                < PAYLOAD
+            {
+                // Pods this fleet does not know (another gateway's pool).
+                holders.insert(
+                    format!("pad-{n:03}-{block:020}.pool.example:8000"),
+                    json!(now - n),
+                );
+                n += 1;
+            }
+            let value = json!({ "model_to_pods": { MODEL: holders } }).to_string();
+            sizes.push(value.len());
+            commands.push(vec![
+                "SETEX".to_string(),
+                entity_key(block),
+                "120".to_string(),
+                value,
+            ]);
+        }
+        prompts.push((prompt, pods.name(pod)));
+    }
+    let total = commands.len();
+    assert_eq!(total, PROMPTS * BLOCKS);
+    let mget200: usize = sizes.iter().take(200).sum();
+    assert!(
+        mget200 > 64 * 1024,
+        "premise: 200 values are {mget200} bytes"
+    );
+    for reply in db.pipeline(&commands) {
+        assert_eq!(reply, Resp::Simple("OK".into()));
+    }
+
+    // Up to one full-scan interval away, then the scan itself.
+    let deadline = Duration::from_millis(6 * PERIOD * 11 / 10) + SLACK * 2;
+    r.wait_stat("applied", deadline, |v| v >= applied0 + total as i64);
+    eprintln!(
+        "large values: {total} keys of ~{PAYLOAD} B applied; truncations {}, keys_pulled {}",
+        r.stat("truncations") - truncations0,
+        r.stat("keys_pulled")
+    );
+
+    // Every single key was applied: a prompt cut to k blocks fully matches
+    // only if block k-1 is held (the search always probes the last block of
+    // a full match), so k = 1..=30 checks each of the prompt's 30 keys.
+    let mut misses = Vec::new();
+    for (prompt, pod) in &prompts {
+        for k in 1..=BLOCKS {
+            let reply = r.complete(&prompt[..k * BLOCK]);
+            let served = reply.expect_pod();
+            let percent = reply.match_percent();
+            if percent != 100 || &served != pod {
+                misses.push(format!(
+                    "{}.. cut to {k} blocks: {percent}% on {served}, written for {pod}",
+                    &prompt[..8]
+                ));
+            }
+        }
+    }
+    assert!(
+        misses.is_empty(),
+        "{} of {total} written blocks not routable: {misses:#?}\n{}",
+        misses.len(),
+        r.sync_stats()
+    );
+}
+
+#[test]
+fn redis_stopped_mid_run_requests_still_succeed_and_sync_resumes() {
+    const PERIOD: u64 = 500;
+    let dir = TestDir::new("sync-redis-down");
+    let port = free_port();
+    let mut redis = Redis::start(&dir, port, None);
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        port,
+        vec![
+            Spec::new("a", sync_patch(PERIOD, json!({}))),
+            Spec::new("b", sync_patch(PERIOD, json!({}))),
+        ],
+    );
+    let (a, b) = (&fleet[0], &fleet[1]);
+    for r in [a, b] {
+        r.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);
+    }
+    let failed0 = [a.stat("cycles_failed"), b.stat("cycles_failed")];
+    assert_eq!(a.stat("backoff_ms"), PERIOD as i64, "{}", a.sync_stats());
+
+    redis.kill();
+    // Routing does not depend on Redis: every request is served.
+    let mut during = learn(a, 6000..6020);
+    for seed in 6500..6510 {
+        assert_eq!(b.complete(&text(seed, PROMPT_LEN)).status, 200);
+    }
+    // Cycles fail and the wait doubles.
+    let mut backoffs = vec![a.stat("backoff_ms")];
+    let failing = wait_until(Duration::from_millis(PERIOD * 4) + SLACK * 2, || {
+        let v = a.stat("backoff_ms");
+        if backoffs.last() != Some(&v) {
+            backoffs.push(v);
+        }
+        a.stat("cycles_failed") >= failed0[0] + 2 && b.stat("cycles_failed") > failed0[1]
+    });
+    assert!(
+        failing,
+        "cycles did not fail with Redis down\n{}\n{}",
+        a.sync_stats(),
+        b.sync_stats()
+    );
+    let backoff = a.stat("backoff_ms");
+    assert!(
+        backoff >= 2 * PERIOD as i64 && backoffs.windows(2).all(|w| w[1] > w[0]),
+        "backoff did not grow: seen {backoffs:?}, now {backoff}\n{}",
+        a.sync_stats()
+    );
+    during.extend(learn(a, 6020..6030));
+    for seed in 6510..6515 {
+        assert_eq!(b.complete(&text(seed, PROMPT_LEN)).status, 200);
+    }
+
+    // Redis back on the same port (empty: no keys, no change log).
+    redis = Redis::start(&dir, port, None);
+    let waits = [a.stat("backoff_ms"), b.stat("backoff_ms")];
+    let resume = Duration::from_millis(*waits.iter().max().unwrap() as u64) + SLACK * 2;
+    let ok = [a.stat("cycles_ok"), b.stat("cycles_ok")];
+    a.wait_stat("cycles_ok", resume, |v| v > ok[0]);
+    b.wait_stat("cycles_ok", resume, |v| v > ok[1]);
+    assert_eq!(a.stat("backoff_ms"), PERIOD as i64, "backoff not reset");
+
+    // What A learned while Redis was down stayed dirty and is pushed now.
+    let hit = first_synced(b, &mut during, sync_deadline(PERIOD)).unwrap_or_else(|e| {
+        panic!(
+            "prompts learned during the outage never reached B: {e}\n{}\n{}",
+            a.sync_stats(),
+            b.sync_stats()
+        )
+    });
+    eprintln!(
+        "outage-learned prefix on B {:?} after probing began",
+        hit.since_start
+    );
+    // And a new prefix syncs as usual.
+    let deadline = sync_deadline(PERIOD);
+    let mut after = learn(a, 6100..6100 + probes_for(deadline));
+    first_synced(b, &mut after, deadline).unwrap_or_else(|e| {
+        panic!(
+            "a new prefix did not sync after Redis came back: {e}\n{}\n{}",
+            a.sync_stats(),
+            b.sync_stats()
+        )
+    });
+    drop(redis);
+}
+
+#[test]
+fn auth_protected_redis_works() {
+    const PERIOD: u64 = 500;
+    const PASSWORD: &str = "s3cret-sync-pw";
+    let dir = TestDir::new("sync-auth");
+    let redis = Redis::start(&dir, free_port(), Some(PASSWORD));
+    let db = RedisAt::of(&redis);
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![
+            Spec::new(
+                "a",
+                sync_patch(PERIOD, json!({ "auth_password": PASSWORD })),
+            ),
+            Spec::new(
+                "b",
+                sync_patch(PERIOD, json!({ "auth_password": PASSWORD })),
+            ),
+            Spec::new(
+                "c",
+                sync_patch(PERIOD, json!({ "auth_password": "wrong-pw" })),
+            ),
+        ],
+    );
+    let (a, b, c) = (&fleet[0], &fleet[1], &fleet[2]);
+    let deadline = sync_deadline(PERIOD);
+    let mut learned = learn(a, 7000..7000 + probes_for(deadline));
+    let keys: Vec<String> = recorded_blocks(&learned[0].prompt, 0)
+        .into_iter()
+        .map(entity_key)
+        .collect();
+    first_synced(b, &mut learned, deadline).unwrap_or_else(|e| {
+        panic!(
+            "no sync through password-protected Redis: {e}\n{}\n{}",
+            a.sync_stats(),
+            b.sync_stats()
+        )
+    });
+    assert_eq!(db.exists(&keys), keys.len() as i64);
+
+    // The wrong password fails every cycle, and routing carries on.
+    c.wait_stat("cycles_failed", deadline * 2, |v| v >= 2);
+    assert_eq!(c.stat("cycles_ok"), 0, "{}", c.sync_stats());
+    assert_eq!(c.complete(&text(7999, PROMPT_LEN)).status, 200);
+    let log = c.envoy.log_text();
+    assert!(
+        !log.contains("wrong-pw") && !a.envoy.log_text().contains(PASSWORD),
+        "a password reached the Envoy log"
+    );
+}
+
+/// `redis-server` with a plain port (for the test's own inspection) and a
+/// TLS port (for Envoy), killed on drop.
+struct TlsRedis {
+    child: Child,
+    plain: u16,
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Self-signed certificate for `localhost` / 127.0.0.1 (it is its own CA).
+fn make_cert(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    let (cert, key) = (dir.join("redis.crt"), dir.join("redis.key"));
+    let out = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    out.status.success().then_some((cert, key))
+}
+
+#[test]
+fn tls_and_auth_to_redis_sync() {
+    const PERIOD: u64 = 500;
+    const PASSWORD: &str = "tls-sync-pw";
+    let dir = TestDir::new("sync-tls");
+    let Some((cert, key)) = make_cert(dir.path()) else {
+        eprintln!("skipped: openssl cannot make a certificate here");
+        return;
+    };
+    let (plain, tls) = (free_port(), free_port());
+    let child = Command::new(support::redis_server_bin())
+        .current_dir(dir.path())
+        .args(["--port", &plain.to_string(), "--bind", "127.0.0.1"])
+        .args(["--tls-port", &tls.to_string()])
+        .arg("--tls-cert-file")
+        .arg(&cert)
+        .arg("--tls-key-file")
+        .arg(&key)
+        .arg("--tls-ca-cert-file")
+        .arg(&cert)
+        .args(["--tls-auth-clients", "no"])
+        .args(["--requirepass", PASSWORD])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            "redis-tls.log",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn redis-server");
+    let mut redis = TlsRedis { child, plain };
+    let db = RedisAt {
+        port: redis.plain,
+        password: Some(PASSWORD.into()),
+    };
+    let up = wait_until(Duration::from_secs(10), || {
+        redis.child.try_wait().ok().flatten().is_none()
+            && TcpStream::connect((Ipv4Addr::LOCALHOST, tls)).is_ok()
+            && TcpStream::connect((Ipv4Addr::LOCALHOST, plain)).is_ok()
+    });
+    if !up {
+        let log = tail(&dir.join("redis-tls.log"), 10);
+        if redis.child.try_wait().ok().flatten().is_some() {
+            // A build without TLS refuses --tls-port at start-up.
+            eprintln!("skipped: this redis-server does not serve TLS:\n{log}");
+            return;
+        }
+        panic!("TLS redis-server not ready:\n{log}");
+    }
+    assert_eq!(db.cmd(&["PING"]), Resp::Simple("PONG".into()));
+
+    let pods = Pods::start(&dir);
+    let spec = |name| {
+        let mut s = Spec::new(
+            name,
+            sync_patch(PERIOD, json!({ "auth_password": PASSWORD })),
+        );
+        s.template = "sync-tls.yaml";
+        s.edits = vec![(
+            "/etc/ssl/certs/ca-certificates.crt".to_string(),
+            cert.display().to_string(),
+        )];
+        s
+    };
+    let fleet = start_replicas(&dir, &pods, tls, vec![spec("a"), spec("b")]);
+    let (a, b) = (&fleet[0], &fleet[1]);
+    let deadline = sync_deadline(PERIOD);
+    let mut learned = learn(a, 8000..8000 + probes_for(deadline));
+    let keys: Vec<String> = recorded_blocks(&learned[0].prompt, 0)
+        .into_iter()
+        .map(entity_key)
+        .collect();
+    first_synced(b, &mut learned, deadline).unwrap_or_else(|e| {
+        panic!(
+            "no sync over TLS: {e}\n{}\n{}\n{}",
+            a.sync_stats(),
+            b.sync_stats(),
+            a.log_tail()
+        )
+    });
+    assert_eq!(db.exists(&keys), keys.len() as i64);
+    // The bridge really spoke TLS to Redis (the TLS port speaks nothing else).
+    let handshakes = a
+        .envoy
+        .stats_matching(r"^cluster\.redis\.ssl\.handshake$")
+        .values()
+        .sum::<i64>();
+    assert!(handshakes > 0, "no TLS handshake on cluster redis");
+}
