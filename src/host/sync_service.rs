@@ -5,9 +5,9 @@
 //! Redis bridge with `dispatch_http_call`, feeds replies back, and drains the
 //! workers' shared queue of touched blocks into the prefix-cache syncable.
 //!
-//! Nothing happens in `on_configure` beyond parsing: Envoy may configure two
-//! singleton VMs of which only one ticks, so the queue and the engine start
-//! on the first tick.
+//! `on_configure` only parses, sets the tick and registers the hand-off queue
+//! (idempotent): Envoy may configure two singleton VMs of which only one
+//! ticks, so the engine starts on the first tick.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -37,6 +37,7 @@ const MAX_DRAIN: usize = 10_000;
 #[derive(Default)]
 pub struct SyncRoot {
     settings: Option<Rc<Settings>>,
+    queue: Option<u32>,
     state: Option<SyncState>,
 }
 
@@ -101,6 +102,11 @@ impl RootContext for SyncRoot {
         };
         if settings.sync.enabled {
             let _ = hostcalls::set_tick_period(TICK);
+            // Register the hand-off queue now, before listeners serve: workers
+            // that route before the first tick would otherwise find no queue
+            // and drop their blocks. Registering twice (Envoy may configure two
+            // singleton VMs) returns the same queue, so this is idempotent.
+            self.queue = hostcalls::register_shared_queue(handoff::QUEUE_NAME).ok();
         } else {
             log::info!("prefix_router sync: disabled (sync.enabled is false)");
         }
@@ -110,7 +116,10 @@ impl RootContext for SyncRoot {
 
     fn on_tick(&mut self) {
         if self.state.is_none() {
-            self.state = self.settings.clone().and_then(SyncState::start);
+            self.state = self
+                .settings
+                .clone()
+                .and_then(|s| SyncState::start(s, self.queue));
         }
         let Some(state) = self.state.as_mut() else {
             return;
@@ -129,7 +138,7 @@ impl RootContext for SyncRoot {
 }
 
 impl SyncState {
-    fn start(settings: Rc<Settings>) -> Option<Self> {
+    fn start(settings: Rc<Settings>, queue: Option<u32>) -> Option<Self> {
         if !settings.sync.enabled {
             return None;
         }
@@ -159,7 +168,7 @@ impl SyncState {
             log::error!("prefix_router sync: cannot start: {e}");
             return None;
         }
-        let queue = hostcalls::register_shared_queue(handoff::QUEUE_NAME).ok();
+        let queue = queue.or_else(|| hostcalls::register_shared_queue(handoff::QUEUE_NAME).ok());
         log::info!(
             "prefix_router sync: started, replica {}, namespaces {:?}, bridge cluster {}",
             engine.origin(),
