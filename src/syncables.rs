@@ -39,9 +39,9 @@ pub struct PrefixCacheSync<S: SharedStore> {
     table: TableConfig,
     clock: Clock,
     dirty: DirtySet,
-    /// Dirty blocks the last `delta()` looked at: cleared together after a
-    /// successful push (evicted ones included, which are skipped, per spec).
-    in_delta: std::cell::RefCell<Vec<u64>>,
+    /// Dirty blocks the last `delta()` skipped because they were evicted
+    /// locally (per spec their Redis keys just expire): cleared with the push.
+    skipped: std::cell::RefCell<Vec<u64>>,
     models: std::cell::RefCell<Vec<String>>,
 }
 
@@ -57,7 +57,7 @@ impl<S: SharedStore> PrefixCacheSync<S> {
             settings,
             clock,
             dirty: DirtySet::new(max_dirty),
-            in_delta: std::cell::RefCell::new(Vec::new()),
+            skipped: std::cell::RefCell::new(Vec::new()),
             models: std::cell::RefCell::new(Vec::new()),
         }
     }
@@ -173,20 +173,28 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
     }
 
     fn delta(&self) -> Delta {
-        let blocks: Vec<u64> = self.dirty.blocks().collect();
-        let updated = blocks
-            .iter()
-            .filter_map(|b| Some((b.to_string(), self.payload(*b)?)))
-            .collect();
-        *self.in_delta.borrow_mut() = blocks;
+        let mut updated = Vec::new();
+        let mut skipped = Vec::new();
+        for b in self.dirty.blocks() {
+            match self.payload(b) {
+                Some(p) => updated.push((b.to_string(), p)),
+                None => skipped.push(b),
+            }
+        }
+        *self.skipped.borrow_mut() = skipped;
         Delta {
             updated,
             deleted: Vec::new(),
         }
     }
 
-    fn clear_dirty(&mut self, _pushed_ids: &[String]) {
-        let done = std::mem::take(&mut *self.in_delta.borrow_mut());
+    /// Clears what was written (a push or a write-through), plus the evicted
+    /// blocks the last delta skipped. Blocks marked again while a push was in
+    /// flight stay dirty only if they were not in it: their newer time is in
+    /// the table and the next touch marks them again.
+    fn clear_dirty(&mut self, pushed_ids: &[String]) {
+        let mut done: Vec<u64> = pushed_ids.iter().filter_map(|id| id.parse().ok()).collect();
+        done.append(&mut self.skipped.borrow_mut());
         self.dirty.clear(&done);
     }
 

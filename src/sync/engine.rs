@@ -112,6 +112,9 @@ enum Sent {
     },
     Write {
         n: usize,
+        ns: usize,
+        /// Ids written: a successful write-through clears their dirty marks.
+        ids: Vec<String>,
     },
 }
 
@@ -641,7 +644,7 @@ impl SyncEngine {
                 self.stats.stale_deleted += n as u64;
                 Ok(())
             }
-            Sent::Write { n } => {
+            Sent::Write { n, .. } => {
                 self.stats.pushed += n as u64;
                 Ok(())
             }
@@ -1052,7 +1055,11 @@ impl SyncEngine {
                         p.push(&[b"EXPIRE", log, ttl.as_bytes()]);
                     }
                 }
-                Sent::Write { n: writes.len() }
+                Sent::Write {
+                    n: writes.len(),
+                    ns,
+                    ids: writes.iter().map(|w| w.id().to_owned()).collect(),
+                }
             }
         }
     }
@@ -1084,7 +1091,15 @@ impl SyncEngine {
 
     fn on_write_through_reply(&mut self, sent: Sent, frames: Result<Vec<Frame>, SyncError>) {
         match (sent, frames) {
-            (Sent::Write { n }, Ok(_)) => self.stats.pushed += n as u64,
+            (Sent::Write { n, ns, ids }, Ok(_)) => {
+                self.stats.pushed += n as u64;
+                // Written: the periodic push need not send these again.
+                if let Some(reg) = self.regs.get_mut(ns) {
+                    if reg.caps.delta {
+                        reg.comp.clear_dirty(&ids);
+                    }
+                }
+            }
             (_, Err(e)) => {
                 // Not retried: the entity stays dirty, the periodic push
                 // (or its TTL) covers it.

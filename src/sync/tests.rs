@@ -487,11 +487,11 @@ fn hooks_wrap_only_the_pull() {
     now = run_cycle(&mut e, &mut r, now);
     let _ = now;
     // Each cycle: start/end around the pull, the push (clear) after "end";
-    // write-through calls no hook.
+    // write-through calls no hook, only clears what it wrote.
     // (The second pull is a full scan, so it also re-reads our own "1".)
     assert_eq!(
         comp.borrow().events,
-        vec!["start", "end", "clear:1", "start", "apply:1", "apply:2", "end", "clear:1"]
+        vec!["start", "end", "clear:1", "clear:1", "start", "apply:1", "apply:2", "end", "clear:1"]
     );
 }
 
@@ -532,6 +532,37 @@ fn write_through_put_and_delete_are_sent_on_the_next_tick() {
         off.put(NS, "1", Vec::new()),
         Err(SyncError::WriteThroughOff)
     );
+}
+
+#[test]
+fn successful_write_through_clears_dirty_and_failed_keeps_it() {
+    let comp = MapComponent::shared(NS, caps(true, false, false, false));
+    let mut r = MemRedis::new();
+    let mut e = engine(
+        SyncSettings {
+            write_through: true,
+            ..settings()
+        },
+        &[&comp],
+        1,
+    );
+    comp.borrow_mut().set("7", b"seven");
+    e.put(NS, "7", b"seven".to_vec()).unwrap();
+    drive(&mut e, &mut r, 1);
+    assert!(
+        !comp.borrow().dirty.contains("7"),
+        "written: no second push"
+    );
+
+    comp.borrow_mut().set("8", b"eight");
+    e.put(NS, "8", b"eight".to_vec()).unwrap();
+    r.truncate_at = Some(3);
+    drive(&mut e, &mut r, 2);
+    assert!(
+        comp.borrow().dirty.contains("8"),
+        "failed: the periodic push covers it"
+    );
+    assert!(e.stats().write_through_failed >= 1);
 }
 
 #[test]
