@@ -25,8 +25,9 @@ use crate::handoff::{self, Touched};
 use crate::sync::{Call, CallFailed, CallId, SyncEngine, SyncStats};
 use crate::syncables::{PodLoadSync, PrefixCacheSync};
 
-/// How often the engine is ticked; bounds write-through latency.
-const TICK: Duration = Duration::from_millis(100);
+/// How often the engine is ticked: bounds write-through push latency and
+/// the granularity of change-log polls (`sync.poll_ms`).
+const TICK: Duration = Duration::from_millis(25);
 /// Upper bound of one bridge call.
 const CALL_TIMEOUT_MS: u64 = 5_000;
 /// Most dirty blocks kept between pushes (oldest dropped, counted).
@@ -283,7 +284,7 @@ impl SyncMetrics {
         let def = |t, n: &str| {
             hostcalls::define_metric(t, &format!("prefix_router.sync.{n}")).unwrap_or(0)
         };
-        let fields: [(&str, StatField); 16] = [
+        let fields: [(&str, StatField); 21] = [
             ("cycles_ok", |s| s.cycles_ok),
             ("cycles_failed", |s| s.cycles_failed),
             ("cycles_timed_out", |s| s.cycles_timed_out),
@@ -300,6 +301,11 @@ impl SyncMetrics {
             ("commands_sent", |s| s.commands_sent),
             ("bytes_sent", |s| s.bytes_sent),
             ("write_through_calls", |s| s.write_through_calls),
+            ("polls_ok", |s| s.polls_ok),
+            ("polls_failed", |s| s.polls_failed),
+            ("poll_applied", |s| s.poll_applied),
+            ("mid_pushes", |s| s.mid_pushes),
+            ("mid_pushes_failed", |s| s.mid_pushes_failed),
         ];
         Self {
             counters: fields

@@ -9,6 +9,13 @@
 //! Calls inside a stage run concurrently (up to `max_inflight_calls`); a
 //! failed call fails the cycle at once and a failed pull skips the push, so
 //! a replica never overwrites peers' keys with a view it could not refresh.
+//!
+//! Between cycles, with the change log on and `poll_ms > 0`, the engine
+//! *polls* (see [`SyncEngine::tick`] for the rules): one call reads the log
+//! of every delta-capable namespace without hooks, the changed ids are
+//! fetched and applied like a pull's, and once half a period has passed
+//! since the last push the poll goes on to push those namespaces' deltas.
+//! Cycles and polls are both *runs* and only one run exists at a time.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fmt;
@@ -72,6 +79,8 @@ enum Op {
         count: usize,
         attempt: u32,
     },
+    /// A poll's first call: one XRANGE per polled namespace, one pipeline.
+    LogReads(Vec<LogRead>),
     Mget {
         ns: usize,
         ids: Vec<String>,
@@ -85,6 +94,14 @@ enum Op {
         ns: usize,
         writes: Vec<Write>,
     },
+}
+
+/// One namespace's part of [`Op::LogReads`].
+#[derive(Clone, Debug)]
+struct LogRead {
+    ns: usize,
+    from: String,
+    count: usize,
 }
 
 /// What a call in flight was for (write payloads already dropped).
@@ -102,6 +119,7 @@ enum Sent {
         count: usize,
         attempt: u32,
     },
+    LogReads(Vec<LogRead>),
     Mget {
         ns: usize,
         ids: Vec<String>,
@@ -122,7 +140,7 @@ impl Sent {
     fn command(&self) -> &'static str {
         match self {
             Sent::Scan { .. } => "SCAN",
-            Sent::LogRead { .. } => "XRANGE",
+            Sent::LogRead { .. } | Sent::LogReads(_) => "XRANGE",
             Sent::Mget { .. } => "MGET",
             Sent::DelStale { .. } => "DEL",
             Sent::Write { .. } => "SETEX",
@@ -135,8 +153,9 @@ struct Outstanding {
     sent_ms: u64,
     expected: usize,
     auth: bool,
-    /// None for write-through calls, which live outside cycles.
-    cycle: Option<u64>,
+    /// Sequence number of the run (cycle or poll) the call belongs to;
+    /// None for write-through calls, which live outside runs.
+    run: Option<u64>,
 }
 
 struct Registered {
@@ -162,20 +181,48 @@ enum Stage {
     Push,
 }
 
-struct NsCycle {
+/// What a run is: a scheduled cycle, or a poll between cycles.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Cycle,
+    Poll,
+}
+
+struct NsRun {
+    /// The run reads this namespace (cycles: all; polls: the polled ones).
+    active: bool,
+    /// Log position to keep once the pull stage is over (None: unknown, the
+    /// next cycle scans).
     new_pos: Option<String>,
     seen: HashSet<String>,
     hooks_started: bool,
 }
 
-struct Cycle {
+/// A cycle or a poll in progress; at most one exists.
+struct Run {
+    kind: Kind,
     seq: u64,
     started_ms: u64,
     stage: Stage,
     queue: VecDeque<Op>,
     inflight: usize,
-    ns: Vec<NsCycle>,
+    ns: Vec<NsRun>,
     pushed_ids: Vec<Vec<String>>,
+}
+
+impl Run {
+    fn new(kind: Kind, seq: u64, started_ms: u64, namespaces: usize) -> Self {
+        Self {
+            kind,
+            seq,
+            started_ms,
+            stage: Stage::Pull,
+            queue: VecDeque::new(),
+            inflight: 0,
+            ns: Vec::with_capacity(namespaces),
+            pushed_ids: vec![Vec::new(); namespaces],
+        }
+    }
 }
 
 /// The cross-replica sync state machine. See the module docs.
@@ -188,7 +235,14 @@ pub struct SyncEngine {
     stopped: bool,
     next_cycle_ms: Option<u64>,
     cycles_started: u64,
-    cycle: Option<Cycle>,
+    /// Runs (cycles and polls) started: their sequence numbers.
+    runs_started: u64,
+    run: Option<Run>,
+    /// Polls may run: the last cycle succeeded and no poll failed since.
+    polls_allowed: bool,
+    next_poll_ms: Option<u64>,
+    /// When the last push (cycle or half-period) took its delta.
+    last_push_ms: Option<u64>,
     outstanding: BTreeMap<CallId, Outstanding>,
     next_call_id: CallId,
     stats: SyncStats,
@@ -227,7 +281,11 @@ impl SyncEngine {
             stopped: false,
             next_cycle_ms: None,
             cycles_started: 0,
-            cycle: None,
+            runs_started: 0,
+            run: None,
+            polls_allowed: false,
+            next_poll_ms: None,
+            last_push_ms: None,
             outstanding: BTreeMap::new(),
             next_call_id: 1,
             rtt_samples: Vec::new(),
@@ -293,19 +351,49 @@ impl SyncEngine {
         Ok(())
     }
 
-    /// Ends the loop: the running cycle is dropped (its pull hooks closed),
-    /// later replies are ignored, no further calls are emitted.
+    /// Ends the loop: the running cycle or poll is dropped (a cycle's pull
+    /// hooks closed), later replies are ignored, no further calls are
+    /// emitted.
     pub fn stop(&mut self) {
-        if let Some(mut cycle) = self.cycle.take() {
-            self.end_pull_hooks(&mut cycle);
+        if let Some(mut run) = self.run.take() {
+            self.end_pull_hooks(&mut run);
         }
         self.outstanding.clear();
         self.stopped = true;
         self.next_cycle_ms = None;
+        self.next_poll_ms = None;
     }
 
-    /// Call on every host tick. Starts a due cycle, abandons one past its
-    /// operation timeout, and flushes queued write-through writes.
+    /// Call on every host tick. Abandons a run (cycle or poll) past its
+    /// operation timeout, starts a due cycle or else a due poll, and flushes
+    /// queued write-through writes.
+    ///
+    /// Poll rules (`poll_ms > 0` and the change log on, i.e. not AIBrix
+    /// mode):
+    /// - a poll starts every `poll_ms` while no cycle runs, only after a
+    ///   successful cycle, and never again after a failed cycle or a failed
+    ///   poll until a cycle succeeds (a Redis that is down sees no polls);
+    /// - it reads, in one call, the change log of every namespace that has
+    ///   the delta capability, no hooks (hooks expect the whole pull between
+    ///   `on_sync_start`/`on_sync_end`) and a known log position; the changed
+    ///   ids of peers are fetched and applied exactly as a pull does;
+    /// - a trimmed or missing log does not scan: the next cycle does;
+    /// - a due cycle waits for a running poll (at most `op_timeout_ms`, after
+    ///   which the poll is abandoned as failed); a poll never changes the
+    ///   cycle schedule or backoff;
+    /// - once `period/2` has passed since the last push, the poll goes on to
+    ///   push the polled namespaces' deltas (pull first, then push, as a
+    ///   cycle does). Why: pull-first still holds per replica (what is
+    ///   pushed was refreshed by this very poll); a change is now written
+    ///   within about period/2 and seen by peers within about `poll_ms`
+    ///   after that, so convergence is about period/2 + `poll_ms` instead of
+    ///   up to two periods (a push, then the peer's pull, each waiting up to
+    ///   a period). Writes per entity do not grow: the dirty set
+    ///   deduplicates and an entity is written only when it changed since
+    ///   the last push (the router re-marks a hot block at most once per
+    ///   touch interval, 30 s by default). Only an entity that changes
+    ///   again within every half period is written up to twice per period
+    ///   instead of once.
     pub fn tick(&mut self, now_ms: u64) -> Vec<Call> {
         if !self.started || self.stopped {
             return Vec::new();
@@ -313,16 +401,22 @@ impl SyncEngine {
         let mut calls = Vec::new();
         self.expire_write_through(now_ms);
         let timed_out = self
-            .cycle
+            .run
             .as_ref()
-            .filter(|c| now_ms.saturating_sub(c.started_ms) >= self.settings.op_timeout_ms)
-            .map(|c| c.inflight + c.queue.len());
-        if let Some(pending) = timed_out {
-            self.stats.cycles_timed_out += 1;
-            self.fail_cycle(now_ms, SyncError::Timeout { pending });
+            .filter(|r| now_ms.saturating_sub(r.started_ms) >= self.settings.op_timeout_ms)
+            .map(|r| (r.kind, r.inflight + r.queue.len()));
+        if let Some((kind, pending)) = timed_out {
+            if kind == Kind::Cycle {
+                self.stats.cycles_timed_out += 1;
+            }
+            self.fail_run(now_ms, SyncError::Timeout { pending });
         }
-        if self.cycle.is_none() && self.next_cycle_ms.is_some_and(|t| now_ms >= t) {
-            self.start_cycle(now_ms);
+        if self.run.is_none() {
+            if self.next_cycle_ms.is_some_and(|t| now_ms >= t) {
+                self.start_cycle(now_ms);
+            } else if self.poll_due(now_ms) {
+                self.start_poll(now_ms);
+            }
         }
         self.pump(now_ms, &mut calls);
         self.flush_write_through(now_ms, &mut calls);
@@ -348,25 +442,25 @@ impl SyncEngine {
         let reply_len = result.as_ref().map(|b| b.len()).unwrap_or(0);
         self.stats.bytes_received += reply_len as u64;
         let frames = decode(result, out.expected, out.auth, out.sent.command());
-        let Some(seq) = out.cycle else {
+        let Some(seq) = out.run else {
             self.on_write_through_reply(out.sent, frames);
             return calls;
         };
-        match self.cycle.as_mut() {
-            Some(c) if c.seq == seq => c.inflight = c.inflight.saturating_sub(1),
+        match self.run.as_mut() {
+            Some(r) if r.seq == seq => r.inflight = r.inflight.saturating_sub(1),
             _ => {
                 self.stats.late_responses += 1;
                 return calls;
             }
         }
         let outcome = match frames {
-            Ok(frames) => self.on_cycle_reply(out.sent, frames, reply_len),
+            Ok(frames) => self.on_run_reply(out.sent, frames, reply_len),
             Err(SyncError::Truncated { .. }) => self.on_truncated(out.sent),
             Err(e) => Err(e),
         };
         if let Err(e) = outcome {
             self.stats.calls_failed += 1;
-            self.fail_cycle(now_ms, e);
+            self.fail_run(now_ms, e);
         }
         self.pump(now_ms, &mut calls);
         calls
@@ -409,7 +503,18 @@ impl SyncEngine {
 
     /// True while a cycle is in progress.
     pub fn cycle_in_progress(&self) -> bool {
-        self.cycle.is_some()
+        self.run.as_ref().is_some_and(|r| r.kind == Kind::Cycle)
+    }
+
+    /// True while a poll (with its half-period push, if any) is in progress.
+    pub fn poll_in_progress(&self) -> bool {
+        self.run.as_ref().is_some_and(|r| r.kind == Kind::Poll)
+    }
+
+    /// When the next poll may start (None while polls are off or paused:
+    /// before the first successful cycle, after a failed cycle or poll).
+    pub fn next_poll_ms(&self) -> Option<u64> {
+        self.next_poll_ms.filter(|_| self.polls_allowed)
     }
 
     /// Calls sent and not answered yet.
@@ -450,21 +555,20 @@ impl SyncEngine {
 
     // ---- cycle life ----
 
+    fn next_seq(&mut self) -> u64 {
+        let seq = self.runs_started;
+        self.runs_started += 1;
+        seq
+    }
+
     fn start_cycle(&mut self, now_ms: u64) {
         let index = self.cycles_started;
         self.cycles_started += 1;
         let log = self.settings.change_log_enabled();
         let every = u64::from(self.settings.full_scan_every.max(1));
         let full_cycle = !log || index % every == 0;
-        let mut cycle = Cycle {
-            seq: index,
-            started_ms: now_ms,
-            stage: Stage::Pull,
-            queue: VecDeque::new(),
-            inflight: 0,
-            ns: Vec::with_capacity(self.regs.len()),
-            pushed_ids: vec![Vec::new(); self.regs.len()],
-        };
+        let seq = self.next_seq();
+        let mut cycle = Run::new(Kind::Cycle, seq, now_ms, self.regs.len());
         for (i, reg) in self.regs.iter_mut().enumerate() {
             if reg.caps.hooks {
                 reg.comp.on_sync_start();
@@ -495,79 +599,198 @@ impl SyncEngine {
                     });
                 }
             }
-            cycle.ns.push(NsCycle {
+            cycle.ns.push(NsRun {
+                active: true,
                 new_pos: pos,
                 seen: HashSet::new(),
                 hooks_started: reg.caps.hooks,
             });
         }
-        self.cycle = Some(cycle);
+        self.run = Some(cycle);
     }
 
-    /// Sends queued work up to the in-flight cap and moves the cycle on when
+    // ---- polls ----
+
+    fn poll_due(&self, now_ms: u64) -> bool {
+        // A poll due within 10 % of poll_ms counts as due, so a host tick
+        // that fires a little early does not skip a whole interval.
+        let early = self.settings.poll_ms / 10;
+        self.settings.polling_enabled()
+            && self.polls_allowed
+            && self.next_poll_ms.is_some_and(|t| now_ms + early >= t)
+    }
+
+    /// Namespaces a poll reads: delta-capable, no hooks, log position known.
+    fn pollable(reg: &Registered) -> bool {
+        reg.caps.delta && !reg.caps.hooks && reg.log_pos.is_some()
+    }
+
+    fn start_poll(&mut self, now_ms: u64) {
+        self.next_poll_ms = Some(now_ms + self.settings.poll_ms);
+        let mut reads = Vec::new();
+        let mut nss = Vec::with_capacity(self.regs.len());
+        for (i, reg) in self.regs.iter().enumerate() {
+            let active = Self::pollable(reg);
+            if active {
+                if let Some(from) = &reg.log_pos {
+                    reads.push(LogRead {
+                        ns: i,
+                        from: from.clone(),
+                        count: reg.log_cap,
+                    });
+                }
+            }
+            nss.push(NsRun {
+                active,
+                new_pos: reg.log_pos.clone().filter(|_| active),
+                seen: HashSet::new(),
+                hooks_started: false,
+            });
+        }
+        if reads.is_empty() {
+            return;
+        }
+        let seq = self.next_seq();
+        let mut poll = Run::new(Kind::Poll, seq, now_ms, self.regs.len());
+        poll.ns = nss;
+        let op = match <[LogRead; 1]>::try_from(reads) {
+            Ok([one]) => Op::LogRead {
+                ns: one.ns,
+                from: one.from,
+                count: one.count,
+                attempt: 0,
+            },
+            Err(reads) => Op::LogReads(reads),
+        };
+        poll.queue.push_back(op);
+        self.run = Some(poll);
+    }
+
+    /// Half-period push due: at least period/2 since the last push.
+    fn mid_push_due(&self, now_ms: u64) -> bool {
+        self.last_push_ms
+            .is_some_and(|t| now_ms >= t + self.settings.period_ms / 2)
+    }
+
+    /// After a poll's reads: keep the new log positions (None = the log was
+    /// trimmed or gone, the next cycle scans) and, when due, queue the
+    /// delta push of the namespaces this poll read completely.
+    fn end_poll_reads(&mut self, poll: &mut Run, now_ms: u64) {
+        self.stats.polls_ok += 1;
+        let mut pushable = vec![false; self.regs.len()];
+        for ((reg, ns), ok) in self
+            .regs
+            .iter_mut()
+            .zip(poll.ns.iter_mut())
+            .zip(pushable.iter_mut())
+        {
+            if ns.active {
+                reg.log_pos = ns.new_pos.take();
+                *ok = reg.log_pos.is_some();
+            }
+        }
+        if !self.mid_push_due(now_ms) {
+            return;
+        }
+        // Pull first still holds: every namespace pushed here was just
+        // refreshed by this poll (the others wait for the cycle). An empty
+        // delta counts as a push too, so `delta()` (which may walk a large
+        // dirty set) runs at most every period/2, not on every poll.
+        self.last_push_ms = Some(now_ms);
+        let chunk = self.settings.setex_chunk;
+        for (i, reg) in self.regs.iter_mut().enumerate() {
+            if !pushable[i] {
+                continue;
+            }
+            let writes = delta_writes(reg);
+            poll.pushed_ids[i] = writes.iter().map(|w| w.id().to_owned()).collect();
+            queue_writes(poll, i, writes, chunk);
+        }
+    }
+
+    fn fail_poll(&mut self, why: SyncError) {
+        let Some(poll) = self.run.take() else {
+            return;
+        };
+        if poll.stage == Stage::Push {
+            self.stats.mid_pushes_failed += 1;
+            log::warn!("sync: half-period push failed: {why}; polls pause until a cycle succeeds");
+        } else {
+            self.stats.polls_failed += 1;
+            log::warn!("sync: poll failed: {why}; polls pause until a cycle succeeds");
+        }
+        self.polls_allowed = false;
+        // Its log positions stay where they were: the next cycle re-reads.
+        self.outstanding.retain(|_, o| o.run != Some(poll.seq));
+    }
+
+    // ---- runs ----
+
+    /// Sends queued work up to the in-flight cap and moves the run on when
     /// a stage has drained.
     fn pump(&mut self, now_ms: u64, calls: &mut Vec<Call>) {
-        while let Some(mut cycle) = self.cycle.take() {
-            while cycle.inflight < self.settings.max_inflight_calls {
-                let Some(op) = cycle.queue.pop_front() else {
+        while let Some(mut run) = self.run.take() {
+            while run.inflight < self.settings.max_inflight_calls {
+                let Some(op) = run.queue.pop_front() else {
                     break;
                 };
-                calls.push(self.dispatch(op, Some(cycle.seq), now_ms));
-                cycle.inflight += 1;
+                calls.push(self.dispatch(op, Some(run.seq), now_ms));
+                run.inflight += 1;
             }
-            if cycle.inflight > 0 || !cycle.queue.is_empty() {
-                self.cycle = Some(cycle);
+            if run.inflight > 0 || !run.queue.is_empty() {
+                self.run = Some(run);
                 return;
             }
-            match cycle.stage {
-                Stage::Pull => {
-                    self.end_pull_hooks(&mut cycle);
-                    for (reg, ns) in self.regs.iter_mut().zip(cycle.ns.iter_mut()) {
+            match (run.kind, run.stage) {
+                (Kind::Cycle, Stage::Pull) => {
+                    self.end_pull_hooks(&mut run);
+                    for (reg, ns) in self.regs.iter_mut().zip(run.ns.iter_mut()) {
                         reg.log_pos = ns.new_pos.take();
                     }
-                    self.build_push(&mut cycle);
-                    cycle.stage = Stage::Push;
-                    self.cycle = Some(cycle);
+                    self.build_push(&mut run);
+                    self.last_push_ms = Some(now_ms);
+                    run.stage = Stage::Push;
+                    self.run = Some(run);
                 }
-                Stage::Push => {
-                    for (reg, ids) in self.regs.iter_mut().zip(cycle.pushed_ids.iter()) {
+                (Kind::Poll, Stage::Pull) => {
+                    self.end_poll_reads(&mut run, now_ms);
+                    if !run.queue.is_empty() {
+                        run.stage = Stage::Push;
+                        self.run = Some(run);
+                    }
+                }
+                (kind, Stage::Push) => {
+                    for (reg, ids) in self.regs.iter_mut().zip(run.pushed_ids.iter()) {
                         if reg.caps.delta && !ids.is_empty() {
                             reg.comp.clear_dirty(ids);
                         }
                     }
-                    self.finish_cycle(now_ms, &cycle, true);
+                    if kind == Kind::Cycle {
+                        self.finish_cycle(now_ms, &run, true);
+                    } else {
+                        self.stats.mid_pushes += 1;
+                    }
                 }
             }
         }
     }
 
-    fn end_pull_hooks(&mut self, cycle: &mut Cycle) {
-        if cycle.stage != Stage::Pull {
+    fn end_pull_hooks(&mut self, run: &mut Run) {
+        if run.stage != Stage::Pull {
             return;
         }
-        for (reg, ns) in self.regs.iter_mut().zip(cycle.ns.iter_mut()) {
+        for (reg, ns) in self.regs.iter_mut().zip(run.ns.iter_mut()) {
             if std::mem::take(&mut ns.hooks_started) {
                 reg.comp.on_sync_end();
             }
         }
     }
 
-    fn build_push(&mut self, cycle: &mut Cycle) {
+    fn build_push(&mut self, cycle: &mut Run) {
         let chunk = self.settings.setex_chunk;
         for (i, reg) in self.regs.iter_mut().enumerate() {
             let writes: Vec<Write> = if reg.caps.delta {
-                let delta = reg.comp.delta();
-                let mut writes = Vec::with_capacity(delta.updated.len() + delta.deleted.len());
-                for (id, payload) in delta.updated {
-                    writes.push(Write::Set(id, payload));
-                }
-                for id in delta.deleted {
-                    writes.push(if reg.caps.tombstones {
-                        Write::Set(id.clone(), reg.comp.make_tombstone(&id))
-                    } else {
-                        Write::Del(id)
-                    });
-                }
+                let writes = delta_writes(reg);
                 cycle.pushed_ids[i] = writes.iter().map(|w| w.id().to_owned()).collect();
                 writes
             } else {
@@ -593,42 +816,49 @@ impl SyncEngine {
                     .map(|(id, v)| Write::Set(id, v))
                     .collect()
             };
-            let mut it = writes.into_iter().peekable();
-            while it.peek().is_some() {
-                let writes: Vec<Write> = it.by_ref().take(chunk).collect();
-                cycle.queue.push_back(Op::Write { ns: i, writes });
-            }
+            queue_writes(cycle, i, writes, chunk);
         }
     }
 
-    fn finish_cycle(&mut self, now_ms: u64, cycle: &Cycle, ok: bool) {
+    fn finish_cycle(&mut self, now_ms: u64, cycle: &Run, ok: bool) {
         self.stats.last_cycle_ms = now_ms.saturating_sub(cycle.started_ms);
         let wait = if ok {
             self.stats.cycles_ok += 1;
             self.stats.last_success_ms = Some(now_ms);
+            self.polls_allowed = true;
+            self.next_poll_ms = Some(now_ms + self.settings.poll_ms);
             self.schedule.after_success()
         } else {
             self.stats.cycles_failed += 1;
+            self.polls_allowed = false;
             self.schedule.after_failure()
         };
         self.stats.backoff_ms = self.schedule.backoff_ms();
         self.next_cycle_ms = Some(now_ms + wait);
     }
 
+    fn fail_run(&mut self, now_ms: u64, why: SyncError) {
+        match self.run.as_ref().map(|r| r.kind) {
+            Some(Kind::Cycle) => self.fail_cycle(now_ms, why),
+            Some(Kind::Poll) => self.fail_poll(why),
+            None => {}
+        }
+    }
+
     fn fail_cycle(&mut self, now_ms: u64, why: SyncError) {
-        let Some(mut cycle) = self.cycle.take() else {
+        let Some(mut cycle) = self.run.take() else {
             return;
         };
         log::warn!("sync: cycle {} failed: {why}", cycle.seq);
         self.end_pull_hooks(&mut cycle);
         // Forget its calls: their replies, if any, count as late.
-        self.outstanding.retain(|_, o| o.cycle != Some(cycle.seq));
+        self.outstanding.retain(|_, o| o.run != Some(cycle.seq));
         self.finish_cycle(now_ms, &cycle, false);
     }
 
     // ---- replies ----
 
-    fn on_cycle_reply(
+    fn on_run_reply(
         &mut self,
         sent: Sent,
         frames: Vec<Frame>,
@@ -638,7 +868,26 @@ impl SyncEngine {
             Sent::Scan { ns, with_head, .. } => self.on_scan(ns, with_head, frames),
             Sent::LogRead {
                 ns, from, count, ..
-            } => self.on_log(ns, &from, count, frames),
+            } => {
+                let frame = frames
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| proto("no XRANGE reply"))?;
+                self.on_log(ns, &from, count, frame)
+            }
+            Sent::LogReads(reads) => {
+                if frames.len() != reads.len() {
+                    return Err(proto(&format!(
+                        "{} XRANGE replies for {} reads",
+                        frames.len(),
+                        reads.len()
+                    )));
+                }
+                for (read, frame) in reads.into_iter().zip(frames) {
+                    self.on_log(read.ns, &read.from, read.count, frame)?;
+                }
+                Ok(())
+            }
             Sent::Mget { ns, ids, .. } => self.on_mget(ns, ids, frames, reply_len),
             Sent::DelStale { n } => {
                 self.stats.stale_deleted += n as u64;
@@ -658,7 +907,7 @@ impl SyncEngine {
                 .next()
                 .ok_or_else(|| proto("XREVRANGE reply missing"))?;
             let pos = log_entries(head)?.into_iter().next().map(|e| e.id);
-            if let Some(c) = self.cycle.as_mut() {
+            if let Some(c) = self.run.as_mut() {
                 c.ns[ns].new_pos = pos;
             }
         }
@@ -683,7 +932,7 @@ impl SyncEngine {
             .collect();
         self.stats.keys_scanned += ids.len() as u64;
         let scan_cap = reg.scan_cap;
-        let Some(cycle) = self.cycle.as_mut() else {
+        let Some(cycle) = self.run.as_mut() else {
             return Ok(());
         };
         if cursor != b"0" {
@@ -706,22 +955,28 @@ impl SyncEngine {
         ns: usize,
         from: &str,
         count: usize,
-        frames: Vec<Frame>,
+        frame: Frame,
     ) -> Result<(), SyncError> {
-        let entries = log_entries(
-            frames
-                .into_iter()
-                .next()
-                .ok_or_else(|| proto("no XRANGE reply"))?,
-        )?;
+        let entries = log_entries(frame)?;
         let batch = mget_batch_size(&self.regs[ns], &self.settings);
         let reg = &self.regs[ns];
-        let Some(cycle) = self.cycle.as_mut() else {
+        let Some(cycle) = self.run.as_mut() else {
             return Ok(());
         };
         // Trimming removes the oldest entries first, so our last-seen entry
         // still being there proves nothing after it was lost.
-        if entries.first().map(|e| e.id.as_str()) != Some(from) {
+        let lost = entries.first().map(|e| e.id.as_str()) != Some(from);
+        if lost && cycle.kind == Kind::Poll {
+            // A poll does not scan: the next cycle does (unknown position).
+            log::info!(
+                "sync: change log of {:?} trimmed or gone; the next cycle scans",
+                reg.ns
+            );
+            self.stats.log_fallbacks += 1;
+            cycle.ns[ns].new_pos = None;
+            return Ok(());
+        }
+        if lost {
             log::info!(
                 "sync: change log of {:?} trimmed or gone; full scan",
                 reg.ns
@@ -784,6 +1039,7 @@ impl SyncEngine {
         };
         let budget = self.settings.max_reply_bytes;
         let mget_batch = self.settings.mget_batch;
+        let polling = self.run.as_ref().is_some_and(|r| r.kind == Kind::Poll);
         let reg = &mut self.regs[ns];
         let sample = reply_len / ids.len().max(1);
         reg.value_reply_bytes = if reg.value_reply_bytes == 0 {
@@ -812,7 +1068,12 @@ impl SyncEngine {
                 stale.push(id);
             } else {
                 match reg.comp.apply_remote(&id, &payload) {
-                    Ok(()) => self.stats.applied += 1,
+                    Ok(()) => {
+                        self.stats.applied += 1;
+                        if polling {
+                            self.stats.poll_applied += 1;
+                        }
+                    }
                     Err(e) => {
                         self.stats.rejected += 1;
                         log::debug!("sync: {:?}/{id}: {e}", reg.ns);
@@ -821,8 +1082,8 @@ impl SyncEngine {
             }
         }
         if !stale.is_empty() {
-            if let Some(cycle) = self.cycle.as_mut() {
-                cycle.queue.push_back(Op::DelStale { ns, ids: stale });
+            if let Some(run) = self.run.as_mut() {
+                run.queue.push_back(Op::DelStale { ns, ids: stale });
             }
         }
         Ok(())
@@ -832,10 +1093,23 @@ impl SyncEngine {
     fn on_truncated(&mut self, sent: Sent) -> Result<(), SyncError> {
         self.stats.truncations += 1;
         let command = sent.command();
-        let Some(cycle) = self.cycle.as_mut() else {
+        let Some(cycle) = self.run.as_mut() else {
             return Ok(());
         };
         match sent {
+            Sent::LogReads(reads) => {
+                // Several namespaces' reads did not fit together: each one
+                // alone, then halved on its own if still too large.
+                for read in reads.into_iter().rev() {
+                    cycle.queue.push_front(Op::LogRead {
+                        ns: read.ns,
+                        from: read.from,
+                        count: read.count,
+                        attempt: 1,
+                    });
+                }
+                Ok(())
+            }
             Sent::Mget {
                 ns,
                 mut ids,
@@ -905,7 +1179,7 @@ impl SyncEngine {
 
     // ---- sending ----
 
-    fn dispatch(&mut self, op: Op, cycle: Option<u64>, now_ms: u64) -> Call {
+    fn dispatch(&mut self, op: Op, run: Option<u64>, now_ms: u64) -> Call {
         let mut p = Pipeline::new();
         let auth = match (&self.settings.auth_username, &self.settings.auth_password) {
             (Some(user), Some(pw)) => {
@@ -932,7 +1206,7 @@ impl SyncEngine {
                 sent_ms: now_ms,
                 expected,
                 auth,
-                cycle,
+                run,
             },
         );
         Call { id, body }
@@ -1000,6 +1274,20 @@ impl SyncEngine {
                     count,
                     attempt,
                 }
+            }
+            Op::LogReads(reads) => {
+                for read in &reads {
+                    let n = read.count.to_string();
+                    p.push(&[
+                        b"XRANGE",
+                        self.regs[read.ns].keys.log_key().as_bytes(),
+                        read.from.as_bytes(),
+                        b"+",
+                        b"COUNT",
+                        n.as_bytes(),
+                    ]);
+                }
+                Sent::LogReads(reads)
             }
             Op::Mget { ns, ids, attempt } => {
                 let keys = &self.regs[ns].keys;
@@ -1115,7 +1403,7 @@ impl SyncEngine {
         let timeout = self.settings.op_timeout_ms;
         let before = self.outstanding.len();
         self.outstanding
-            .retain(|_, o| o.cycle.is_some() || now_ms.saturating_sub(o.sent_ms) < timeout);
+            .retain(|_, o| o.run.is_some() || now_ms.saturating_sub(o.sent_ms) < timeout);
         let expired = (before - self.outstanding.len()) as u64;
         self.stats.write_through_failed += expired;
     }
@@ -1131,14 +1419,40 @@ fn mget_batch_size(reg: &Registered, settings: &SyncSettings) -> usize {
     n.max(1)
 }
 
-fn queue_mgets(cycle: &mut Cycle, ns: usize, ids: Vec<String>, batch: usize) {
+fn queue_mgets(run: &mut Run, ns: usize, ids: Vec<String>, batch: usize) {
     let mut it = ids.into_iter().peekable();
     while it.peek().is_some() {
         let ids: Vec<String> = it.by_ref().take(batch).collect();
-        cycle.queue.push_back(Op::Mget {
+        run.queue.push_back(Op::Mget {
             ns,
             ids,
             attempt: 0,
         });
+    }
+}
+
+/// A delta-capable namespace's changes as writes (tombstone SETEX or DEL
+/// for deletions). `delta()` clears nothing: `clear_dirty` follows success.
+fn delta_writes(reg: &Registered) -> Vec<Write> {
+    let delta = reg.comp.delta();
+    let mut writes = Vec::with_capacity(delta.updated.len() + delta.deleted.len());
+    for (id, payload) in delta.updated {
+        writes.push(Write::Set(id, payload));
+    }
+    for id in delta.deleted {
+        writes.push(if reg.caps.tombstones {
+            Write::Set(id.clone(), reg.comp.make_tombstone(&id))
+        } else {
+            Write::Del(id)
+        });
+    }
+    writes
+}
+
+fn queue_writes(run: &mut Run, ns: usize, writes: Vec<Write>, chunk: usize) {
+    let mut it = writes.into_iter().peekable();
+    while it.peek().is_some() {
+        let writes: Vec<Write> = it.by_ref().take(chunk).collect();
+        run.queue.push_back(Op::Write { ns, writes });
     }
 }

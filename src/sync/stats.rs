@@ -15,7 +15,8 @@ pub struct SyncStats {
     pub full_scans: u64,
     /// Namespace pulls done from the change log.
     pub incremental_pulls: u64,
-    /// Incremental pulls that found the log trimmed/missing and fell back.
+    /// Incremental pulls that found the log trimmed/missing and fell back
+    /// to a full scan, and polls that found it so (the next cycle scans).
     pub log_fallbacks: u64,
     /// Keys returned by SCAN.
     pub keys_scanned: u64,
@@ -23,7 +24,7 @@ pub struct SyncStats {
     pub keys_pulled: u64,
     /// MGET slots that were nil (expired since SCAN).
     pub missing_values: u64,
-    /// Remote entities merged.
+    /// Remote entities merged (by cycles and polls).
     pub applied: u64,
     /// Remote entities the component refused.
     pub rejected: u64,
@@ -55,6 +56,18 @@ pub struct SyncStats {
     pub write_through_calls: u64,
     /// Write-through calls that failed.
     pub write_through_failed: u64,
+    /// Polls (change-log reads between cycles, `poll_ms`) that succeeded.
+    pub polls_ok: u64,
+    /// Polls that failed or timed out; polling then pauses until a cycle
+    /// succeeds. Never changes the cycle schedule or backoff.
+    pub polls_failed: u64,
+    /// Remote entities merged by polls (included in `applied`).
+    pub poll_applied: u64,
+    /// Half-period delta pushes (riding on a poll) that succeeded.
+    pub mid_pushes: u64,
+    /// Half-period delta pushes that failed (the ids stay dirty for the
+    /// next push; polling pauses until a cycle succeeds).
+    pub mid_pushes_failed: u64,
     /// `now_ms` of the last successful cycle's end.
     pub last_success_ms: Option<u64>,
     /// Duration of the last finished cycle.

@@ -5,7 +5,11 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use super::testkit::{deliver_with, drive, run_cycle, steady_state_cost, MapComponent, TOMBSTONE};
+use super::schedule::SplitMix64;
+use super::testkit::{
+    deliver_with, drive, run_cycle, steady_state_cost, steady_state_cost_with, CostModel,
+    MapComponent, TICK_MS, TOMBSTONE,
+};
 use super::*;
 use crate::resp::{parse, Frame};
 use memredis::MemRedis;
@@ -16,9 +20,12 @@ type Comp = Rc<RefCell<MapComponent>>;
 
 const NS: &str = "prefixcache";
 
+/// Defaults, enabled, with polls every 100 ms so the timing tests read in
+/// round numbers (the default is 175 ms).
 fn settings() -> SyncSettings {
     SyncSettings {
         enabled: true,
+        poll_ms: 100,
         ..Default::default()
     }
 }
@@ -926,11 +933,598 @@ fn stats_count_calls_commands_bytes_and_rtt() {
 
 #[test]
 fn incremental_pull_costs_far_less_than_full_scan_at_one_percent_churn() {
+    // Per reader period (10 s), 5000 entities, 1 % churn, default polls (175 ms).
     let incremental = steady_state_cost(5_000, 10, 6, 6);
     let full = steady_state_cost(5_000, 10, 1, 6);
+    let no_polls = steady_state_cost_with(&CostModel {
+        entities: 5_000,
+        churn_per_mille: 10,
+        full_scan_every: 6,
+        cycles: 6,
+        poll_ms: 0,
+        ..Default::default()
+    });
+    let changes = incremental.beyond_idle_polls();
     eprintln!(
-        "per cycle, 5000 entities, 1% churn: incremental {incremental:?}, full scan {full:?}"
+        "per period, 5000 entities, 1% churn:\n  incremental with polls {incremental:?}\n  \
+         of which beyond the idle-poll floor {changes:?}\n  incremental without polls \
+         {no_polls:?}\n  full scan {full:?}"
     );
-    assert!(incremental.commands * 3.0 < full.commands);
-    assert!(incremental.bytes_received * 3.0 < full.bytes_received);
+    // AIBrix mode never polls; without polls nothing polls either.
+    assert_eq!((full.polls, no_polls.polls), (0.0, 0.0));
+    // The idle-poll floor: ~period/poll_ms polls, each one call with one
+    // XRANGE (one polled namespace) and QUIT.
+    assert!((50.0..=65.0).contains(&incremental.idle_polls));
+    assert_eq!(incremental.idle_poll_commands, 2.0 * incremental.idle_polls);
+    // Beyond that floor, polls only move the change-driven work (log pages,
+    // MGETs of changed ids) from the cycle to the poll: about the same as
+    // without polls, and still far below a full scan.
+    assert!(changes.commands <= no_polls.commands * 1.25 + 2.0);
+    assert!(changes.commands * 3.0 < full.commands);
+    assert!(changes.bytes_received * 3.0 < full.bytes_received);
+    // In bytes the floor is small: the total stays far below a full scan.
+    let bytes = |c: &super::testkit::CycleCost| c.bytes_sent + c.bytes_received;
+    assert!(bytes(&incremental) * 3.0 < bytes(&full));
+    // (In commands it is not: at this small size and a 10 s period, ~100
+    // idle polls cost more commands than one full scan; see the report.)
+}
+
+// ---- polls and half-period pushes ----
+
+/// [`warmed_pair`], then B's cycle again: B's next cycle is about a period
+/// away, both replicas know their log positions and may poll.
+fn polling_pair(s: SyncSettings, n: usize) -> (Comp, Comp, SyncEngine, SyncEngine, MemRedis, u64) {
+    let (a, b, ea, mut eb, mut r, now) = warmed_pair(s, n);
+    let now = run_cycle(&mut eb, &mut r, now);
+    assert!(eb.next_poll_ms().is_some());
+    (a, b, ea, eb, r, now)
+}
+
+/// Polls applied by `e` so far.
+fn polls(e: &SyncEngine) -> u64 {
+    e.stats().polls_ok
+}
+
+/// Commands (names) of every call a tick emits, answered by `r`.
+fn tick_names(e: &mut SyncEngine, r: &mut MemRedis, now: u64) -> Vec<String> {
+    let calls = e.tick(now);
+    let mut seen = Vec::new();
+    deliver_with(e, r, now, calls, &mut |c, r| {
+        seen.extend(names(&c.body));
+        Some(Ok(r.execute(&c.body)))
+    });
+    seen
+}
+
+#[test]
+fn poll_sees_a_peer_change_within_poll_ms() {
+    let s = SyncSettings {
+        write_through: true,
+        ..settings()
+    };
+    let poll = s.poll_ms;
+    let (a, b, mut ea, mut eb, mut r, now) = polling_pair(s, 10);
+    let cycles = eb.stats().cycles_ok;
+
+    // Write-through on A: written on A's next tick...
+    a.borrow_mut().set("wt", b"1");
+    ea.put(NS, "wt", b"1".to_vec()).unwrap();
+    let pushed = now + 1;
+    drive(&mut ea, &mut r, pushed);
+    assert_eq!(r.get(&key("wt")), Some(b"1".to_vec()));
+    // ...and applied by B's next poll, within one poll interval, no cycle.
+    let seen = pushed + poll;
+    assert!(seen < eb.next_cycle_ms().unwrap());
+    drive(&mut eb, &mut r, seen);
+    assert_eq!(b.borrow().entries.get("wt"), Some(&b"1".to_vec()));
+    assert_eq!(eb.stats().cycles_ok, cycles, "no B cycle in between");
+    assert_eq!((polls(&eb), eb.stats().poll_applied), (1, 1));
+
+    // Without write-through: A's next push (half-period or cycle) writes
+    // it, B's next poll applies it.
+    a.borrow_mut().set("periodic", b"2");
+    let (mut t, mut pushed) = (seen, None);
+    loop {
+        t += TICK_MS;
+        drive(&mut ea, &mut r, t);
+        if pushed.is_none() && r.get(&key("periodic")).is_some() {
+            pushed = Some((t, eb.stats().cycles_ok));
+        }
+        drive(&mut eb, &mut r, t);
+        if b.borrow().entries.contains_key("periodic") {
+            break;
+        }
+        assert!(t < seen + 20_000);
+    }
+    let (pushed_at, cycles) = pushed.unwrap();
+    assert!(t - pushed_at <= poll, "pushed {pushed_at}, seen {t}");
+    assert_eq!(eb.stats().cycles_ok, cycles, "seen by a poll, not a cycle");
+    assert_eq!(eb.stats().poll_applied, 2);
+}
+
+#[test]
+fn polls_skip_namespaces_with_hooks() {
+    // Two plain delta namespaces and one with hooks (like the load tracker).
+    let plain = caps(true, false, false, false);
+    let hooked = caps(true, true, false, false);
+    let mk = || {
+        (
+            MapComponent::shared(NS, plain),
+            MapComponent::shared("second", plain),
+            MapComponent::shared("podload", hooked),
+        )
+    };
+    let (a1, a2, a3) = mk();
+    let (b1, b2, b3) = mk();
+    let mut ea = engine(settings(), &[&a1, &a2, &a3], 1);
+    let mut eb = engine(settings(), &[&b1, &b2, &b3], 2);
+    let mut r = MemRedis::new();
+    for c in [&a1, &a2, &a3] {
+        c.borrow_mut().set("warm", b"0");
+    }
+    let mut now = run_cycle(&mut ea, &mut r, 0);
+    now = run_cycle(&mut eb, &mut r, now);
+    now = run_cycle(&mut ea, &mut r, now);
+    for c in [&a1, &a2, &a3] {
+        c.borrow_mut().set("x", b"1");
+    }
+    now = run_cycle(&mut ea, &mut r, now);
+    now = run_cycle(&mut eb, &mut r, now);
+    for c in [&a1, &a2, &a3] {
+        c.borrow_mut().set("x", b"2");
+    }
+    now = run_cycle(&mut ea, &mut r, now);
+    b3.borrow_mut().events.clear();
+
+    let at = eb.next_poll_ms().unwrap().max(now);
+    assert!(at < eb.next_cycle_ms().unwrap());
+    let calls = eb.tick(at);
+    assert_eq!(calls.len(), 1, "one call reads every polled namespace");
+    let cmds = commands(&calls[0].body);
+    let logs: Vec<&[u8]> = cmds
+        .iter()
+        .filter(|c| c[0] == b"XRANGE")
+        .map(|c| c[1].as_slice())
+        .collect();
+    assert_eq!(
+        logs,
+        vec![
+            b"aibrix:{prefixcache}:log".as_slice(),
+            b"aibrix:{second}:log".as_slice()
+        ]
+    );
+    deliver_with(&mut eb, &mut r, at, calls, &mut |c, r| {
+        Some(Ok(r.execute(&c.body)))
+    });
+    assert_eq!(b1.borrow().entries.get("x"), Some(&b"2".to_vec()));
+    assert_eq!(b2.borrow().entries.get("x"), Some(&b"2".to_vec()));
+    assert_eq!(b3.borrow().entries.get("x"), Some(&b"1".to_vec()));
+    assert!(
+        b3.borrow().events.is_empty(),
+        "no start/end/apply from polls: {:?}",
+        b3.borrow().events
+    );
+    // An idle poll: one call, XRANGE per polled namespace + QUIT.
+    let idle = tick_names(&mut eb, &mut r, at + 100);
+    assert_eq!(idle, vec!["XRANGE", "XRANGE", "QUIT"]);
+    // The hooked namespace gets the change in its cycle, inside its hooks.
+    run_cycle(&mut eb, &mut r, at + 100);
+    assert_eq!(b3.borrow().events, vec!["start", "apply:x", "end"]);
+    assert_eq!(b3.borrow().entries.get("x"), Some(&b"2".to_vec()));
+}
+
+#[test]
+fn no_polls_after_a_failed_cycle_until_success() {
+    let (a, b, mut ea, mut eb, mut r, now) = polling_pair(settings(), 5);
+    let due = eb.next_cycle_ms().unwrap().max(now);
+    let calls = eb.tick(due);
+    deliver_with(&mut eb, &mut r, due, calls, &mut |_, _| {
+        Some(Err(CallFailed::Status(503)))
+    });
+    assert_eq!(eb.stats().cycles_failed, 1);
+    assert_eq!(eb.next_poll_ms(), None);
+    // A peer writes meanwhile; B stays silent until its (backed-off) cycle.
+    a.borrow_mut().set("1", b"v1");
+    ea.put(NS, "1", b"v1".to_vec()).unwrap_err();
+    run_cycle(&mut ea, &mut r, due);
+    assert_eq!(r.get(&key("1")), Some(b"v1".to_vec()));
+    let retry = eb.next_cycle_ms().unwrap();
+    let mut t = due;
+    while t + TICK_MS < retry {
+        t += TICK_MS;
+        assert!(eb.tick(t).is_empty(), "no poll at {t}");
+    }
+    assert_eq!(eb.stats().polls_ok + eb.stats().polls_failed, 0);
+    // A successful cycle resumes polling.
+    let done = run_cycle(&mut eb, &mut r, t);
+    assert_eq!(eb.stats().cycles_ok, 3);
+    assert_eq!(b.borrow().entries.get("1"), Some(&b"v1".to_vec()));
+    assert_eq!(eb.next_poll_ms(), Some(done + 100));
+    assert_eq!(
+        tick_names(&mut eb, &mut r, done + 100),
+        vec!["XRANGE", "QUIT"]
+    );
+    assert_eq!(polls(&eb), 1);
+}
+
+#[test]
+fn failed_poll_is_counted_and_pauses_polls_until_the_next_cycle() {
+    let (_a, _b, _ea, mut eb, mut r, now) = polling_pair(settings(), 5);
+    let next_cycle = eb.next_cycle_ms().unwrap();
+    let backoff = eb.stats().backoff_ms;
+    let at = eb.next_poll_ms().unwrap().max(now);
+    let calls = eb.tick(at);
+    assert_eq!(calls.len(), 1);
+    deliver_with(&mut eb, &mut r, at, calls, &mut |_, _| {
+        Some(Err(CallFailed::Timeout))
+    });
+    let st = eb.stats().clone();
+    assert_eq!((st.polls_failed, st.polls_ok, st.cycles_failed), (1, 0, 0));
+    assert_eq!(
+        (eb.next_cycle_ms(), st.backoff_ms),
+        (Some(next_cycle), backoff)
+    );
+    // Paused: no calls at all until the next cycle.
+    let mut t = at;
+    while t + TICK_MS < next_cycle {
+        t += TICK_MS;
+        assert!(eb.tick(t).is_empty());
+    }
+    let done = run_cycle(&mut eb, &mut r, t);
+    assert_eq!(
+        tick_names(&mut eb, &mut r, done + 100),
+        vec!["XRANGE", "QUIT"]
+    );
+    assert_eq!(eb.stats().polls_ok, 1);
+}
+
+#[test]
+fn a_due_cycle_waits_for_a_running_poll_and_a_stuck_poll_times_out() {
+    let s = SyncSettings {
+        op_timeout_ms: 1_000,
+        ..settings()
+    };
+    let (_a, _b, _ea, mut eb, mut r, now) = polling_pair(s, 5);
+    let due = eb.next_cycle_ms().unwrap();
+    // A poll still waiting for Redis when the cycle falls due.
+    let at = due - 50;
+    assert!(at >= now);
+    let held = eb.tick(at);
+    assert!(eb.poll_in_progress());
+    assert!(eb.tick(due).is_empty(), "the cycle waits");
+    assert!(!eb.cycle_in_progress());
+    let reply = r.execute(&held[0].body);
+    assert!(eb.on_response(held[0].id, due + 10, Ok(&reply)).is_empty());
+    assert_eq!(polls(&eb), 1);
+    let calls = eb.tick(due + 100);
+    assert!(eb.cycle_in_progress());
+    deliver_with(&mut eb, &mut r, due + 100, calls, &mut |c, r| {
+        Some(Ok(r.execute(&c.body)))
+    });
+    assert_eq!(eb.stats().cycles_ok, 3);
+
+    // A poll that never gets an answer is abandoned after op_timeout_ms.
+    let at = eb.next_poll_ms().unwrap();
+    let held = eb.tick(at);
+    assert_eq!(held.len(), 1);
+    assert!(eb.tick(at + 999).is_empty());
+    assert!(eb.poll_in_progress());
+    assert!(eb.tick(at + 1_000).is_empty());
+    assert!(!eb.poll_in_progress());
+    let st = eb.stats();
+    assert_eq!(
+        (st.polls_failed, st.cycles_failed, st.cycles_timed_out),
+        (1, 0, 0)
+    );
+    let reply = r.execute(&held[0].body);
+    assert!(eb
+        .on_response(held[0].id, at + 1_001, Ok(&reply))
+        .is_empty());
+    assert_eq!(eb.stats().late_responses, 1);
+    // The cycle still runs on time.
+    let next = eb.next_cycle_ms().unwrap();
+    run_cycle(&mut eb, &mut r, next);
+    assert_eq!(eb.stats().cycles_ok, 4);
+}
+
+#[test]
+fn poll_with_trimmed_log_schedules_a_full_scan_next_cycle() {
+    let s = SyncSettings {
+        setex_chunk: 2,
+        ..settings()
+    };
+    let (a, b, mut ea, mut eb, mut r, now) = polling_pair(s, 20);
+    for i in 0..20 {
+        a.borrow_mut().set(&i.to_string(), b"v1");
+    }
+    // Written by A (write-through-like, outside A's schedule).
+    let calls = ea.tick(ea.next_cycle_ms().unwrap());
+    deliver_with(&mut ea, &mut r, now, calls, &mut |c, r| {
+        Some(Ok(r.execute(&c.body)))
+    });
+    assert_eq!(r.get(&key("7")), Some(b"v1".to_vec()));
+    r.trim_stream(&format!("aibrix:{{{NS}}}:log"), 3);
+    let at = eb.next_poll_ms().unwrap().max(now);
+    assert!(at + 200 < eb.next_cycle_ms().unwrap());
+    let full_scans = eb.stats().full_scans;
+    assert_eq!(tick_names(&mut eb, &mut r, at), vec!["XRANGE", "QUIT"]);
+    assert_eq!(eb.stats().log_fallbacks, 1);
+    assert_eq!(eb.stats().full_scans, full_scans, "a poll never scans");
+    assert!(b.borrow().entries.values().all(|v| v == b"v0"));
+    // Position unknown: nothing left to poll until the cycle.
+    assert!(eb.tick(at + 100).is_empty());
+    r.log.clear();
+    let done = run_cycle(&mut eb, &mut r, at + 100);
+    assert!(r.count("SCAN") >= 1);
+    assert_eq!(eb.stats().full_scans, full_scans + 1);
+    assert!(b.borrow().entries.values().all(|v| v == b"v1"));
+    // The scan learnt the head again: polls resume.
+    assert_eq!(
+        tick_names(&mut eb, &mut r, done + 100),
+        vec!["XRANGE", "QUIT"]
+    );
+}
+
+#[test]
+fn truncated_multi_namespace_poll_is_split_and_retried() {
+    let plain = caps(true, false, false, false);
+    let a1 = MapComponent::shared(NS, plain);
+    let a2 = MapComponent::shared("second", plain);
+    let b1 = MapComponent::shared(NS, plain);
+    let b2 = MapComponent::shared("second", plain);
+    let mut ea = engine(settings(), &[&a1, &a2], 1);
+    let mut eb = engine(settings(), &[&b1, &b2], 2);
+    let mut r = MemRedis::new();
+    a1.borrow_mut().set("w", b"0");
+    a2.borrow_mut().set("w", b"0");
+    let mut now = run_cycle(&mut ea, &mut r, 0);
+    now = run_cycle(&mut eb, &mut r, now);
+    now = run_cycle(&mut ea, &mut r, now);
+    a1.borrow_mut().set("x", b"1");
+    a2.borrow_mut().set("y", b"2");
+    now = run_cycle(&mut ea, &mut r, now);
+    now = run_cycle(&mut eb, &mut r, now);
+    a1.borrow_mut().set("x", b"3");
+    a2.borrow_mut().set("y", b"4");
+    let due = ea.next_cycle_ms().unwrap();
+    let calls = ea.tick(due);
+    deliver_with(&mut ea, &mut r, now, calls, &mut |c, r| {
+        Some(Ok(r.execute(&c.body)))
+    });
+    let at = eb.next_poll_ms().unwrap().max(now);
+    let calls = eb.tick(at);
+    let mut first = true;
+    deliver_with(&mut eb, &mut r, at, calls, &mut |c, r| {
+        let mut reply = r.execute(&c.body);
+        if std::mem::take(&mut first) {
+            reply.truncate(reply.len() / 2);
+        }
+        Some(Ok(reply))
+    });
+    assert_eq!(eb.stats().truncations, 1);
+    assert_eq!((polls(&eb), eb.stats().polls_failed), (1, 0));
+    assert_eq!(b1.borrow().entries.get("x"), Some(&b"3".to_vec()));
+    assert_eq!(b2.borrow().entries.get("y"), Some(&b"4".to_vec()));
+}
+
+#[test]
+fn half_period_push_sends_delta_and_clears_only_on_success() {
+    let (a, _b, mut ea, _eb, mut r, now) = warmed_pair(settings(), 5);
+    let period = ea.settings().period_ms;
+    let next_cycle = ea.next_cycle_ms().unwrap();
+    assert!(now + period / 2 + 200 < next_cycle);
+    a.borrow_mut().set("x", b"1");
+    // Before half a period: polls only.
+    assert_eq!(
+        tick_names(&mut ea, &mut r, now + 100),
+        vec!["XRANGE", "QUIT"]
+    );
+    // At half a period: poll, then push the delta (SETEX + XADD + EXPIRE).
+    // The push fails: counted, the id stays dirty, schedule untouched.
+    let at = now + period / 2;
+    let calls = ea.tick(at);
+    let mut bodies = Vec::new();
+    deliver_with(&mut ea, &mut r, at, calls, &mut |c, r| {
+        bodies.push(names(&c.body));
+        if names(&c.body).iter().any(|n| n == "SETEX") {
+            Some(Err(CallFailed::Status(500)))
+        } else {
+            Some(Ok(r.execute(&c.body)))
+        }
+    });
+    assert_eq!(
+        bodies,
+        vec![
+            vec!["XRANGE", "QUIT"],
+            vec!["SETEX", "XADD", "EXPIRE", "QUIT"]
+        ]
+    );
+    let st = ea.stats().clone();
+    assert_eq!((st.mid_pushes, st.mid_pushes_failed), (0, 1));
+    assert_eq!((st.cycles_failed, st.backoff_ms), (0, period));
+    assert_eq!(ea.next_cycle_ms(), Some(next_cycle));
+    assert!(a.borrow().dirty.contains("x"));
+    assert!(!a.borrow().events.iter().any(|e| e == "clear:1"));
+    // Paused until the cycle, which pushes it.
+    assert!(ea.tick(at + 100).is_empty());
+    let done = run_cycle(&mut ea, &mut r, at + 100);
+    assert_eq!(r.get(&key("x")), Some(b"1".to_vec()));
+    assert!(a.borrow().dirty.is_empty());
+
+    // Next half period: a successful push clears what it wrote.
+    a.borrow_mut().set("y", b"2");
+    a.borrow_mut().events.clear();
+    let setex = r.count("SETEX");
+    assert_eq!(
+        tick_names(&mut ea, &mut r, done + period / 2 - 100),
+        vec!["XRANGE", "QUIT"]
+    );
+    assert_eq!(
+        tick_names(&mut ea, &mut r, done + period / 2),
+        vec!["XRANGE", "QUIT", "SETEX", "XADD", "EXPIRE", "QUIT"]
+    );
+    assert_eq!(r.get(&key("y")), Some(b"2".to_vec()));
+    assert_eq!(r.count("SETEX"), setex + 1);
+    assert!(a.borrow().dirty.is_empty());
+    assert_eq!(a.borrow().events, vec!["clear:1"]);
+    assert_eq!(ea.stats().mid_pushes, 1);
+    assert_eq!(ea.stats().cycles_ok, 3, "no cycle ran for it");
+    // Nothing dirty: no push at the next opportunity either.
+    assert_eq!(
+        tick_names(&mut ea, &mut r, done + period / 2 + 100),
+        vec!["XRANGE", "QUIT"]
+    );
+}
+
+#[test]
+fn full_scan_mode_has_no_polls_and_no_mid_pushes() {
+    for (every, poll_ms) in [(1, 100), (0, 100), (6, 0)] {
+        let s = SyncSettings {
+            full_scan_every: every,
+            poll_ms,
+            write_through: false,
+            ..settings()
+        };
+        let a = MapComponent::shared(NS, caps(true, false, false, false));
+        let b = MapComponent::shared(NS, caps(true, false, false, false));
+        let mut ea = engine(s.clone(), &[&a], 1);
+        let mut eb = engine(s, &[&b], 2);
+        let mut r = MemRedis::new();
+        let mut t = 0;
+        while t < 40_000 {
+            t += TICK_MS;
+            if t % 700 == 0 {
+                a.borrow_mut().set(&t.to_string(), b"v");
+            }
+            for e in [&mut ea, &mut eb] {
+                let cycles = e.stats().cycles_ok;
+                let calls = tick_names(e, &mut r, t);
+                // Every call belongs to a cycle (none between cycles).
+                assert!(
+                    calls.is_empty() || e.stats().cycles_ok == cycles + 1,
+                    "every {every} poll {poll_ms}: {calls:?} at {t}"
+                );
+            }
+        }
+        for e in [&ea, &eb] {
+            let st = e.stats();
+            assert_eq!((st.polls_ok, st.polls_failed, st.mid_pushes), (0, 0, 0));
+            assert!(st.cycles_ok >= 3);
+        }
+        if every <= 1 {
+            let stream =
+                r.count("XADD") + r.count("XRANGE") + r.count("XREVRANGE") + r.count("EXPIRE");
+            assert_eq!(stream, 0, "AIBrix mode: no stream commands");
+        }
+    }
+}
+
+/// One trial: two replicas ticking every [`TICK_MS`] on their own phases;
+/// A changes an entity at a random `t0` (after warm-up) and the time until
+/// B holds it is returned. `busy`: A also changes another entity on every
+/// tick, so its half-period pushes never wait for a first change (the
+/// usual state of a replica routing traffic).
+fn convergence_ms(s: &SyncSettings, seed: u64, write_through: bool, busy: bool) -> u64 {
+    let mut rng = SplitMix64::new(seed);
+    let d = caps(true, false, false, false);
+    let a = MapComponent::shared(NS, d);
+    let b = MapComponent::shared(NS, d);
+    let mut ea = SyncEngine::new(s.clone(), rng.next_u64());
+    let mut eb = SyncEngine::new(s.clone(), rng.next_u64());
+    ea.register(Box::new(Rc::clone(&a))).unwrap();
+    eb.register(Box::new(Rc::clone(&b))).unwrap();
+    let mut r = MemRedis::new();
+    r.record = false;
+    let (phase_a, phase_b) = (rng.below(TICK_MS), rng.below(TICK_MS));
+    ea.start(phase_a).unwrap();
+    eb.start(phase_b).unwrap();
+    a.borrow_mut().set("warm", b"0");
+    let period = s.period_ms;
+    let t0 = 4 * period + rng.below(period);
+    let (mut next_a, mut next_b) = (phase_a, phase_b);
+    let mut changed = false;
+    loop {
+        let a_first = next_a <= next_b;
+        let now = next_a.min(next_b);
+        if !changed && now >= t0 {
+            changed = true;
+            a.borrow_mut().set("new", b"1");
+            if write_through {
+                ea.put(NS, "new", b"1".to_vec()).unwrap();
+            }
+        }
+        if a_first {
+            if busy {
+                a.borrow_mut().set("busy", now.to_string().as_bytes());
+            }
+            drive(&mut ea, &mut r, now);
+            next_a += TICK_MS;
+        } else {
+            drive(&mut eb, &mut r, now);
+            next_b += TICK_MS;
+            if changed && b.borrow().entries.contains_key("new") {
+                return now - t0;
+            }
+        }
+        assert!(now < t0 + 3 * period, "seed {seed}: never converged");
+    }
+}
+
+fn summary(mut v: Vec<u64>) -> (u64, u64, u64) {
+    v.sort_unstable();
+    let p = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+    (p(0.5), p(0.99), v[v.len() - 1])
+}
+
+#[test]
+fn convergence_with_polls_and_half_period_pushes_over_jittered_phases() {
+    let trials = 300;
+    let s = SyncSettings {
+        period_ms: 1_000,
+        poll_ms: 100,
+        ..settings()
+    };
+    let (period, poll) = (s.period_ms, s.poll_ms);
+    // A change waits for A's next push (<= period/2 after the last one, on
+    // A's next tick), then for B's next poll (<= poll_ms, on B's tick).
+    let bound = period / 2 + poll + TICK_MS;
+    let periodic: Vec<u64> = (0..trials)
+        .map(|i| convergence_ms(&s, i, false, true))
+        .collect();
+    let (p50, p99, max) = summary(periodic);
+    let msg = format!(
+        "periodic, P={period} ms, poll={poll} ms, {trials} trials: p50 {p50} ms, p99 {p99} ms, \
+         max {max} ms (bound P/2 + poll + tick = {bound} ms; target p99 <= P)"
+    );
+    eprintln!("{msg}");
+    assert!(max <= bound && p99 <= period, "{msg}");
+
+    // The same without polls (cycle push, then the peer's cycle pull).
+    let off = SyncSettings {
+        poll_ms: 0,
+        ..s.clone()
+    };
+    let baseline: Vec<u64> = (0..trials)
+        .map(|i| convergence_ms(&off, i, false, true))
+        .collect();
+    let (b50, b99, bmax) = summary(baseline);
+    let msg = format!("without polls: p50 {b50} ms, p99 {b99} ms, max {bmax} ms");
+    eprintln!("{msg}");
+    assert!(b99 > period && p99 * 2 < b99, "{msg}");
+
+    let wt = SyncSettings {
+        write_through: true,
+        ..s.clone()
+    };
+    let through: Vec<u64> = (0..trials)
+        .map(|i| convergence_ms(&wt, i, true, true))
+        .collect();
+    let (p50, p99, max) = summary(through);
+    let msg = format!(
+        "write-through, poll={poll} ms, {trials} trials: p50 {p50} ms, p99 {p99} ms, max {max} ms \
+         (bound tick + poll = {} ms; target p99 <= 250 ms)",
+        TICK_MS + poll
+    );
+    eprintln!("{msg}");
+    assert!(max <= TICK_MS + poll && p99 <= 250, "{msg}");
 }
