@@ -8,6 +8,7 @@ SHELL := /bin/bash
 
 WASM        := target/wasm32-wasip1/release/envoy_prefix_router.wasm
 PODSIM      := target/release/podsim
+BENCH       := target/release/prefix-bench
 ENVOY_BIN   ?= $(CURDIR)/.venv/bin/envoy
 TEST_RUNNER := $(CURDIR)/.tools/bin/wasm-bindgen-test-runner
 CONFIGS     := $(wildcard envoy/*.yaml)
@@ -50,11 +51,16 @@ validate: build ## envoy --mode validate on every envoy/*.yaml (loads the module
 
 test: setup build lint unit-test wasm-test integration-test validate ## everything CI checks
 
-run: setup build ## four simulated pods behind Envoy with the filter (scripts/run.sh)
-	scripts/run.sh
+run: setup build ## demo: 2 Envoy replicas syncing via Redis, 4 simulated pods, a shared-prefix workload, a summary
+	cargo build --release -p prefix-bench
+	$(BENCH) run --replicas 2
 
-bench: setup build ## benchmarks (not written yet)
-	@echo "bench: no benchmark yet"
+bench: setup build ## benchmarks: filter overhead, sync cost, sync convergence (tables; JSON in results/)
+	cargo build --release -p prefix-bench
+	$(BENCH) overhead
+	$(BENCH) sync-cost
+	$(BENCH) convergence
+	@echo "bench: results in $(CURDIR)/results/"
 
 clean: ## remove build output (keeps .venv and .tools)
 	cargo clean

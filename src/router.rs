@@ -53,6 +53,16 @@ impl From<StoreError> for RouteError {
     }
 }
 
+/// Who writes a decision's blocks into the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recording {
+    /// The routing call writes them (one CAS per touched bucket).
+    Inline,
+    /// The caller hands them to a single writer (the singleton), keeping
+    /// shared-data writes off the request path.
+    Deferred,
+}
+
 /// A routing decision and what it cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routed {
@@ -123,14 +133,29 @@ impl Router {
         Ok(id)
     }
 
-    /// Routes one request and counts it in flight on the chosen pod; the
-    /// caller must release it with [`Router::release`] when the stream ends.
+    /// Routes one request, records its blocks for the chosen pod and counts
+    /// it in flight; the caller must release it with [`Router::release`]
+    /// when the stream ends.
     pub fn route<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         req: &PromptRequest,
         now_secs: u32,
         rng: &mut SplitMix64,
+    ) -> Result<Routed, RouteError> {
+        self.route_with(store, req, now_secs, rng, Recording::Inline)
+    }
+
+    /// [`Router::route`], choosing who writes the table: with
+    /// [`Recording::Deferred`] the blocks to record are only returned (in
+    /// [`Routed::recorded`]) for a single writer to apply later.
+    pub fn route_with<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        req: &PromptRequest,
+        now_secs: u32,
+        rng: &mut SplitMix64,
+        recording: Recording,
     ) -> Result<Routed, RouteError> {
         let pool = self.settings.pool_for(&req.model);
         if pool.is_empty() {
@@ -168,9 +193,9 @@ impl Router {
             .filter(|&&i| i >= fresh)
             .map(|&i| hashes[i])
             .collect();
-        let write = match model {
-            Some(m) => table.record(&recorded, m, choice.pod, now_secs),
-            None => WriteOutcome::default(),
+        let write = match (model, recording) {
+            (Some(m), Recording::Inline) => table.record(&recorded, m, choice.pod, now_secs),
+            _ => WriteOutcome::default(),
         };
         let (inflight, load_retries) = counters.add(choice.pod, 1)?;
         Ok(Routed {
@@ -486,6 +511,32 @@ mod tests {
                 b.recorded.len()
             );
         }
+    }
+
+    #[test]
+    fn deferred_recording_writes_nothing_until_applied() {
+        let s = MemStore::new();
+        let r = router("");
+        let mut rng = SplitMix64::new(1);
+        let p = "d".repeat(400);
+        let a = r
+            .route_with(&s, &req(&p), 100, &mut rng, Recording::Deferred)
+            .unwrap();
+        assert_eq!(a.write, WriteOutcome::default());
+        assert_eq!(a.recorded.len(), sampled_positions(100, 32).len());
+        r.release(&s, a.choice.pod).unwrap();
+        let b = r
+            .route_with(&s, &req(&p), 100, &mut rng, Recording::Deferred)
+            .unwrap();
+        assert_eq!(b.choice.reason, Reason::NoMatch, "nothing was written yet");
+        r.release(&s, b.choice.pod).unwrap();
+        // The single writer applies the first decision; now it matches.
+        let table = PrefixTable::new(&s, r.table_config());
+        table.record(&a.recorded, a.model.unwrap(), a.choice.pod, 100);
+        let c = r
+            .route_with(&s, &req(&p), 100, &mut rng, Recording::Deferred)
+            .unwrap();
+        assert_eq!((c.choice.pod, c.choice.match_percent), (a.choice.pod, 100));
     }
 
     #[test]

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for scripts/bench/*.sh (sourced, not run).
 # Everything lives under $BENCH_DIR (default: <repo>/.bench), which .gitignore excludes.
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -15,32 +15,41 @@ use super::{now_nanos, now_secs};
 use crate::handoff::{self, Touched};
 use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
-use crate::router::{RouteError, Routed, Router};
+use crate::router::{Recording, RouteError, Routed, Router};
 use crate::store::SharedStore;
+use crate::table::PrefixTable;
 
 /// State shared by every stream of one worker VM.
 pub struct FilterShared {
     pub router: Router,
     pub metrics: Metrics,
     rng: RefCell<SplitMix64>,
-    /// Shared queue to the sync singleton, resolved lazily (the singleton may
-    /// register it after this worker starts). None while sync is off.
-    dirty_queue: RefCell<Option<u32>>,
+    /// The singleton's hand-off queue: Some once resolved, and when and
+    /// whether it was last looked for (retried at most once a second so a
+    /// deployment without the singleton pays no hostcall per request).
+    queue: RefCell<QueueState>,
     vm_id: String,
 }
 
 impl FilterShared {
-    /// Routes one request, records stats, and hands the recorded blocks to
-    /// the sync singleton.
+    /// Routes one request and records stats. With the singleton running,
+    /// the table writes are handed to it (one enqueue instead of a CAS per
+    /// touched bucket on the request path); without it they are inline.
     pub fn route<S: SharedStore>(
         &self,
         store: &S,
         req: &PromptRequest,
     ) -> Result<Routed, RouteError> {
         let now = now_secs();
+        let queue = self.queue(now);
+        let recording = if queue.is_some() {
+            Recording::Deferred
+        } else {
+            Recording::Inline
+        };
         let routed = self
             .router
-            .route(store, req, now, &mut self.rng.borrow_mut());
+            .route_with(store, req, now, &mut self.rng.borrow_mut(), recording);
         if let Ok(r) = &routed {
             let m = &self.metrics;
             m.routed(r.choice.reason);
@@ -52,13 +61,14 @@ impl FilterShared {
             m.add(m.table_evictions, u64::from(r.write.evictions));
             m.add(m.slots_used, u64::from(r.write.new_slots));
             m.inflight(r.choice.pod, r.inflight);
-            if let Some(model) = r.model {
-                self.hand_off(Touched {
+            if let (Some(model), false) = (r.model, r.recorded.is_empty()) {
+                let touched = Touched {
                     model,
                     pod: r.choice.pod,
                     time: now,
                     blocks: r.recorded.clone(),
-                });
+                };
+                self.hand_off(store, queue, recording, &touched);
             }
         }
         routed
@@ -82,26 +92,60 @@ impl FilterShared {
         }
     }
 
-    fn hand_off(&self, touched: Touched) {
-        if !self.router.settings().sync.enabled || touched.blocks.is_empty() {
-            return;
-        }
-        let mut queue = self.dirty_queue.borrow_mut();
-        if queue.is_none() {
-            *queue = hostcalls::resolve_shared_queue(&self.vm_id, handoff::QUEUE_NAME)
+    /// The hand-off queue, if the singleton registered it.
+    fn queue(&self, now: u32) -> Option<u32> {
+        let mut q = self.queue.borrow_mut();
+        if q.id.is_none() && q.looked_at != Some(now) {
+            q.looked_at = Some(now);
+            q.id = hostcalls::resolve_shared_queue(&self.vm_id, handoff::QUEUE_NAME)
                 .ok()
                 .flatten();
         }
-        let sent = queue
-            .map(|q| hostcalls::enqueue_shared_queue(q, Some(&handoff::encode(&touched))).is_ok())
-            .unwrap_or(false);
-        if !sent {
-            // The singleton is not up (yet): these blocks reach Redis only if
-            // touched again. Counted so an operator sees a missing singleton.
+        q.id
+    }
+
+    fn hand_off<S: SharedStore>(
+        &self,
+        store: &S,
+        queue: Option<u32>,
+        recording: Recording,
+        touched: &Touched,
+    ) {
+        if recording == Recording::Deferred {
+            let sent = queue
+                .map(|q| {
+                    hostcalls::enqueue_shared_queue(q, Some(&handoff::encode(touched))).is_ok()
+                })
+                .unwrap_or(false);
+            if !sent {
+                // The queue went away (singleton VM reloading): write inline
+                // so the table loses nothing, and look for the queue again.
+                self.queue.borrow_mut().id = None;
+                let out = PrefixTable::new(store, self.router.table_config()).record(
+                    &touched.blocks,
+                    touched.model,
+                    touched.pod,
+                    touched.time,
+                );
+                let m = &self.metrics;
+                m.add(m.slots_used, u64::from(out.new_slots));
+                if self.router.settings().sync.enabled {
+                    m.inc(m.dirty_dropped);
+                }
+            }
+        } else if self.router.settings().sync.enabled {
+            // No singleton: written inline above, but nothing will push it.
+            // Counted so an operator sees the missing singleton.
             self.metrics.inc(self.metrics.dirty_dropped);
-            *queue = None;
         }
     }
+}
+
+/// Where the hand-off queue stands for one worker VM.
+#[derive(Default)]
+struct QueueState {
+    id: Option<u32>,
+    looked_at: Option<u32>,
 }
 
 /// Root context of the HTTP filter.
@@ -124,7 +168,7 @@ impl RootContext for FilterRoot {
             metrics: Metrics::define(&settings),
             router: Router::new(settings),
             rng: RefCell::new(SplitMix64::new(seed)),
-            dirty_queue: RefCell::new(None),
+            queue: RefCell::new(QueueState::default()),
             vm_id,
         }));
         true

@@ -18,12 +18,14 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, RootContext};
 use proxy_wasm::types::{BufferType, MapType, MetricType};
 
+use super::metrics::Metrics;
 use super::store::HostStore;
 use super::{now_millis, now_nanos, now_secs};
 use crate::config::Settings;
 use crate::handoff::{self, Touched};
 use crate::sync::{Call, CallFailed, CallId, SyncEngine, SyncStats};
 use crate::syncables::{PodLoadSync, PrefixCacheSync};
+use crate::table::{PrefixTable, TableConfig};
 
 /// How often the engine is ticked: bounds write-through push latency and
 /// the granularity of change-log polls (`sync.poll_ms`).
@@ -39,14 +41,32 @@ const MAX_DRAIN: usize = 10_000;
 pub struct SyncRoot {
     settings: Option<Rc<Settings>>,
     queue: Option<u32>,
+    writer: Option<TableWriter>,
     state: Option<SyncState>,
+}
+
+/// The table's single writer: applies the blocks workers hand over.
+struct TableWriter {
+    table: TableConfig,
+    metrics: Metrics,
+}
+
+impl TableWriter {
+    fn apply(&self, t: &Touched) {
+        let out =
+            PrefixTable::new(&HostStore, self.table).record(&t.blocks, t.model, t.pod, t.time);
+        let m = &self.metrics;
+        m.add(m.cas_retries, u64::from(out.cas_retries));
+        m.add(m.cas_exhausted, u64::from(out.failed_buckets));
+        m.add(m.table_evictions, u64::from(out.evictions));
+        m.add(m.slots_used, u64::from(out.new_slots));
+    }
 }
 
 struct SyncState {
     engine: SyncEngine,
     prefix: Rc<RefCell<PrefixCacheSync<HostStore>>>,
     prefix_ns: String,
-    queue: Option<u32>,
     /// dispatch_http_call token -> engine call id.
     calls: HashMap<u32, CallId>,
     metrics: SyncMetrics,
@@ -101,45 +121,72 @@ impl RootContext for SyncRoot {
         let Some(settings) = super::load_settings() else {
             return false;
         };
-        if settings.sync.enabled {
-            let _ = hostcalls::set_tick_period(TICK);
-            // Register the hand-off queue now, before listeners serve: workers
-            // that route before the first tick would otherwise find no queue
-            // and drop their blocks. Registering twice (Envoy may configure two
-            // singleton VMs) returns the same queue, so this is idempotent.
-            self.queue = hostcalls::register_shared_queue(handoff::QUEUE_NAME).ok();
-        } else {
-            log::info!("prefix_router sync: disabled (sync.enabled is false)");
+        let _ = hostcalls::set_tick_period(TICK);
+        // Register the hand-off queue now, before listeners serve: workers
+        // find it and hand their table writes here from their first request.
+        // Registering twice (Envoy may configure two singleton VMs) returns
+        // the same queue, so this is idempotent.
+        self.queue = hostcalls::register_shared_queue(handoff::QUEUE_NAME).ok();
+        if !settings.sync.enabled {
+            log::info!("prefix_router singleton: table writer only (sync.enabled is false)");
         }
+        self.writer = Some(TableWriter {
+            table: TableConfig::new(
+                settings.table_capacity_blocks,
+                settings.table_idle_expiry_secs,
+            ),
+            metrics: Metrics::define(&settings),
+        });
         self.settings = Some(Rc::new(settings));
         true
     }
 
     fn on_tick(&mut self) {
-        if self.state.is_none() {
-            self.state = self
-                .settings
-                .clone()
-                .and_then(|s| SyncState::start(s, self.queue));
-        }
+        self.drain_queue();
         let Some(state) = self.state.as_mut() else {
             return;
         };
-        state.drain_queue();
         let calls = state.engine.tick(now_millis());
         state.dispatch(calls);
         state.publish();
     }
 
     fn on_queue_ready(&mut self, _queue_id: u32) {
-        if let Some(state) = self.state.as_mut() {
-            state.drain_queue();
+        self.drain_queue();
+    }
+}
+
+impl SyncRoot {
+    /// Applies the workers' hand-offs to the table (this VM is the table's
+    /// only writer) and marks them for the next push.
+    fn drain_queue(&mut self) {
+        // The engine starts with the first tick or the first hand-off,
+        // whichever comes first, so no hand-off misses the dirty set.
+        if self.state.is_none() {
+            self.state = self.settings.clone().and_then(SyncState::start);
+        }
+        let (Some(queue), Some(writer)) = (self.queue, self.writer.as_ref()) else {
+            return;
+        };
+        for _ in 0..MAX_DRAIN {
+            let msg = match hostcalls::dequeue_shared_queue(queue) {
+                Ok(Some(m)) => m,
+                _ => break,
+            };
+            let Some(touched) = handoff::decode(&msg) else {
+                continue;
+            };
+            writer.apply(&touched);
+            if let Some(state) = self.state.as_mut() {
+                let write_through = state.settings.sync.write_through;
+                state.on_touched(&touched, write_through);
+            }
         }
     }
 }
 
 impl SyncState {
-    fn start(settings: Rc<Settings>, queue: Option<u32>) -> Option<Self> {
+    fn start(settings: Rc<Settings>) -> Option<Self> {
         if !settings.sync.enabled {
             return None;
         }
@@ -169,7 +216,6 @@ impl SyncState {
             log::error!("prefix_router sync: cannot start: {e}");
             return None;
         }
-        let queue = queue.or_else(|| hostcalls::register_shared_queue(handoff::QUEUE_NAME).ok());
         log::info!(
             "prefix_router sync: started, replica {}, namespaces {:?}, bridge cluster {}",
             engine.origin(),
@@ -180,26 +226,10 @@ impl SyncState {
             engine,
             prefix,
             prefix_ns,
-            queue,
             calls: HashMap::new(),
             metrics: SyncMetrics::define(),
             settings,
         })
-    }
-
-    fn drain_queue(&mut self) {
-        let Some(queue) = self.queue else { return };
-        let write_through = self.settings.sync.write_through;
-        for _ in 0..MAX_DRAIN {
-            let msg = match hostcalls::dequeue_shared_queue(queue) {
-                Ok(Some(m)) => m,
-                _ => break,
-            };
-            let Some(touched) = handoff::decode(&msg) else {
-                continue;
-            };
-            self.on_touched(&touched, write_through);
-        }
     }
 
     fn on_touched(&mut self, touched: &Touched, write_through: bool) {

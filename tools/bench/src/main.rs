@@ -1,14 +1,189 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! `prefix-bench`: the demo (`run`) and the benchmarks (`overhead`,
+//! `sync-cost`, `convergence`) of the Envoy prefix-router filter, on real
+//! Envoy, podsim pods and redis-server processes on loopback. Every command
+//! prints tables and writes JSON under `results/`; see README.md.
 
-macro_rules! env {
-    ("CARGO_MANIFEST_DIR") => {
-        concat!(::core::env!("CARGO_MANIFEST_DIR"), "/../..")
-    };
+// A failed setup can only stop the tool, with the reason.
+#![allow(clippy::expect_used)]
+
+use prefix_bench::{commands, procstat};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "prefix-bench",
+    about = "Demo and benchmarks of the Envoy prefix-router filter"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
-#[path = "../../../tests/support/mod.rs"]
-mod support;
+
+#[derive(Subcommand)]
+enum Command {
+    /// Demo: 4 pods behind 1 Envoy, or 2 Envoy replicas syncing through Redis;
+    /// a short shared-prefix workload; where requests went and why.
+    Run {
+        /// Envoy replicas (2 = Redis sync, the client alternates replicas).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+        replicas: u8,
+        /// Workload and arrival seed.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// Sync period of the replicas, ms.
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
+        /// Poisson arrival rate, requests per second.
+        #[arg(long, default_value_t = 2.5)]
+        rate: f64,
+    },
+    /// Benchmark: latency and CPU the filter adds (single.yaml vs plain.yaml).
+    Overhead {
+        /// 8 KB requests per side (after warmup).
+        #[arg(long, default_value_t = 2000)]
+        requests: usize,
+        /// Rotating rounds of the 8 KB requests (short rounds cancel drift).
+        #[arg(long, default_value_t = 100)]
+        rounds: usize,
+        /// 8 KB warmup requests per side.
+        #[arg(long, default_value_t = 200)]
+        warmup: usize,
+        /// Large requests per side, for the CPU measurement.
+        #[arg(long, default_value_t = 120)]
+        big_requests: usize,
+        /// Rotating rounds of the large requests.
+        #[arg(long, default_value_t = 4)]
+        big_rounds: usize,
+        /// Size of the large prompts, KiB.
+        #[arg(long, default_value_t = 400)]
+        big_kib: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+    /// Benchmark: Redis work per sync cycle, incremental vs full scan.
+    SyncCost {
+        /// Entities in the namespace.
+        #[arg(long, default_value_t = 200_000)]
+        entities: usize,
+        /// Entities changed per cycle, per mille.
+        #[arg(long, default_value_t = 10)]
+        churn_per_mille: usize,
+        /// Incremental mode: a full scan every N cycles.
+        #[arg(long, default_value_t = 6)]
+        full_scan_every: u32,
+        /// Periods measured in incremental mode (a multiple of
+        /// --full-scan-every amortises the full scans exactly).
+        #[arg(long, default_value_t = 6)]
+        cycles: usize,
+        /// Periods measured in full-scan mode (real Redis only).
+        #[arg(long, default_value_t = 2)]
+        full_cycles: usize,
+        /// Sync period, ms (cost model and real replica; the default is the
+        /// filter's).
+        #[arg(long, default_value_t = 10_000)]
+        period_ms: u64,
+        /// Change-log poll interval between cycles, ms (the filter's default).
+        #[arg(long, default_value_t = 175)]
+        poll_ms: u64,
+        /// Only the in-memory cost model, no real Redis and Envoy.
+        #[arg(long)]
+        model_only: bool,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+    /// Benchmark: delay until replica B can route a prompt replica A saw.
+    Convergence {
+        /// Trials per mode (periodic, write-through).
+        #[arg(long, default_value_t = 30)]
+        trials: usize,
+        /// Sync period of both replicas, ms.
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
+        /// Full 128-byte blocks of each prompt (at most 25).
+        #[arg(long, default_value_t = 24)]
+        prompt_blocks: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+}
 
 fn main() {
-    println!("{}", support::repo_root().display());
-    println!("{}", support::envoy_bin().display());
+    procstat::kill_children_on_panic();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match cli.command {
+        Command::Run {
+            replicas,
+            seed,
+            period_ms,
+            rate,
+        } => commands::demo::run(
+            &rt,
+            &commands::demo::DemoArgs {
+                replicas,
+                seed,
+                period_ms,
+                rate,
+            },
+        ),
+        Command::Overhead {
+            requests,
+            rounds,
+            warmup,
+            big_requests,
+            big_rounds,
+            big_kib,
+            seed,
+        } => commands::overhead::run(
+            &rt,
+            &commands::overhead::OverheadArgs {
+                requests,
+                rounds,
+                warmup,
+                big_requests,
+                big_rounds,
+                big_kib,
+                seed,
+            },
+        ),
+        Command::SyncCost {
+            entities,
+            churn_per_mille,
+            full_scan_every,
+            cycles,
+            full_cycles,
+            period_ms,
+            poll_ms,
+            model_only,
+            seed,
+        } => commands::sync_cost::run(&commands::sync_cost::SyncCostArgs {
+            entities,
+            churn_per_mille,
+            full_scan_every,
+            cycles,
+            full_cycles,
+            period_ms,
+            poll_ms,
+            model_only,
+            seed,
+        }),
+        Command::Convergence {
+            trials,
+            period_ms,
+            prompt_blocks,
+            seed,
+        } => commands::convergence::run(
+            &rt,
+            &commands::convergence::ConvergenceArgs {
+                trials,
+                period_ms,
+                prompt_blocks,
+                seed,
+            },
+        ),
+    }
 }

@@ -1,0 +1,1157 @@
+//! `prefix-bench compare`: what prefix-aware routing buys, side by side.
+//!
+//! For every workload and every router, fresh podsim pods (cold caches) and a
+//! fresh router are started, the same deterministic workload is sent through
+//! it, and the pods' own usage reports give the token-weighted cache hit rate
+//! (sum `cached_tokens` / sum `prompt_tokens`); streaming gives TTFT. Tables
+//! go to stdout, progress to stderr, and `results/compare-<time>.{json,svg,txt}`
+//! keep everything (per-request outcomes included).
+//!
+//! Workloads (all deterministic given `--seed`):
+//! - `shared-prefix`: SGLang's generated-shared-prefix shape, groups x prompts,
+//!   shuffled, completions (even groups) and chat (odd groups), Poisson
+//!   arrivals;
+//! - `concurrency-1`: the same groups, two prompts each in two waves (every
+//!   prefix new in the first wave, reused in the second), one request at a
+//!   time: where do new prefixes go when every pod is idle?
+//! - `chat`: multi-turn sessions resending a growing history, Poisson;
+//! - `no-sharing`: unique prompts, the control, Poisson.
+//!
+//! The default Poisson rate is derived, not tuned: the rate at which a router
+//! that never hits the cache keeps the pods `--load` (75 %) busy, from the pod
+//! model's service time of the workload's mean prompt.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::chart::{self, Panel};
+use crate::drive::drive;
+use crate::metrics::{spread_label, Stats};
+use crate::peer::peers_installed;
+use crate::percentiles::Summary;
+use crate::procstat::{Load, LoadMeter};
+use crate::report::{num, results_dir, verdict, Table};
+use crate::runner::{Outcome, Pacing, Runner};
+use crate::scenario::{sum_stat, Gateway, GatewayOptions, PodModel, PodSet, Router};
+use crate::support::TestDir;
+use crate::workload::{
+    chat_sessions, no_sharing, shared_prefix, Api, ApiMix, BodyOptions, ChatSessions, NoSharing,
+    Order, Request, SharedPrefix, Streaming,
+};
+
+/// podsim's tokenizer: 4 bytes of text per token.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+/// The workloads of a comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkloadKind {
+    SharedPrefix,
+    Concurrency1,
+    Chat,
+    NoSharing,
+}
+
+impl WorkloadKind {
+    pub const ALL: [WorkloadKind; 4] = [
+        WorkloadKind::SharedPrefix,
+        WorkloadKind::Concurrency1,
+        WorkloadKind::Chat,
+        WorkloadKind::NoSharing,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            WorkloadKind::SharedPrefix => "shared-prefix",
+            WorkloadKind::Concurrency1 => "concurrency-1",
+            WorkloadKind::Chat => "chat",
+            WorkloadKind::NoSharing => "no-sharing",
+        }
+    }
+}
+
+/// Parses a comma-separated workload list; `all` = every workload.
+pub fn parse_workloads(s: &str) -> Result<Vec<WorkloadKind>, String> {
+    if s == "all" {
+        return Ok(WorkloadKind::ALL.to_vec());
+    }
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            WorkloadKind::ALL
+                .into_iter()
+                .find(|w| w.key() == p.trim())
+                .ok_or_else(|| {
+                    format!(
+                        "unknown workload {p:?}; one of: all, shared-prefix, concurrency-1, chat, no-sharing"
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Options of `compare`.
+#[derive(Clone, Debug)]
+pub struct CompareArgs {
+    pub workloads: Vec<WorkloadKind>,
+    pub routers: Vec<Router>,
+    pub pods: usize,
+    pub seed: u64,
+    /// Multiplies request counts (prompts per group, sessions, unique prompts).
+    pub scale: f64,
+    /// Poisson rate for the open-loop workloads; None = derived from `load`.
+    pub rate: Option<f64>,
+    /// Closed loop with this many in flight instead of Poisson (open-loop
+    /// workloads only; `concurrency-1` stays at 1).
+    pub concurrency: Option<usize>,
+    /// Target pod utilisation of a never-hitting router, for the derived rate.
+    pub load: f64,
+    pub groups: usize,
+    pub prompts_per_group: usize,
+    pub system_tokens: usize,
+    pub question_tokens: usize,
+    pub output_tokens: u32,
+    pub sessions: usize,
+    pub turns: usize,
+    pub pod: PodModel,
+    pub sync_period_ms: u64,
+    /// Where the JSON/SVG/TXT go (default `results/`).
+    pub results_dir: Option<PathBuf>,
+}
+
+impl CompareArgs {
+    /// The defaults of `prefix-bench compare` (see main.rs for the flags).
+    pub fn defaults() -> CompareArgs {
+        CompareArgs {
+            workloads: WorkloadKind::ALL.to_vec(),
+            routers: Router::ALL.to_vec(),
+            pods: 4,
+            seed: 7,
+            scale: 1.0,
+            rate: None,
+            concurrency: None,
+            load: 0.75,
+            groups: 32,
+            prompts_per_group: 16,
+            system_tokens: 4096,
+            question_tokens: 128,
+            output_tokens: 32,
+            sessions: 32,
+            turns: 8,
+            pod: PodModel {
+                slots: 4,
+                prefill_us_per_token: 50.0,
+                decode_us_per_token: 3000.0,
+                kv_block_tokens: 16,
+                kv_capacity_blocks: 0,
+                time_scale: 1.0,
+            },
+            sync_period_ms: 2000,
+            results_dir: None,
+        }
+    }
+
+    /// KV blocks per pod: as given, or (0 = auto) room for 1.5 x this pod's
+    /// fair share of the shared-prefix workload's distinct system prompts:
+    /// the fleet holds every prefix once with headroom, one pod holds
+    /// 1.5 / pods of them, so piling every group onto one pod thrashes.
+    pub fn kv_blocks(&self) -> u32 {
+        if self.pod.kv_capacity_blocks > 0 {
+            return self.pod.kv_capacity_blocks;
+        }
+        let distinct = (self.groups * self.system_tokens) as f64;
+        let per_pod = 1.5 * distinct / self.pods.max(1) as f64;
+        (per_pod / f64::from(self.pod.kv_block_tokens.max(1))).ceil() as u32
+    }
+
+    fn pod_model(&self) -> PodModel {
+        PodModel {
+            kv_capacity_blocks: self.kv_blocks(),
+            ..self.pod.clone()
+        }
+    }
+
+    fn scaled(&self, n: usize) -> usize {
+        ((n as f64 * self.scale).round() as usize).max(1)
+    }
+}
+
+/// The command-line flags of `prefix-bench compare` (flattened into main.rs).
+#[derive(clap::Args, Clone, Debug)]
+pub struct CompareCli {
+    /// Workloads, comma-separated: shared-prefix, concurrency-1, chat,
+    /// no-sharing, or all.
+    #[arg(long, default_value = "all")]
+    pub workloads: String,
+    /// Routers, comma-separated: round-robin, filter, filter-3x-nosync,
+    /// filter-3x-sync, filter-3x-wt, sglang, vllm, or all.
+    #[arg(long, default_value = "all")]
+    pub routers: String,
+    /// Simulated pods (1 to 4).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=4))]
+    pub pods: u8,
+    /// Workload and arrival seed.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Multiplies request counts (prompts per group, chat sessions, unique prompts).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// Poisson arrival rate, req/s (default: derived from --load).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Closed loop with N in flight instead of Poisson arrivals.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Derived rate: pod utilisation a router that never hits would cause.
+    #[arg(long, default_value_t = 0.75)]
+    pub load: f64,
+    /// Shared-prefix groups (also concurrency-1).
+    #[arg(long, default_value_t = 32)]
+    pub groups: usize,
+    #[arg(long, default_value_t = 16)]
+    pub prompts_per_group: usize,
+    /// System prompt, tokens (podsim: 4 bytes per token); chat uses half.
+    #[arg(long, default_value_t = 4096)]
+    pub system_tokens: usize,
+    #[arg(long, default_value_t = 128)]
+    pub question_tokens: usize,
+    #[arg(long, default_value_t = 32)]
+    pub output_tokens: u32,
+    /// Chat sessions and turns per session.
+    #[arg(long, default_value_t = 32)]
+    pub sessions: usize,
+    #[arg(long, default_value_t = 8)]
+    pub turns: usize,
+    /// podsim --slots.
+    #[arg(long, default_value_t = 4)]
+    pub slots: u32,
+    #[arg(long, default_value_t = 50.0)]
+    pub prefill_us: f64,
+    #[arg(long, default_value_t = 3000.0)]
+    pub decode_us: f64,
+    /// podsim --kv-capacity-blocks (16-token blocks); 0 = 1.5 x a pod's fair
+    /// share of the shared-prefix system prompts.
+    #[arg(long, default_value_t = 0)]
+    pub kv_blocks: u32,
+    /// podsim --time-scale (multiplies every modelled delay).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Sync period of the 3-replica fleets, ms.
+    #[arg(long, default_value_t = 2000)]
+    pub sync_period_ms: u64,
+    /// Output directory (default results/).
+    #[arg(long)]
+    pub results_dir: Option<PathBuf>,
+}
+
+impl CompareCli {
+    /// The options, or why the flags are invalid.
+    pub fn into_args(self) -> Result<CompareArgs, String> {
+        let d = CompareArgs::defaults();
+        Ok(CompareArgs {
+            workloads: parse_workloads(&self.workloads)?,
+            routers: crate::scenario::parse_routers(&self.routers)?,
+            pods: usize::from(self.pods),
+            seed: self.seed,
+            scale: self.scale,
+            rate: self.rate,
+            concurrency: self.concurrency,
+            load: self.load,
+            groups: self.groups,
+            prompts_per_group: self.prompts_per_group,
+            system_tokens: self.system_tokens,
+            question_tokens: self.question_tokens,
+            output_tokens: self.output_tokens,
+            sessions: self.sessions,
+            turns: self.turns,
+            pod: PodModel {
+                slots: self.slots,
+                prefill_us_per_token: self.prefill_us,
+                decode_us_per_token: self.decode_us,
+                kv_capacity_blocks: self.kv_blocks,
+                time_scale: self.time_scale,
+                ..d.pod
+            },
+            sync_period_ms: self.sync_period_ms,
+            results_dir: self.results_dir,
+        })
+    }
+}
+
+/// Entry point from the command line.
+pub fn main(rt: &tokio::runtime::Runtime, cli: CompareCli) {
+    match cli.into_args() {
+        Ok(args) => run(rt, &args),
+        Err(e) => {
+            eprintln!("prefix-bench compare: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// A workload ready to send.
+pub struct Built {
+    pub kind: WorkloadKind,
+    pub requests: Vec<Request>,
+    pub pacing: Pacing,
+    pub description: String,
+    /// Mean prompt, tokens (podsim's 4 bytes per token).
+    pub mean_prompt_tokens: f64,
+}
+
+fn body(args: &CompareArgs) -> BodyOptions {
+    BodyOptions {
+        model: "sim-model".into(),
+        max_tokens: args.output_tokens,
+        streaming: Streaming::Always,
+    }
+}
+
+fn mean_tokens(requests: &[Request]) -> f64 {
+    let total: usize = requests.iter().map(|r| r.prompt_len).sum();
+    total as f64 / requests.len().max(1) as f64 / BYTES_PER_TOKEN as f64
+}
+
+/// The derived Poisson rate: `load` x slots of the fleet / the service time
+/// of the mean prompt with nothing cached.
+pub fn derived_rate(args: &CompareArgs, mean_prompt_tokens: f64) -> f64 {
+    let service = args
+        .pod
+        .service_s(mean_prompt_tokens, f64::from(args.output_tokens));
+    let slots = (args.pods as f64) * f64::from(args.pod.slots);
+    if service <= 0.0 {
+        return 50.0;
+    }
+    (args.load * slots / service * 10.0).round() / 10.0
+}
+
+/// Builds workload `kind` with its pacing.
+pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
+    let open = |requests: &[Request]| -> (Pacing, String) {
+        if let Some(c) = args.concurrency {
+            return (
+                Pacing::Closed { concurrency: c },
+                format!("closed loop, {c} in flight"),
+            );
+        }
+        let rate = args
+            .rate
+            .unwrap_or_else(|| derived_rate(args, mean_tokens(requests)));
+        (
+            Pacing::Poisson {
+                rate_per_sec: rate,
+                seed: args.seed,
+            },
+            format!(
+                "Poisson {rate} req/s{}",
+                if args.rate.is_none() {
+                    format!(" (pods {:.0} % busy if nothing hit)", args.load * 100.0)
+                } else {
+                    String::new()
+                }
+            ),
+        )
+    };
+    let gsp = |groups: usize, prompts: usize, order: Order| SharedPrefix {
+        groups,
+        prompts_per_group: prompts,
+        system_prompt_len: args.system_tokens * BYTES_PER_TOKEN,
+        question_len: args.question_tokens * BYTES_PER_TOKEN,
+        api: ApiMix::Alternate,
+        order,
+        body: body(args),
+        seed: args.seed,
+    };
+    match kind {
+        WorkloadKind::SharedPrefix => {
+            let ppg = args.scaled(args.prompts_per_group);
+            let requests = shared_prefix(&gsp(args.groups, ppg, Order::Shuffled));
+            let (pacing, how) = open(&requests);
+            Built {
+                kind,
+                description: format!(
+                    "{} groups x {ppg} prompts, {}-token system prompt + {}-token question, {} output tokens, \
+                     shuffled, completions and chat alternating by group, all streaming; {how}",
+                    args.groups, args.system_tokens, args.question_tokens, args.output_tokens
+                ),
+                mean_prompt_tokens: mean_tokens(&requests),
+                requests,
+                pacing,
+            }
+        }
+        WorkloadKind::Concurrency1 => {
+            let requests = shared_prefix(&gsp(args.groups, 2, Order::Waves));
+            Built {
+                kind,
+                description: format!(
+                    "{} groups x 2 prompts in two waves (every prefix new in wave 1, reused in wave 2), \
+                     same prompt shape; closed loop, 1 in flight",
+                    args.groups
+                ),
+                mean_prompt_tokens: mean_tokens(&requests),
+                requests,
+                pacing: Pacing::Closed { concurrency: 1 },
+            }
+        }
+        WorkloadKind::Chat => {
+            let sessions = args.scaled(args.sessions);
+            let cfg = ChatSessions {
+                sessions,
+                turns: args.turns,
+                system_len: args.system_tokens / 2 * BYTES_PER_TOKEN,
+                user_len: 64 * BYTES_PER_TOKEN,
+                assistant_len: 192 * BYTES_PER_TOKEN,
+                body: body(args),
+                seed: args.seed,
+            };
+            let requests = chat_sessions(&cfg);
+            let (pacing, how) = open(&requests);
+            Built {
+                kind,
+                description: format!(
+                    "{sessions} chat sessions x {} turns (turn-major), {}-token system prompt, \
+                     64-token user turns, 192-token assistant turns in the history, each turn resends \
+                     the whole history; {how}",
+                    args.turns,
+                    args.system_tokens / 2
+                ),
+                mean_prompt_tokens: mean_tokens(&requests),
+                requests,
+                pacing,
+            }
+        }
+        WorkloadKind::NoSharing => {
+            let count = args.scaled(256);
+            let cfg = NoSharing {
+                count,
+                prompt_len: (args.system_tokens + args.question_tokens) * BYTES_PER_TOKEN,
+                api: Api::Completions,
+                body: body(args),
+                seed: args.seed,
+            };
+            let requests = no_sharing(&cfg);
+            let (pacing, how) = open(&requests);
+            Built {
+                kind,
+                description: format!(
+                    "{count} unique {}-token prompts (nothing to share: the control); {how}",
+                    args.system_tokens + args.question_tokens
+                ),
+                mean_prompt_tokens: mean_tokens(&requests),
+                requests,
+                pacing,
+            }
+        }
+    }
+}
+
+/// The filter's routing and sync counters, summed over replicas.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FilterCounters {
+    pub prefix_match: i64,
+    pub no_match: i64,
+    pub load_guard: i64,
+    pub passthrough: i64,
+    pub sync_applied: i64,
+    pub sync_poll_applied: i64,
+    pub sync_cycles_failed: i64,
+    pub cas_exhausted: i64,
+}
+
+/// One router on one workload.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunResult {
+    pub router: Router,
+    pub description: String,
+    /// Why it did not run (e.g. peers not installed).
+    pub skipped: Option<String>,
+    pub stats: Option<Stats>,
+    pub filter: Option<FilterCounters>,
+    /// The pods' own counters after the run: prefix-cache hit and query
+    /// tokens, evicted blocks.
+    pub pod_hit_tokens: f64,
+    pub pod_query_tokens: f64,
+    pub pod_evicted_blocks: f64,
+    pub load: Option<Load>,
+    pub wall_s: f64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Runs `built` through `router` over fresh pods.
+pub fn run_one(
+    rt: &tokio::runtime::Runtime,
+    built: &Built,
+    router: Router,
+    args: &CompareArgs,
+    opts: &GatewayOptions,
+) -> RunResult {
+    let wall = Instant::now();
+    let mut result = RunResult {
+        router,
+        description: router.describe(opts.sync_period_ms),
+        skipped: None,
+        stats: None,
+        filter: None,
+        pod_hit_tokens: 0.0,
+        pod_query_tokens: 0.0,
+        pod_evicted_blocks: 0.0,
+        load: None,
+        wall_s: 0.0,
+        outcomes: Vec::new(),
+    };
+    if router.is_peer() && !peers_installed() {
+        result.skipped =
+            Some("peers venv missing: run scripts/bench/setup-peers.sh (make bench does)".into());
+        return result;
+    }
+    let dir = TestDir::new(&format!("cmp-{}-{}", built.kind.key(), router.key()));
+    let pods = PodSet::start(&dir, args.pods, &args.pod_model());
+    let gateway = match Gateway::start(router, &pods.ports(), &dir, opts) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("  [{}] could not start: {e}", router.key());
+            result.skipped = Some(format!("could not start: {}", first_line(&e)));
+            return result;
+        }
+    };
+    let urls = gateway.urls();
+    let label = format!("{}/{}", built.kind.key(), router.key());
+    let meter = LoadMeter::start();
+    let outcomes = rt.block_on(async {
+        let runner = Runner::new(urls.clone());
+        drive(&runner, urls.len(), &built.requests, built.pacing, &label).await
+    });
+    result.load = Some(meter.finish());
+    let fs = gateway.filter_stats();
+    if router.is_filter() {
+        let sum = |n: &str| sum_stat(&fs, &format!("prefix_router.{n}"));
+        result.filter = Some(FilterCounters {
+            prefix_match: sum("routed.prefix_match"),
+            no_match: sum("routed.no_match"),
+            load_guard: sum("routed.load_guard"),
+            passthrough: fs
+                .iter()
+                .flat_map(|s| s.iter())
+                .filter(|(k, _)| k.starts_with("prefix_router.passthrough."))
+                .map(|(_, v)| *v)
+                .sum(),
+            sync_applied: sum("sync.applied"),
+            sync_poll_applied: sum("sync.poll_applied"),
+            sync_cycles_failed: sum("sync.cycles_failed"),
+            cas_exhausted: sum("table.cas_exhausted"),
+        });
+    }
+    result.pod_hit_tokens = pods.metric_sum("vllm:prefix_cache_hits_total");
+    result.pod_query_tokens = pods.metric_sum("vllm:prefix_cache_queries_total");
+    result.pod_evicted_blocks = pods.metric_sum("podsim_kv_evicted_blocks_total");
+    drop(gateway);
+    result.stats = Some(Stats::of(&outcomes, &pods.names()));
+    drop(pods);
+    result.outcomes = outcomes;
+    result.wall_s = wall.elapsed().as_secs_f64();
+    result
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("")
+}
+
+/// All routers on one workload.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadResult {
+    pub workload: WorkloadKind,
+    pub description: String,
+    pub requests: usize,
+    pub mean_prompt_tokens: f64,
+    pub results: Vec<RunResult>,
+}
+
+impl WorkloadResult {
+    fn get(&self, r: Router) -> Option<&Stats> {
+        self.results
+            .iter()
+            .find(|x| x.router == r)
+            .and_then(|x| x.stats.as_ref())
+    }
+}
+
+fn ms(s: &Option<Summary>, f: impl Fn(&Summary) -> f64) -> String {
+    s.as_ref().map_or("-".into(), |s| num(f(s), 0))
+}
+
+/// The table of one workload.
+pub fn table(w: &WorkloadResult, pods: &[String]) -> Table {
+    let mut t = Table::new(
+        &format!("{}: {}", w.workload.key(), w.description),
+        &[
+            "router",
+            "ok/sent",
+            "err",
+            "hit rate",
+            "TTFT p50",
+            "p90",
+            "p99 ms",
+            "lat p50 ms",
+            "req/s",
+            "requests per pod",
+            "max/min",
+            "match/none/guard",
+        ],
+    );
+    for r in &w.results {
+        let Some(s) = &r.stats else {
+            t.row(&[r.router.key(), "skipped (see notes)"]);
+            continue;
+        };
+        t.row(&[
+            r.router.key().to_string(),
+            format!("{}/{}", s.ok, s.sent),
+            s.errors.to_string(),
+            s.hit_rate.map_or("-".into(), |h| num(h, 3)),
+            ms(&s.ttft_ms, |x| x.p50),
+            ms(&s.ttft_ms, |x| x.p90),
+            ms(&s.ttft_ms, |x| x.p99),
+            ms(&s.latency_ms, |x| x.p50),
+            num(s.throughput_rps, 1),
+            s.pod_counts_label(pods),
+            spread_label(s.spread),
+            r.filter.as_ref().map_or("-".into(), |f| {
+                format!("{}/{}/{}", f.prefix_match, f.no_match, f.load_guard)
+            }),
+        ]);
+    }
+    t
+}
+
+/// One target check.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    pub name: String,
+    pub detail: String,
+    /// PASS, MISS or INFO; `n/a` when a needed row is missing.
+    pub verdict: String,
+}
+
+fn target(name: &str, detail: String, ok: Option<bool>) -> Target {
+    Target {
+        name: name.into(),
+        detail,
+        verdict: match ok {
+            Some(ok) => verdict(ok).into(),
+            None => "n/a".into(),
+        },
+    }
+}
+
+/// "No worse than" allows this much above the peer (noise of one run).
+pub const TTFT_TOLERANCE: f64 = 1.05;
+
+/// The issue's targets, from the shared-prefix and concurrency-1 results.
+pub fn targets(results: &[WorkloadResult]) -> Vec<Target> {
+    let mut out = Vec::new();
+    let find = |k: WorkloadKind| results.iter().find(|w| w.workload == k);
+    let hit = |w: &WorkloadResult, r: Router| w.get(r).and_then(|s| s.hit_rate);
+    let f3 = |v: Option<f64>| v.map_or("-".into(), |v| num(v, 3));
+    if let Some(w) = find(WorkloadKind::SharedPrefix) {
+        let filter = hit(w, Router::Filter);
+        let sg = hit(w, Router::Sglang);
+        let rr = hit(w, Router::RoundRobin);
+        out.push(target(
+            "filter hit rate >= sglang cache_aware",
+            format!("{} vs {}", f3(filter), f3(sg)),
+            filter.zip(sg).map(|(f, s)| f >= s),
+        ));
+        out.push(target(
+            "filter hit rate >= 3 x round robin",
+            format!(
+                "{} vs 3 x {} = {}",
+                f3(filter),
+                f3(rr),
+                f3(rr.map(|r| 3.0 * r))
+            ),
+            filter.zip(rr).map(|(f, r)| f >= 3.0 * r),
+        ));
+        for (r, label) in [
+            (
+                Router::Filter3Sync,
+                "3 Envoys, periodic sync: hit rate >= 0.95 x one Envoy",
+            ),
+            (
+                Router::Filter3WriteThrough,
+                "3 Envoys, write-through: hit rate >= 0.95 x one Envoy",
+            ),
+        ] {
+            let v = hit(w, r);
+            out.push(target(
+                label,
+                format!(
+                    "{} vs 0.95 x {} = {}",
+                    f3(v),
+                    f3(filter),
+                    f3(filter.map(|f| 0.95 * f))
+                ),
+                v.zip(filter).map(|(v, f)| v >= 0.95 * f),
+            ));
+        }
+        let nosync = hit(w, Router::Filter3NoSync);
+        let sync = hit(w, Router::Filter3Sync);
+        out.push(Target {
+            name: "what sync buys (3 Envoys: sync - no sync)".into(),
+            detail: format!(
+                "{} - {} = {}",
+                f3(sync),
+                f3(nosync),
+                f3(sync.zip(nosync).map(|(a, b)| a - b))
+            ),
+            verdict: "INFO".into(),
+        });
+        let ttft = |r: Router| w.get(r).and_then(|s| s.ttft_ms);
+        let f = ttft(Router::Filter);
+        let rrt = ttft(Router::RoundRobin);
+        out.push(target(
+            "filter TTFT p50 and p90 better than round robin",
+            pair(f, rrt),
+            f.zip(rrt).map(|(f, r)| f.p50 < r.p50 && f.p90 < r.p90),
+        ));
+        for (r, name) in [(Router::Sglang, "sglang"), (Router::Vllm, "vllm-router")] {
+            let p = ttft(r);
+            out.push(target(
+                &format!(
+                    "filter TTFT p50 and p90 no worse than {name} (within {:.0} %)",
+                    (TTFT_TOLERANCE - 1.0) * 100.0
+                ),
+                pair(f, p),
+                f.zip(p).map(|(f, p)| {
+                    f.p50 <= p.p50 * TTFT_TOLERANCE && f.p90 <= p.p90 * TTFT_TOLERANCE
+                }),
+            ));
+        }
+    }
+    if let Some(w) = find(WorkloadKind::Concurrency1) {
+        let s = w.get(Router::Filter);
+        out.push(target(
+            "concurrency 1: filter spreads new prefixes (requests per pod max/min <= 2)",
+            s.map_or("-".into(), |s| spread_label(s.spread)),
+            s.map(|s| s.spread.is_some_and(|v| v <= 2.0)),
+        ));
+        let others: Vec<String> = w
+            .results
+            .iter()
+            .filter_map(|r| {
+                let s = r.stats.as_ref()?;
+                Some(format!("{} {}", r.router.key(), spread_label(s.spread)))
+            })
+            .collect();
+        out.push(Target {
+            name: "concurrency 1: max/min of every router".into(),
+            detail: others.join(", "),
+            verdict: "INFO".into(),
+        });
+    }
+    out
+}
+
+fn pair(a: Option<Summary>, b: Option<Summary>) -> String {
+    let f = |s: Option<Summary>| {
+        s.map_or("-".into(), |s| {
+            format!("{}/{}", num(s.p50, 0), num(s.p90, 0))
+        })
+    };
+    format!("p50/p90 {} ms vs {} ms", f(a), f(b))
+}
+
+/// The targets as a table.
+pub fn targets_table(t: &[Target]) -> Table {
+    let mut table = Table::new("Targets", &["target", "measured", "verdict"]);
+    for x in t {
+        table.row(&[x.name.clone(), x.detail.clone(), x.verdict.clone()]);
+    }
+    table
+}
+
+/// The chart: one row per workload, panels hit rate / TTFT / requests per pod.
+pub fn svg(results: &[WorkloadResult], pods: &[String], title: &str) -> String {
+    let mut rows = Vec::new();
+    for w in results {
+        let ran: Vec<&RunResult> = w.results.iter().filter(|r| r.stats.is_some()).collect();
+        let cats: Vec<String> = ran.iter().map(|r| r.router.key().to_string()).collect();
+        let stat = |f: &dyn Fn(&Stats) -> Option<f64>| -> Vec<Option<f64>> {
+            ran.iter().map(|r| r.stats.as_ref().and_then(f)).collect()
+        };
+        let hit = Panel {
+            title: "token-weighted cache hit rate".into(),
+            categories: cats.clone(),
+            series: vec![("hit rate".into(), stat(&|s| s.hit_rate))],
+            y_max: Some(1.0),
+            decimals: 2,
+        };
+        let ttft = Panel {
+            title: "TTFT, ms".into(),
+            categories: cats.clone(),
+            series: vec![
+                ("p50".into(), stat(&|s| s.ttft_ms.map(|t| t.p50))),
+                ("p90".into(), stat(&|s| s.ttft_ms.map(|t| t.p90))),
+            ],
+            y_max: None,
+            decimals: 0,
+        };
+        let per_pod = Panel {
+            title: "requests per pod".into(),
+            categories: cats.clone(),
+            series: pods
+                .iter()
+                .map(|p| (p.clone(), stat(&|s| s.per_pod.get(p).map(|&n| n as f64))))
+                .collect(),
+            y_max: None,
+            decimals: 0,
+        };
+        rows.push((
+            format!("{}: {}", w.workload.key(), w.description),
+            vec![hit, ttft, per_pod],
+        ));
+    }
+    chart::render(title, &rows)
+}
+
+/// Output files of one run.
+pub struct Written {
+    pub json: PathBuf,
+    pub svg: PathBuf,
+    pub txt: PathBuf,
+}
+
+/// Writes `<dir>/<stem>-<unix secs>.{json,svg,txt}`.
+pub fn write_outputs(
+    dir: Option<&PathBuf>,
+    stem: &str,
+    json: &Value,
+    svg: &str,
+    txt: &str,
+) -> Written {
+    let dir = dir.cloned().unwrap_or_else(results_dir);
+    std::fs::create_dir_all(&dir).expect("create results dir");
+    let dir = dir.canonicalize().unwrap_or(dir);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let base = dir.join(format!("{stem}-{secs}"));
+    let with = |ext: &str| base.with_extension(ext);
+    let w = Written {
+        json: with("json"),
+        svg: with("svg"),
+        txt: with("txt"),
+    };
+    std::fs::write(
+        &w.json,
+        serde_json::to_string_pretty(json).expect("serialize results"),
+    )
+    .expect("write JSON");
+    std::fs::write(&w.svg, svg).expect("write SVG");
+    std::fs::write(&w.txt, txt).expect("write table text");
+    w
+}
+
+/// The setup, as printed before the run and stored in the JSON.
+fn setup_lines(args: &CompareArgs, opts: &GatewayOptions) -> Vec<String> {
+    let m = args.pod_model();
+    let kv_tokens = m.kv_capacity_blocks * m.kv_block_tokens;
+    let distinct = args.groups * args.system_tokens;
+    vec![
+        format!(
+            "pods: {} x podsim --slots {} --prefill-us-per-token {} --decode-us-per-token {} \
+             --kv-block-tokens {} --kv-capacity-blocks {} ({} tokens each) --time-scale {}; fresh \
+             (cold) pods for every router and workload",
+            args.pods,
+            m.slots,
+            m.prefill_us_per_token,
+            m.decode_us_per_token,
+            m.kv_block_tokens,
+            m.kv_capacity_blocks,
+            kv_tokens,
+            m.time_scale
+        ),
+        format!(
+            "cache pressure: {} distinct system-prompt tokens in shared-prefix = {:.2} x one pod's \
+             cache, {:.2} x the fleet's",
+            distinct,
+            distinct as f64 / f64::from(kv_tokens.max(1)),
+            distinct as f64 / (f64::from(kv_tokens.max(1)) * args.pods as f64)
+        ),
+        format!(
+            "service time with nothing cached (mean shared-prefix prompt): {:.0} ms; with the \
+             system prompt cached: {:.0} ms",
+            m.service_s(
+                (args.system_tokens + args.question_tokens) as f64,
+                f64::from(args.output_tokens)
+            ) * 1000.0,
+            m.service_s(args.question_tokens as f64, f64::from(args.output_tokens)) * 1000.0
+        ),
+        format!(
+            "Envoy: --concurrency {} alone, {} per replica of 3; sync period {} ms (poll 175 ms, \
+             full scan every 6); seed {}",
+            opts.single_concurrency, opts.replica_concurrency, opts.sync_period_ms, args.seed
+        ),
+    ]
+}
+
+pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
+    let wall = Instant::now();
+    let opts = GatewayOptions {
+        sync_period_ms: args.sync_period_ms,
+        ..GatewayOptions::default()
+    };
+    let mut text = String::from("prefix-bench compare\n");
+    for l in setup_lines(args, &opts) {
+        let _ = writeln!(text, "  {l}");
+    }
+    print!("{text}");
+    if args.routers.iter().any(|r| r.is_peer()) && !peers_installed() {
+        println!("  note: peers venv missing, sglang and vllm rows are skipped (scripts/bench/setup-peers.sh)");
+    }
+    let pod_names: Vec<String> = (1..=args.pods).map(|i| format!("pod-{i}")).collect();
+    let mut results = Vec::new();
+    for &kind in &args.workloads {
+        let built = build(kind, args);
+        eprintln!(
+            "{}: {} requests; {}",
+            kind.key(),
+            built.requests.len(),
+            built.description
+        );
+        let mut w = WorkloadResult {
+            workload: kind,
+            description: built.description.clone(),
+            requests: built.requests.len(),
+            mean_prompt_tokens: built.mean_prompt_tokens,
+            results: Vec::new(),
+        };
+        for &router in &args.routers {
+            w.results.push(run_one(rt, &built, router, args, &opts));
+        }
+        let t = table(&w, &pod_names).render();
+        print!("{t}");
+        text.push_str(&t);
+        results.push(w);
+    }
+    let checks = targets(&results);
+    if !checks.is_empty() {
+        let t = targets_table(&checks).render();
+        print!("{t}");
+        text.push_str(&t);
+    }
+    let notes = notes(&results);
+    for n in &notes {
+        println!("note: {n}");
+        let _ = writeln!(text, "note: {n}");
+    }
+    let wall_s = wall.elapsed().as_secs_f64();
+    let m = args.pod_model();
+    let json = json!({
+        "command": "compare",
+        "setup": setup_lines(args, &opts),
+        "pods": args.pods,
+        "pod_model": m,
+        "seed": args.seed,
+        "scale": args.scale,
+        "sync_period_ms": args.sync_period_ms,
+        "workloads": results,
+        "targets": checks,
+        "notes": notes,
+        "wall_s": wall_s,
+    });
+    let svg = svg(
+        &results,
+        &pod_names,
+        "prefix-bench compare: routers side by side",
+    );
+    let _ = writeln!(text, "wall time: {wall_s:.0} s");
+    let files = write_outputs(args.results_dir.as_ref(), "compare", &json, &svg, &text);
+    println!(
+        "\nresults: {}\nchart:   {}\ntable:   {}\nwall time: {wall_s:.0} s",
+        files.json.display(),
+        files.svg.display(),
+        files.txt.display()
+    );
+}
+
+/// Facts worth a line under the tables: errors, noisy runs, pods' view.
+fn notes(results: &[WorkloadResult]) -> Vec<String> {
+    let mut out = Vec::new();
+    for w in results {
+        for r in &w.results {
+            let key = format!("{}/{}", w.workload.key(), r.router.key());
+            if let Some(why) = &r.skipped {
+                out.push(format!("{key}: skipped: {why}"));
+            }
+            if let Some(s) = &r.stats {
+                if s.errors > 0 {
+                    out.push(format!(
+                        "{key}: {} errors, e.g. {:?}",
+                        s.errors, s.error_samples
+                    ));
+                }
+                if s.without_usage > 0 {
+                    out.push(format!("{key}: {} replies without usage", s.without_usage));
+                }
+            }
+            if let Some(l) = &r.load {
+                if l.others_cores + l.steal_cores > 0.3 {
+                    out.push(format!(
+                        "{key}: other processes used {:.2} cores during the run (latencies skewed)",
+                        l.others_cores + l.steal_cores
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(hit: f64, p50: f64, p90: f64, per_pod: &[usize]) -> Stats {
+        let pods: Vec<String> = (1..=per_pod.len()).map(|i| format!("pod-{i}")).collect();
+        let mut outcomes = Vec::new();
+        let mut i = 0;
+        for (p, &n) in per_pod.iter().enumerate() {
+            for _ in 0..n {
+                outcomes.push(Outcome {
+                    index: i,
+                    status: 200,
+                    pod: Some(pods[p].clone()),
+                    prompt_tokens: Some(1000),
+                    cached_tokens: Some((hit * 1000.0) as u64),
+                    ttft_ms: Some(if i % 2 == 0 { p50 } else { p90 }),
+                    ..Outcome::default()
+                });
+                i += 1;
+            }
+        }
+        Stats::of(&outcomes, &pods)
+    }
+
+    fn result(router: Router, s: Stats) -> RunResult {
+        RunResult {
+            router,
+            description: String::new(),
+            skipped: None,
+            stats: Some(s),
+            filter: None,
+            pod_hit_tokens: 0.0,
+            pod_query_tokens: 0.0,
+            pod_evicted_blocks: 0.0,
+            load: None,
+            wall_s: 0.0,
+            outcomes: Vec::new(),
+        }
+    }
+
+    fn workload(kind: WorkloadKind, results: Vec<RunResult>) -> WorkloadResult {
+        WorkloadResult {
+            workload: kind,
+            description: String::new(),
+            requests: 0,
+            mean_prompt_tokens: 0.0,
+            results,
+        }
+    }
+
+    #[test]
+    fn targets_pass_and_miss() {
+        let sp = workload(
+            WorkloadKind::SharedPrefix,
+            vec![
+                result(Router::RoundRobin, stats(0.2, 100.0, 200.0, &[5, 5])),
+                result(Router::Filter, stats(0.8, 10.0, 20.0, &[5, 5])),
+                result(Router::Filter3Sync, stats(0.77, 10.0, 20.0, &[5, 5])),
+                result(
+                    Router::Filter3WriteThrough,
+                    stats(0.75, 10.0, 20.0, &[5, 5]),
+                ),
+                result(Router::Sglang, stats(0.7, 10.0, 19.5, &[5, 5])),
+            ],
+        );
+        let c1 = workload(
+            WorkloadKind::Concurrency1,
+            vec![
+                result(Router::Filter, stats(0.5, 1.0, 1.0, &[3, 2])),
+                result(Router::Sglang, stats(0.5, 1.0, 1.0, &[5, 0])),
+            ],
+        );
+        let t = targets(&[sp, c1]);
+        let v = |prefix: &str| {
+            t.iter()
+                .find(|x| x.name.starts_with(prefix))
+                .map(|x| x.verdict.clone())
+                .unwrap()
+        };
+        assert_eq!(v("filter hit rate >= sglang"), "PASS");
+        assert_eq!(v("filter hit rate >= 3 x"), "PASS", "0.8 >= 0.6");
+        assert_eq!(v("3 Envoys, periodic"), "PASS", "0.77 >= 0.76");
+        assert_eq!(v("3 Envoys, write-through"), "MISS", "0.75 < 0.76");
+        assert_eq!(v("filter TTFT p50 and p90 better"), "PASS");
+        assert_eq!(
+            v("filter TTFT p50 and p90 no worse than sglang"),
+            "PASS",
+            "20 <= 19.5 x 1.05"
+        );
+        assert_eq!(v("filter TTFT p50 and p90 no worse than vllm"), "n/a");
+        assert_eq!(v("what sync buys"), "INFO");
+        assert_eq!(v("concurrency 1: filter"), "PASS", "3/2 = 1.5");
+        let all = t.iter().find(|x| x.name.contains("every router")).unwrap();
+        assert!(all.detail.contains("sglang inf"), "{}", all.detail);
+    }
+
+    #[test]
+    fn derived_rate_follows_the_pod_model() {
+        let args = CompareArgs::defaults();
+        // 4224 tokens x 50 us + 31 x 3 ms = 304.2 ms; 0.75 x 16 slots / 0.3042 s.
+        let r = derived_rate(&args, 4224.0);
+        assert!((r - 39.4).abs() < 0.1, "{r}");
+    }
+
+    #[test]
+    fn auto_kv_capacity_is_one_and_a_half_fair_shares() {
+        let args = CompareArgs::defaults();
+        // 32 x 4096 tokens / 4 pods x 1.5 / 16 tokens per block.
+        assert_eq!(args.kv_blocks(), 3072);
+    }
+
+    #[test]
+    fn workloads_are_deterministic_and_sized() {
+        let mut args = CompareArgs::defaults();
+        args.groups = 4;
+        args.prompts_per_group = 3;
+        args.sessions = 2;
+        args.turns = 3;
+        args.scale = 1.0;
+        for kind in WorkloadKind::ALL {
+            let a = build(kind, &args);
+            let b = build(kind, &args);
+            assert_eq!(a.requests, b.requests);
+            assert!(a.requests.iter().all(|r| r.stream));
+        }
+        assert_eq!(build(WorkloadKind::SharedPrefix, &args).requests.len(), 12);
+        assert_eq!(build(WorkloadKind::Concurrency1, &args).requests.len(), 8);
+        assert_eq!(build(WorkloadKind::Chat, &args).requests.len(), 6);
+        assert_eq!(
+            build(WorkloadKind::Concurrency1, &args).pacing,
+            Pacing::Closed { concurrency: 1 }
+        );
+        args.concurrency = Some(3);
+        assert_eq!(
+            build(WorkloadKind::SharedPrefix, &args).pacing,
+            Pacing::Closed { concurrency: 3 }
+        );
+        assert!(parse_workloads("chat,no-sharing").is_ok());
+        assert!(parse_workloads("x").is_err());
+    }
+}

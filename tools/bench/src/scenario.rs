@@ -1,0 +1,473 @@
+//! The routers a comparison puts side by side, and how each is started in
+//! front of a set of backends (podsim pods, or llama-servers behind
+//! [`crate::tagproxy`]): Envoy with `envoy/plain.yaml` (round robin), with
+//! the filter (`single.yaml`, one or three replicas), three `sync.yaml`
+//! replicas + redis-server (periodic or write-through), sglang-router and
+//! vllm-router (`cache_aware`).
+//!
+//! Envoy configs name four pods; with fewer backends the unused endpoints are
+//! removed from the rendered config and from the plugin JSON.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::fleet::SyncPatch;
+use crate::peer::{Peer, PeerKind};
+use crate::support::{self, Envoy, EnvoyOptions, Pod, Ports, Redis, TestDir};
+
+/// One router setup of a comparison.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Router {
+    /// Envoy, `plain.yaml`: round robin, no filter.
+    RoundRobin,
+    /// One Envoy with the filter (`single.yaml`).
+    Filter,
+    /// Three `single.yaml` Envoys, no sync; the client alternates them.
+    Filter3NoSync,
+    /// Three `sync.yaml` Envoys + Redis, periodic sync.
+    Filter3Sync,
+    /// Three `sync.yaml` Envoys + Redis, write-through.
+    Filter3WriteThrough,
+    /// sglang-router `--policy cache_aware`.
+    Sglang,
+    /// vllm-router `--policy cache_aware`.
+    Vllm,
+}
+
+impl Router {
+    pub const ALL: [Router; 7] = [
+        Router::RoundRobin,
+        Router::Filter,
+        Router::Filter3NoSync,
+        Router::Filter3Sync,
+        Router::Filter3WriteThrough,
+        Router::Sglang,
+        Router::Vllm,
+    ];
+
+    /// Short name (command line, tables, JSON).
+    pub fn key(self) -> &'static str {
+        match self {
+            Router::RoundRobin => "round-robin",
+            Router::Filter => "filter",
+            Router::Filter3NoSync => "filter-3x-nosync",
+            Router::Filter3Sync => "filter-3x-sync",
+            Router::Filter3WriteThrough => "filter-3x-wt",
+            Router::Sglang => "sglang",
+            Router::Vllm => "vllm",
+        }
+    }
+
+    /// One line of what runs.
+    pub fn describe(self, sync_period_ms: u64) -> String {
+        match self {
+            Router::RoundRobin => "Envoy, envoy/plain.yaml (round robin, no filter)".into(),
+            Router::Filter => "one Envoy with the filter (envoy/single.yaml)".into(),
+            Router::Filter3NoSync => {
+                "3 Envoys with the filter, no sync (3 x single.yaml), client round robin".into()
+            }
+            Router::Filter3Sync => format!(
+                "3 Envoys with the filter + Redis, periodic sync every {sync_period_ms} ms \
+                 (3 x sync.yaml), client round robin"
+            ),
+            Router::Filter3WriteThrough => format!(
+                "3 Envoys with the filter + Redis, write-through (period {sync_period_ms} ms, \
+                 3 x sync.yaml), client round robin"
+            ),
+            Router::Sglang => "sglang-router 0.3.2 --policy cache_aware".into(),
+            Router::Vllm => "vllm-router 0.1.17 --policy cache_aware".into(),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Router> {
+        Router::ALL.into_iter().find(|r| r.key() == s)
+    }
+
+    pub fn is_peer(self) -> bool {
+        matches!(self, Router::Sglang | Router::Vllm)
+    }
+
+    /// Uses the filter (has filter stats).
+    pub fn is_filter(self) -> bool {
+        matches!(
+            self,
+            Router::Filter
+                | Router::Filter3NoSync
+                | Router::Filter3Sync
+                | Router::Filter3WriteThrough
+        )
+    }
+}
+
+/// Parses a comma-separated router list; `all` = every router.
+pub fn parse_routers(s: &str) -> Result<Vec<Router>, String> {
+    if s == "all" {
+        return Ok(Router::ALL.to_vec());
+    }
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            Router::parse(p.trim()).ok_or_else(|| {
+                let names: Vec<&str> = Router::ALL.iter().map(|r| r.key()).collect();
+                format!("unknown router {p:?}; one of: all, {}", names.join(", "))
+            })
+        })
+        .collect()
+}
+
+/// How gateways are started.
+#[derive(Clone, Debug)]
+pub struct GatewayOptions {
+    pub sync_period_ms: u64,
+    /// Envoy worker threads of a lone Envoy (plain, filter).
+    pub single_concurrency: u32,
+    /// Envoy worker threads of each of three replicas.
+    pub replica_concurrency: u32,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        GatewayOptions {
+            sync_period_ms: 2000,
+            single_concurrency: 2,
+            replica_concurrency: 1,
+        }
+    }
+}
+
+/// A running router in front of the backends.
+pub struct Gateway {
+    pub router: Router,
+    pub envoys: Vec<Envoy>,
+    pub redis: Option<Redis>,
+    pub peer: Option<Peer>,
+}
+
+impl Gateway {
+    /// Starts `router` in front of `backends` (loopback ports, at most 4 for
+    /// the Envoy routers). Files go to `dir`.
+    pub fn start(
+        router: Router,
+        backends: &[u16],
+        dir: &TestDir,
+        opts: &GatewayOptions,
+    ) -> Result<Gateway, String> {
+        let mut gw = Gateway {
+            router,
+            envoys: Vec::new(),
+            redis: None,
+            peer: None,
+        };
+        let sync = |write_through| SyncPatch {
+            period_ms: opts.sync_period_ms,
+            write_through,
+            full_scan_every: 6,
+            poll_ms: None,
+        };
+        match router {
+            Router::RoundRobin => {
+                gw.envoys.push(start_envoy(
+                    dir,
+                    "plain",
+                    "plain.yaml",
+                    backends,
+                    0,
+                    opts.single_concurrency,
+                    &mut |_| {},
+                )?);
+            }
+            Router::Filter => {
+                gw.envoys.push(start_envoy(
+                    dir,
+                    "filter",
+                    "single.yaml",
+                    backends,
+                    0,
+                    opts.single_concurrency,
+                    &mut |_| {},
+                )?);
+            }
+            Router::Filter3NoSync => {
+                for i in 0..3 {
+                    gw.envoys.push(start_envoy(
+                        dir,
+                        &format!("nosync-{i}"),
+                        "single.yaml",
+                        backends,
+                        0,
+                        opts.replica_concurrency,
+                        &mut |_| {},
+                    )?);
+                }
+            }
+            Router::Filter3Sync | Router::Filter3WriteThrough => {
+                let redis_port = support::free_port();
+                gw.redis = Some(Redis::start(dir, redis_port, None));
+                let patch = sync(router == Router::Filter3WriteThrough);
+                for i in 0..3 {
+                    gw.envoys.push(start_envoy(
+                        dir,
+                        &format!("sync-{i}"),
+                        "sync.yaml",
+                        backends,
+                        redis_port,
+                        opts.replica_concurrency,
+                        &mut |c| patch.apply(c),
+                    )?);
+                }
+                // Every replica past its first cycle (a change-log position),
+                // as a fleet that has been up for a while.
+                let timeout = Duration::from_millis(opts.sync_period_ms * 3 + 2000);
+                for (i, e) in gw.envoys.iter().enumerate() {
+                    if !support::wait_until(timeout, || {
+                        e.router_stat("prefix_router.sync.cycles_ok") >= 1
+                    }) {
+                        return Err(format!("sync replica {i}: no successful sync cycle"));
+                    }
+                }
+            }
+            Router::Sglang | Router::Vllm => {
+                let kind = if router == Router::Sglang {
+                    PeerKind::Sglang
+                } else {
+                    PeerKind::Vllm
+                };
+                let workers: Vec<String> = backends
+                    .iter()
+                    .map(|p| format!("http://127.0.0.1:{p}"))
+                    .collect();
+                gw.peer = Some(Peer::start(kind, "cache_aware", &workers, dir)?);
+            }
+        }
+        Ok(gw)
+    }
+
+    /// Base URLs the client spreads requests over.
+    pub fn urls(&self) -> Vec<String> {
+        match &self.peer {
+            Some(p) => vec![p.base_url()],
+            None => self
+                .envoys
+                .iter()
+                .map(|e| format!("http://127.0.0.1:{}", e.listener))
+                .collect(),
+        }
+    }
+
+    /// The filter's stats of every replica (empty for other routers).
+    pub fn filter_stats(&self) -> Vec<BTreeMap<String, i64>> {
+        if !self.router.is_filter() {
+            return Vec::new();
+        }
+        self.envoys.iter().map(Envoy::router_stats).collect()
+    }
+}
+
+/// Sums the same stat over replicas.
+pub fn sum_stat(stats: &[BTreeMap<String, i64>], name: &str) -> i64 {
+    stats.iter().filter_map(|s| s.get(name)).sum()
+}
+
+/// Starts one Envoy on `envoy/<template>` with its pods replaced by
+/// `backends` (ports on 127.0.0.1) and Redis at `redis_port`.
+pub fn start_envoy(
+    dir: &TestDir,
+    name: &str,
+    template: &str,
+    backends: &[u16],
+    redis_port: u16,
+    concurrency: u32,
+    patch: &mut dyn FnMut(&mut Value),
+) -> Result<Envoy, String> {
+    if backends.is_empty() || backends.len() > 4 {
+        return Err(format!(
+            "Envoy configs take 1 to 4 backends, not {}",
+            backends.len()
+        ));
+    }
+    let mut pods = [0u16; 4];
+    for (i, slot) in pods.iter_mut().enumerate() {
+        *slot = backends.get(i).copied().unwrap_or_else(support::free_port);
+    }
+    let unused: Vec<u16> = pods[backends.len()..].to_vec();
+    let endpoints: Vec<String> = backends.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let ports = Ports {
+        listener: support::free_port(),
+        admin: support::free_port(),
+        pods,
+        redis_bridge: support::free_port(),
+        redis: if redis_port == 0 {
+            support::free_port()
+        } else {
+            redis_port
+        },
+    };
+    let rendered = support::render_config(dir, template, &ports, &mut |c: &mut Value| {
+        if c.get("endpoints").is_some() {
+            c["endpoints"] = json!(endpoints);
+        }
+        patch(c);
+    });
+    let text = std::fs::read_to_string(&rendered).map_err(|e| e.to_string())?;
+    let text = drop_endpoints(&text, &unused);
+    let config = dir.join(&format!("{name}.envoy.yaml"));
+    std::fs::write(&config, text).map_err(|e| e.to_string())?;
+    if rendered != config {
+        let _ = std::fs::remove_file(&rendered);
+    }
+    let options = EnvoyOptions {
+        concurrency,
+        log_level: "warning",
+    };
+    Envoy::start(&config, &ports, dir.join(&format!("{name}.log")), &options)
+        .map_err(|e| format!("Envoy {name}: {e}"))
+}
+
+/// Removes the cluster endpoint lines of the given ports from a rendered
+/// Envoy config.
+pub fn drop_endpoints(yaml: &str, ports: &[u16]) -> String {
+    let mut out: String = yaml
+        .lines()
+        .filter(|l| {
+            !(l.contains("- endpoint:")
+                && ports
+                    .iter()
+                    .any(|p| l.contains(&format!("port_value: {p} "))))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    out.push('\n');
+    out
+}
+
+/// The simulated pods' latency and cache model (podsim flags).
+#[derive(Clone, Debug, Serialize)]
+pub struct PodModel {
+    pub slots: u32,
+    pub prefill_us_per_token: f64,
+    pub decode_us_per_token: f64,
+    pub kv_block_tokens: u32,
+    pub kv_capacity_blocks: u32,
+    pub time_scale: f64,
+}
+
+impl PodModel {
+    /// The podsim flags.
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            "--slots".into(),
+            self.slots.to_string(),
+            "--prefill-us-per-token".into(),
+            self.prefill_us_per_token.to_string(),
+            "--decode-us-per-token".into(),
+            self.decode_us_per_token.to_string(),
+            "--kv-block-tokens".into(),
+            self.kv_block_tokens.to_string(),
+            "--kv-capacity-blocks".into(),
+            self.kv_capacity_blocks.to_string(),
+            "--time-scale".into(),
+            self.time_scale.to_string(),
+        ]
+    }
+
+    /// Modelled seconds one request holds a slot with `uncached` prompt
+    /// tokens and `output` tokens (no queueing).
+    pub fn service_s(&self, uncached: f64, output: f64) -> f64 {
+        (uncached * self.prefill_us_per_token + (output - 1.0).max(0.0) * self.decode_us_per_token)
+            * self.time_scale
+            / 1e6
+    }
+}
+
+/// Fresh podsim pods `pod-1..pod-n` (cold caches).
+pub struct PodSet {
+    pub pods: Vec<Pod>,
+}
+
+impl PodSet {
+    pub fn start(dir: &TestDir, n: usize, model: &PodModel) -> PodSet {
+        let args = model.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let pods = (1..=n)
+            .map(|i| Pod::start_with(dir, &format!("pod-{i}"), support::free_port(), &args))
+            .collect();
+        PodSet { pods }
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.pods.iter().map(|p| p.port).collect()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.pods.iter().map(|p| p.name.clone()).collect()
+    }
+
+    /// Sum over pods of a podsim metric (`vllm:prefix_cache_hits_total`, ...).
+    pub fn metric_sum(&self, name: &str) -> f64 {
+        self.pods
+            .iter()
+            .map(|p| pod_metric(p.port, name).unwrap_or(0.0))
+            .sum()
+    }
+}
+
+/// One series of a pod's `/metrics` (labels ignored, first match).
+pub fn pod_metric(port: u16, name: &str) -> Option<f64> {
+    let reply = support::get(&format!("http://127.0.0.1:{port}/metrics")).ok()?;
+    reply.body.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        if !(rest.starts_with(' ') || rest.starts_with('{')) {
+            return None;
+        }
+        l.rsplit(' ').next()?.parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_names_round_trip() {
+        for r in Router::ALL {
+            assert_eq!(Router::parse(r.key()), Some(r));
+        }
+        assert_eq!(parse_routers("all").unwrap().len(), 7);
+        assert_eq!(
+            parse_routers("round-robin,filter").unwrap(),
+            vec![Router::RoundRobin, Router::Filter]
+        );
+        assert!(parse_routers("filter,nope").is_err());
+    }
+
+    #[test]
+    fn unused_endpoints_are_dropped() {
+        let yaml = "a\n              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 4001 } } }\n              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 4002 } } }\nb: { port_value: 4002 }\n";
+        let out = drop_endpoints(yaml, &[4002]);
+        assert!(out.contains("port_value: 4001 "));
+        assert_eq!(out.matches("- endpoint:").count(), 1);
+        assert!(
+            out.contains("b: { port_value: 4002 }"),
+            "only endpoint lines go"
+        );
+    }
+
+    #[test]
+    fn service_time_model() {
+        let m = PodModel {
+            slots: 4,
+            prefill_us_per_token: 50.0,
+            decode_us_per_token: 3000.0,
+            kv_block_tokens: 16,
+            kv_capacity_blocks: 3072,
+            time_scale: 1.0,
+        };
+        // 1000 uncached tokens: 50 ms; 32 output tokens: 31 x 3 ms.
+        assert!((m.service_s(1000.0, 32.0) - 0.143).abs() < 1e-9);
+        assert!(m.args().contains(&"--kv-capacity-blocks".to_string()));
+    }
+}

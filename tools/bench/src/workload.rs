@@ -1,0 +1,487 @@
+//! Deterministic request workloads: the same seed gives the same requests,
+//! byte for byte. Three shapes:
+//!
+//! - [`shared_prefix`]: SGLang's "generated shared prefix" benchmark shape,
+//!   `groups` system prompts, each followed by `prompts_per_group` different
+//!   questions (the case prefix-aware routing is for);
+//! - [`chat_sessions`]: multi-turn conversations, each turn resending the
+//!   whole history (a session's turns share ever longer prefixes);
+//! - [`no_sharing`]: unique prompts, the control where routing cannot help.
+//!
+//! Prompt text is the harness's deterministic filler ([`crate::support::text`]),
+//! seeded from one SplitMix64 stream per workload.
+
+use envoy_prefix_router::rng::SplitMix64;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+/// Which OpenAI-compatible call a request makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    Completions,
+    Chat,
+}
+
+impl Api {
+    /// The request path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Completions => "/v1/completions",
+            Api::Chat => "/v1/chat/completions",
+        }
+    }
+}
+
+/// Which call each family of requests uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiMix {
+    Only(Api),
+    /// Even families completions, odd ones chat.
+    Alternate,
+}
+
+impl ApiMix {
+    fn for_family(self, family: usize) -> Api {
+        match self {
+            ApiMix::Only(api) => api,
+            ApiMix::Alternate if family % 2 == 0 => Api::Completions,
+            ApiMix::Alternate => Api::Chat,
+        }
+    }
+}
+
+/// Which requests ask for a streamed (SSE) reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Streaming {
+    Never,
+    Always,
+    /// Members with an odd index stream.
+    Alternate,
+}
+
+impl Streaming {
+    fn for_member(self, member: usize) -> bool {
+        match self {
+            Streaming::Never => false,
+            Streaming::Always => true,
+            Streaming::Alternate => member % 2 == 1,
+        }
+    }
+}
+
+/// Fields of every body besides the prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BodyOptions {
+    pub model: String,
+    pub max_tokens: u32,
+    pub streaming: Streaming,
+}
+
+impl Default for BodyOptions {
+    fn default() -> Self {
+        BodyOptions {
+            model: "sim-model".into(),
+            max_tokens: 16,
+            streaming: Streaming::Never,
+        }
+    }
+}
+
+/// One request of a workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub api: Api,
+    /// The JSON body.
+    pub body: String,
+    pub stream: bool,
+    /// The group or session whose prefix this request shares; None when it
+    /// shares nothing.
+    pub family: Option<usize>,
+    /// Index inside the family (question number or chat turn), 0 first.
+    pub member: usize,
+    /// Bytes of prompt text (system + question, or all turns' contents).
+    pub prompt_len: usize,
+}
+
+/// Order of a shared-prefix workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// All requests shuffled (SGLang's benchmark does this).
+    Shuffled,
+    /// Wave k holds the k-th question of every group, groups shuffled inside
+    /// each wave: every prefix is introduced before it is reused.
+    Waves,
+    /// Group after group, questions in order.
+    Grouped,
+}
+
+/// SGLang-style generated shared prefix: `groups` x `prompts_per_group`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedPrefix {
+    pub groups: usize,
+    pub prompts_per_group: usize,
+    /// Bytes of each group's system prompt.
+    pub system_prompt_len: usize,
+    /// Bytes of each question.
+    pub question_len: usize,
+    pub api: ApiMix,
+    pub order: Order,
+    pub body: BodyOptions,
+    pub seed: u64,
+}
+
+/// Builds a [`SharedPrefix`] workload. Completions prompts are
+/// `system + "\n" + question`; chat requests send a system and a user message.
+pub fn shared_prefix(cfg: &SharedPrefix) -> Vec<Request> {
+    let mut rng = SplitMix64::new(cfg.seed);
+    let mut by_group: Vec<Vec<Request>> = Vec::with_capacity(cfg.groups);
+    for group in 0..cfg.groups {
+        let system = crate::support::text(rng.next_u64(), cfg.system_prompt_len);
+        let api = cfg.api.for_family(group);
+        let questions = (0..cfg.prompts_per_group)
+            .map(|member| {
+                let question = crate::support::text(rng.next_u64(), cfg.question_len);
+                let stream = cfg.body.streaming.for_member(member);
+                let body = match api {
+                    Api::Completions => {
+                        completion_body(&format!("{system}\n{question}"), &cfg.body, stream)
+                    }
+                    Api::Chat => chat_body(
+                        &[("system", &system), ("user", &question)],
+                        &cfg.body,
+                        stream,
+                    ),
+                };
+                Request {
+                    api,
+                    body,
+                    stream,
+                    family: Some(group),
+                    member,
+                    prompt_len: system.len() + question.len(),
+                }
+            })
+            .collect();
+        by_group.push(questions);
+    }
+    match cfg.order {
+        Order::Grouped => by_group.into_iter().flatten().collect(),
+        Order::Shuffled => {
+            let mut all: Vec<Request> = by_group.into_iter().flatten().collect();
+            rng.shuffle(&mut all);
+            all
+        }
+        Order::Waves => {
+            let mut out = Vec::with_capacity(cfg.groups * cfg.prompts_per_group);
+            for member in 0..cfg.prompts_per_group {
+                let mut wave: Vec<Request> = by_group.iter().map(|g| g[member].clone()).collect();
+                rng.shuffle(&mut wave);
+                out.extend(wave);
+            }
+            out
+        }
+    }
+}
+
+/// Multi-turn chat: `sessions` conversations of `turns` user turns each.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatSessions {
+    pub sessions: usize,
+    pub turns: usize,
+    pub system_len: usize,
+    pub user_len: usize,
+    /// Bytes of each assistant reply written into the history.
+    pub assistant_len: usize,
+    pub body: BodyOptions,
+    pub seed: u64,
+}
+
+/// Builds a [`ChatSessions`] workload in turn-major order (turn 1 of every
+/// session, then turn 2, ...), so a turn is sent after the previous one when
+/// the concurrency is at most the number of sessions. Turn `t` resends the
+/// system prompt and turns `1..t` with their (made-up) assistant replies.
+pub fn chat_sessions(cfg: &ChatSessions) -> Vec<Request> {
+    let mut rng = SplitMix64::new(cfg.seed);
+    let mut sessions: Vec<Vec<Request>> = Vec::with_capacity(cfg.sessions);
+    for session in 0..cfg.sessions {
+        let mut history = vec![(
+            "system",
+            crate::support::text(rng.next_u64(), cfg.system_len),
+        )];
+        let mut turns = Vec::with_capacity(cfg.turns);
+        for turn in 0..cfg.turns {
+            if turn > 0 {
+                let reply = crate::support::text(rng.next_u64(), cfg.assistant_len);
+                history.push(("assistant", reply));
+            }
+            history.push(("user", crate::support::text(rng.next_u64(), cfg.user_len)));
+            let messages: Vec<(&str, &str)> =
+                history.iter().map(|(r, c)| (*r, c.as_str())).collect();
+            let stream = cfg.body.streaming.for_member(turn);
+            turns.push(Request {
+                api: Api::Chat,
+                body: chat_body(&messages, &cfg.body, stream),
+                stream,
+                family: Some(session),
+                member: turn,
+                prompt_len: history.iter().map(|(_, c)| c.len()).sum(),
+            });
+        }
+        sessions.push(turns);
+    }
+    (0..cfg.turns)
+        .flat_map(|t| sessions.iter().map(move |s| s[t].clone()))
+        .collect()
+}
+
+/// Unique prompts: the control workload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NoSharing {
+    pub count: usize,
+    pub prompt_len: usize,
+    pub api: Api,
+    pub body: BodyOptions,
+    pub seed: u64,
+}
+
+/// Builds a [`NoSharing`] workload: every prompt differs from its first byte.
+pub fn no_sharing(cfg: &NoSharing) -> Vec<Request> {
+    let mut rng = SplitMix64::new(cfg.seed);
+    (0..cfg.count)
+        .map(|member| {
+            let prompt = crate::support::text(rng.next_u64(), cfg.prompt_len);
+            let stream = cfg.body.streaming.for_member(member);
+            let body = match cfg.api {
+                Api::Completions => completion_body(&prompt, &cfg.body, stream),
+                Api::Chat => chat_body(&[("user", &prompt)], &cfg.body, stream),
+            };
+            Request {
+                api: cfg.api,
+                body,
+                stream,
+                family: None,
+                member,
+                prompt_len: prompt.len(),
+            }
+        })
+        .collect()
+}
+
+fn stream_fields(body: &mut Value, stream: bool) {
+    if stream {
+        body["stream"] = json!(true);
+        // The usage (cached tokens) comes in a last chunk only when asked for.
+        body["stream_options"] = json!({ "include_usage": true });
+    }
+}
+
+/// An OpenAI completions body.
+pub fn completion_body(prompt: &str, o: &BodyOptions, stream: bool) -> String {
+    let mut body = json!({
+        "model": o.model,
+        "prompt": prompt,
+        "max_tokens": o.max_tokens,
+        "ignore_eos": true,
+    });
+    stream_fields(&mut body, stream);
+    body.to_string()
+}
+
+/// An OpenAI chat completions body from (role, content) messages.
+pub fn chat_body(messages: &[(&str, &str)], o: &BodyOptions, stream: bool) -> String {
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|(role, content)| json!({ "role": role, "content": content }))
+        .collect();
+    let mut body = json!({
+        "model": o.model,
+        "messages": messages,
+        "max_tokens": o.max_tokens,
+        "ignore_eos": true,
+    });
+    stream_fields(&mut body, stream);
+    body.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gsp(seed: u64, order: Order) -> SharedPrefix {
+        SharedPrefix {
+            groups: 4,
+            prompts_per_group: 3,
+            system_prompt_len: 300,
+            question_len: 50,
+            api: ApiMix::Alternate,
+            order,
+            body: BodyOptions {
+                streaming: Streaming::Alternate,
+                ..BodyOptions::default()
+            },
+            seed,
+        }
+    }
+
+    fn prompt_of(r: &Request) -> String {
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        match r.api {
+            Api::Completions => v["prompt"].as_str().unwrap().to_string(),
+            Api::Chat => v["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["content"].as_str().unwrap())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    #[test]
+    fn same_seed_same_requests() {
+        for order in [Order::Shuffled, Order::Waves, Order::Grouped] {
+            assert_eq!(shared_prefix(&gsp(9, order)), shared_prefix(&gsp(9, order)));
+        }
+        let chat = ChatSessions {
+            sessions: 3,
+            turns: 4,
+            system_len: 100,
+            user_len: 20,
+            assistant_len: 30,
+            body: BodyOptions::default(),
+            seed: 5,
+        };
+        assert_eq!(chat_sessions(&chat), chat_sessions(&chat));
+        let ns = NoSharing {
+            count: 5,
+            prompt_len: 64,
+            api: Api::Completions,
+            body: BodyOptions::default(),
+            seed: 5,
+        };
+        assert_eq!(no_sharing(&ns), no_sharing(&ns));
+    }
+
+    #[test]
+    fn different_seeds_differ() {
+        let a = shared_prefix(&gsp(1, Order::Grouped));
+        let b = shared_prefix(&gsp(2, Order::Grouped));
+        assert!(a.iter().zip(&b).all(|(x, y)| x.body != y.body));
+    }
+
+    #[test]
+    fn groups_share_their_system_prompt_and_nothing_else() {
+        let reqs = shared_prefix(&gsp(3, Order::Grouped));
+        assert_eq!(reqs.len(), 12);
+        let prompts: Vec<String> = reqs.iter().map(prompt_of).collect();
+        for (i, a) in reqs.iter().enumerate() {
+            for (j, b) in reqs.iter().enumerate().skip(i + 1) {
+                let common = prompts[i]
+                    .bytes()
+                    .zip(prompts[j].bytes())
+                    .take_while(|(x, y)| x == y)
+                    .count();
+                if a.family == b.family {
+                    assert!(common >= 300, "same group shares the system prompt");
+                } else {
+                    assert!(common < 10, "different groups share ~nothing");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn orders_are_permutations_and_waves_introduce_prefixes_first() {
+        let grouped = shared_prefix(&gsp(4, Order::Grouped));
+        for order in [Order::Shuffled, Order::Waves] {
+            let mut other = shared_prefix(&gsp(4, order));
+            assert_ne!(other, grouped);
+            other.sort_by_key(|r| (r.family, r.member));
+            assert_eq!(other, grouped);
+        }
+        let waves = shared_prefix(&gsp(4, Order::Waves));
+        for (i, r) in waves.iter().enumerate() {
+            assert_eq!(r.member, i / 4);
+        }
+    }
+
+    #[test]
+    fn api_and_streaming_mix() {
+        let reqs = shared_prefix(&gsp(6, Order::Grouped));
+        for r in &reqs {
+            let family = r.family.unwrap();
+            let expected = if family % 2 == 0 {
+                Api::Completions
+            } else {
+                Api::Chat
+            };
+            assert_eq!(r.api, expected);
+            assert_eq!(r.stream, r.member % 2 == 1);
+            let v: Value = serde_json::from_str(&r.body).unwrap();
+            assert_eq!(v["stream"].as_bool().unwrap_or(false), r.stream);
+            if r.stream {
+                assert_eq!(v["stream_options"]["include_usage"], json!(true));
+            }
+        }
+    }
+
+    #[test]
+    fn chat_turns_extend_the_previous_turn() {
+        let cfg = ChatSessions {
+            sessions: 2,
+            turns: 3,
+            system_len: 100,
+            user_len: 20,
+            assistant_len: 30,
+            body: BodyOptions::default(),
+            seed: 8,
+        };
+        let reqs = chat_sessions(&cfg);
+        assert_eq!(reqs.len(), 6);
+        // Turn-major order.
+        let order: Vec<(Option<usize>, usize)> =
+            reqs.iter().map(|r| (r.family, r.member)).collect();
+        assert_eq!(
+            order,
+            vec![
+                (Some(0), 0),
+                (Some(1), 0),
+                (Some(0), 1),
+                (Some(1), 1),
+                (Some(0), 2),
+                (Some(1), 2)
+            ]
+        );
+        for s in 0..2 {
+            let turns: Vec<&Request> = reqs.iter().filter(|r| r.family == Some(s)).collect();
+            for w in turns.windows(2) {
+                let (a, b) = (prompt_of(w[0]), prompt_of(w[1]));
+                assert!(
+                    b.starts_with(&a),
+                    "turn {} extends turn {}",
+                    w[1].member,
+                    w[0].member
+                );
+                assert!(w[1].prompt_len > w[0].prompt_len);
+            }
+        }
+    }
+
+    #[test]
+    fn no_sharing_prompts_are_unique_and_sized() {
+        let ns = NoSharing {
+            count: 20,
+            prompt_len: 64,
+            api: Api::Chat,
+            body: BodyOptions::default(),
+            seed: 11,
+        };
+        let reqs = no_sharing(&ns);
+        let prompts: std::collections::BTreeSet<String> = reqs.iter().map(prompt_of).collect();
+        assert_eq!(prompts.len(), 20);
+        assert!(reqs
+            .iter()
+            .all(|r| r.prompt_len == 64 && r.family.is_none()));
+    }
+}
