@@ -176,3 +176,43 @@ fn original_dst_cluster_routes_by_header() {
         );
     }
 }
+
+#[test]
+fn stats_are_exported_for_prometheus() {
+    let run = Setup::new("single.yaml").start();
+    let prompt = text(50, 2048);
+    run.complete(&json!(prompt)).expect_pod();
+    run.complete(&json!(prompt)).expect_pod();
+    let reply = send(
+        "GET",
+        &run.envoy.admin_url("/stats/prometheus"),
+        &[],
+        None,
+        CLIENT_TIMEOUT,
+    )
+    .unwrap();
+    assert_eq!(reply.status, 200);
+    // Envoy drops the `wasmcustom.` prefix and turns dots into underscores.
+    for (name, at_least) in [
+        ("prefix_router_requests_total", 2),
+        ("prefix_router_routed_prefix_match", 1),
+        ("prefix_router_routed_no_match", 1),
+    ] {
+        let value = reply
+            .body
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| {
+                // `name{labels} value`
+                let (series, value) = l.split_once(' ')?;
+                let this = series.split('{').next() == Some(name);
+                this.then(|| value.trim().parse::<f64>().ok()).flatten()
+            })
+            .unwrap_or_else(|| panic!("{name} missing from /stats/prometheus"));
+        assert!(value >= f64::from(at_least), "{name} = {value}");
+    }
+    assert!(
+        reply.body.contains("prefix_router_table_slots_used"),
+        "occupancy gauge missing"
+    );
+}
