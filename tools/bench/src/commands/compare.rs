@@ -35,7 +35,7 @@ use crate::peer::peers_installed;
 use crate::percentiles::Summary;
 use crate::procstat::{Load, LoadMeter};
 use crate::report::{num, results_dir, verdict, Table};
-use crate::runner::{Outcome, Pacing, Runner};
+use crate::runner::{Outcome, Pacing};
 use crate::scenario::{sum_stat, Gateway, GatewayOptions, PodModel, PodSet, Router};
 use crate::support::TestDir;
 use crate::workload::{
@@ -119,6 +119,8 @@ pub struct CompareArgs {
     pub turns: usize,
     pub pod: PodModel,
     pub sync_period_ms: u64,
+    /// Every request on a new connection (no keep-alive).
+    pub fresh_connections: bool,
     /// Where the JSON/SVG/TXT go (default `results/`).
     pub results_dir: Option<PathBuf>,
 }
@@ -151,6 +153,7 @@ impl CompareArgs {
                 time_scale: 1.0,
             },
             sync_period_ms: 2000,
+            fresh_connections: true,
             results_dir: None,
         }
     }
@@ -243,6 +246,12 @@ pub struct CompareCli {
     /// Sync period of the 3-replica fleets, ms.
     #[arg(long, default_value_t = 2000)]
     pub sync_period_ms: u64,
+    /// Reuse client connections (keep-alive). Off by default: a new
+    /// connection per request, because sglang-router 0.3.2 holds the first
+    /// chunk of a reply on a reused client connection for ~40 ms (Nagle vs
+    /// delayed ACK), a transport effect that would swamp routing in TTFT.
+    #[arg(long)]
+    pub keep_alive: bool,
     /// Output directory (default results/).
     #[arg(long)]
     pub results_dir: Option<PathBuf>,
@@ -277,6 +286,7 @@ impl CompareCli {
                 ..d.pod
             },
             sync_period_ms: self.sync_period_ms,
+            fresh_connections: !self.keep_alive,
             results_dir: self.results_dir,
         })
     }
@@ -522,10 +532,13 @@ pub fn run_one(
     let urls = gateway.urls();
     let label = format!("{}/{}", built.kind.key(), router.key());
     let meter = LoadMeter::start();
-    let outcomes = rt.block_on(async {
-        let runner = Runner::new(urls.clone());
-        drive(&runner, urls.len(), &built.requests, built.pacing, &label).await
-    });
+    let outcomes = rt.block_on(drive(
+        &urls,
+        &built.requests,
+        built.pacing,
+        &label,
+        args.fresh_connections,
+    ));
     result.load = Some(meter.finish());
     let fs = gateway.filter_stats();
     if router.is_filter() {
@@ -821,16 +834,27 @@ pub fn svg(results: &[WorkloadResult], pods: &[String], title: &str) -> String {
 /// Output files of one run.
 pub struct Written {
     pub json: PathBuf,
-    pub svg: PathBuf,
+    pub svg: Option<PathBuf>,
     pub txt: PathBuf,
 }
 
-/// Writes `<dir>/<stem>-<unix secs>.{json,svg,txt}`.
+impl Written {
+    /// Prints where the files went and the wall time.
+    pub fn print(&self, wall_s: f64) {
+        println!("\nresults: {}", self.json.display());
+        if let Some(svg) = &self.svg {
+            println!("chart:   {}", svg.display());
+        }
+        println!("table:   {}\nwall time: {wall_s:.0} s", self.txt.display());
+    }
+}
+
+/// Writes `<dir>/<stem>-<unix secs>.{json,svg,txt}` (no SVG when None).
 pub fn write_outputs(
     dir: Option<&PathBuf>,
     stem: &str,
     json: &Value,
-    svg: &str,
+    svg: Option<&str>,
     txt: &str,
 ) -> Written {
     let dir = dir.cloned().unwrap_or_else(results_dir);
@@ -844,7 +868,7 @@ pub fn write_outputs(
     let with = |ext: &str| base.with_extension(ext);
     let w = Written {
         json: with("json"),
-        svg: with("svg"),
+        svg: svg.map(|_| with("svg")),
         txt: with("txt"),
     };
     std::fs::write(
@@ -852,7 +876,9 @@ pub fn write_outputs(
         serde_json::to_string_pretty(json).expect("serialize results"),
     )
     .expect("write JSON");
-    std::fs::write(&w.svg, svg).expect("write SVG");
+    if let (Some(path), Some(svg)) = (&w.svg, svg) {
+        std::fs::write(path, svg).expect("write SVG");
+    }
     std::fs::write(&w.txt, txt).expect("write table text");
     w
 }
@@ -894,8 +920,16 @@ fn setup_lines(args: &CompareArgs, opts: &GatewayOptions) -> Vec<String> {
         ),
         format!(
             "Envoy: --concurrency {} alone, {} per replica of 3; sync period {} ms (poll 175 ms, \
-             full scan every 6); seed {}",
-            opts.single_concurrency, opts.replica_concurrency, opts.sync_period_ms, args.seed
+             full scan every 6); seed {}; client: {}",
+            opts.single_concurrency,
+            opts.replica_concurrency,
+            opts.sync_period_ms,
+            args.seed,
+            if args.fresh_connections {
+                "a new connection per request"
+            } else {
+                "keep-alive connections (pooled)"
+            }
         ),
     ]
 }
@@ -960,6 +994,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
         "seed": args.seed,
         "scale": args.scale,
         "sync_period_ms": args.sync_period_ms,
+        "fresh_connections": args.fresh_connections,
         "workloads": results,
         "targets": checks,
         "notes": notes,
@@ -971,13 +1006,14 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
         "prefix-bench compare: routers side by side",
     );
     let _ = writeln!(text, "wall time: {wall_s:.0} s");
-    let files = write_outputs(args.results_dir.as_ref(), "compare", &json, &svg, &text);
-    println!(
-        "\nresults: {}\nchart:   {}\ntable:   {}\nwall time: {wall_s:.0} s",
-        files.json.display(),
-        files.svg.display(),
-        files.txt.display()
+    let files = write_outputs(
+        args.results_dir.as_ref(),
+        "compare",
+        &json,
+        Some(&svg),
+        &text,
     );
+    files.print(wall_s);
 }
 
 /// Facts worth a line under the tables: errors, noisy runs, pods' view.

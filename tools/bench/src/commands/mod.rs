@@ -3,5 +3,7 @@
 pub mod compare;
 pub mod convergence;
 pub mod demo;
+pub mod iperf;
 pub mod overhead;
+pub mod real;
 pub mod sync_cost;
