@@ -132,6 +132,11 @@ pub struct GatewayOptions {
     pub single_concurrency: u32,
     /// Envoy worker threads of each of three replicas.
     pub replica_concurrency: u32,
+    /// Synced fleets: before traffic, one warm-up request per replica, then
+    /// wait until every replica polls the change log (a fleet in service).
+    /// Off = a cold fleet on an empty Redis, whose replicas cannot poll
+    /// until the first cycle after the first write (see the README notes).
+    pub warm_sync: bool,
 }
 
 impl Default for GatewayOptions {
@@ -140,6 +145,7 @@ impl Default for GatewayOptions {
             sync_period_ms: 2000,
             single_concurrency: 2,
             replica_concurrency: 1,
+            warm_sync: true,
         }
     }
 }
@@ -234,6 +240,9 @@ impl Gateway {
                         return Err(format!("sync replica {i}: no successful sync cycle"));
                     }
                 }
+                if opts.warm_sync {
+                    warm_up_sync(&gw.envoys, timeout)?;
+                }
             }
             Router::Sglang | Router::Vllm => {
                 let kind = if router == Router::Sglang {
@@ -270,6 +279,40 @@ impl Gateway {
         }
         self.envoys.iter().map(Envoy::router_stats).collect()
     }
+}
+
+/// One small request through every replica (its blocks reach Redis and
+/// create the change log), then waits until every replica has polled the
+/// log, as the replicas of a fleet that has been serving do. The prompts
+/// share nothing with any workload and record two 128-byte blocks.
+fn warm_up_sync(envoys: &[Envoy], timeout: Duration) -> Result<(), String> {
+    for (i, e) in envoys.iter().enumerate() {
+        let prompt = support::text(0xFEED_0000 + i as u64, 300);
+        let body = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 1}).to_string();
+        let reply = support::send(
+            "POST",
+            &e.url("/v1/completions"),
+            &[("content-type", "application/json")],
+            Some(body.as_bytes()),
+            Duration::from_secs(30),
+        )?;
+        if reply.status != 200 {
+            return Err(format!(
+                "warm-up through replica {i}: status {}",
+                reply.status
+            ));
+        }
+    }
+    for (i, e) in envoys.iter().enumerate() {
+        if !support::wait_until(timeout, || {
+            e.router_stat("prefix_router.sync.polls_ok") >= 1
+        }) {
+            return Err(format!(
+                "sync replica {i}: no change-log poll after the warm-up"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Sums the same stat over replicas.

@@ -121,6 +121,8 @@ pub struct CompareArgs {
     pub sync_period_ms: u64,
     /// Every request on a new connection (no keep-alive).
     pub fresh_connections: bool,
+    /// Warm the synced fleets up before traffic (see [`GatewayOptions`]).
+    pub warm_sync: bool,
     /// Where the JSON/SVG/TXT go (default `results/`).
     pub results_dir: Option<PathBuf>,
 }
@@ -154,6 +156,7 @@ impl CompareArgs {
             },
             sync_period_ms: 2000,
             fresh_connections: true,
+            warm_sync: true,
             results_dir: None,
         }
     }
@@ -252,6 +255,11 @@ pub struct CompareCli {
     /// delayed ACK), a transport effect that would swamp routing in TTFT.
     #[arg(long)]
     pub keep_alive: bool,
+    /// Synced fleets start cold: empty Redis, no warm-up (their replicas
+    /// cannot poll the change log until the first cycle after the first
+    /// write). Default: warmed up like a fleet in service.
+    #[arg(long)]
+    pub cold_sync: bool,
     /// Output directory (default results/).
     #[arg(long)]
     pub results_dir: Option<PathBuf>,
@@ -287,6 +295,7 @@ impl CompareCli {
             },
             sync_period_ms: self.sync_period_ms,
             fresh_connections: !self.keep_alive,
+            warm_sync: !self.cold_sync,
             results_dir: self.results_dir,
         })
     }
@@ -531,6 +540,8 @@ pub fn run_one(
     };
     let urls = gateway.urls();
     let label = format!("{}/{}", built.kind.key(), router.key());
+    // Counters before the traffic (warm-up requests), subtracted below.
+    let before = gateway.filter_stats();
     let meter = LoadMeter::start();
     let outcomes = rt.block_on(drive(
         &urls,
@@ -542,17 +553,15 @@ pub fn run_one(
     result.load = Some(meter.finish());
     let fs = gateway.filter_stats();
     if router.is_filter() {
-        let sum = |n: &str| sum_stat(&fs, &format!("prefix_router.{n}"));
+        let sum = |n: &str| {
+            let name = format!("prefix_router.{n}");
+            sum_stat(&fs, &name) - sum_stat(&before, &name)
+        };
         result.filter = Some(FilterCounters {
             prefix_match: sum("routed.prefix_match"),
             no_match: sum("routed.no_match"),
             load_guard: sum("routed.load_guard"),
-            passthrough: fs
-                .iter()
-                .flat_map(|s| s.iter())
-                .filter(|(k, _)| k.starts_with("prefix_router.passthrough."))
-                .map(|(_, v)| *v)
-                .sum(),
+            passthrough: passthrough(&fs) - passthrough(&before),
             sync_applied: sum("sync.applied"),
             sync_poll_applied: sum("sync.poll_applied"),
             sync_cycles_failed: sum("sync.cycles_failed"),
@@ -568,6 +577,16 @@ pub fn run_one(
     result.outcomes = outcomes;
     result.wall_s = wall.elapsed().as_secs_f64();
     result
+}
+
+/// Requests the filter passed through unrouted, over replicas.
+fn passthrough(stats: &[std::collections::BTreeMap<String, i64>]) -> i64 {
+    stats
+        .iter()
+        .flat_map(|s| s.iter())
+        .filter(|(k, _)| k.starts_with("prefix_router.passthrough."))
+        .map(|(_, v)| *v)
+        .sum()
 }
 
 fn first_line(s: &str) -> &str {
@@ -920,10 +939,16 @@ fn setup_lines(args: &CompareArgs, opts: &GatewayOptions) -> Vec<String> {
         ),
         format!(
             "Envoy: --concurrency {} alone, {} per replica of 3; sync period {} ms (poll 175 ms, \
-             full scan every 6); seed {}; client: {}",
+             full scan every 6), {}; seed {}; client: {}",
             opts.single_concurrency,
             opts.replica_concurrency,
             opts.sync_period_ms,
+            if opts.warm_sync {
+                "synced fleets warmed up (a warm-up request per replica, every replica polling) \
+                 before traffic"
+            } else {
+                "synced fleets cold (empty Redis, no warm-up)"
+            },
             args.seed,
             if args.fresh_connections {
                 "a new connection per request"
@@ -938,6 +963,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
     let wall = Instant::now();
     let opts = GatewayOptions {
         sync_period_ms: args.sync_period_ms,
+        warm_sync: args.warm_sync,
         ..GatewayOptions::default()
     };
     let mut text = String::from("prefix-bench compare\n");
@@ -995,6 +1021,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
         "scale": args.scale,
         "sync_period_ms": args.sync_period_ms,
         "fresh_connections": args.fresh_connections,
+        "warm_sync": args.warm_sync,
         "workloads": results,
         "targets": checks,
         "notes": notes,

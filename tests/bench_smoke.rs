@@ -1,0 +1,125 @@
+//! Smoke run of the benchmark harness end to end: the built `prefix-bench
+//! compare` with a tiny shared-prefix workload over 3 podsim pods, through
+//! round-robin Envoy and one Envoy with the filter (no peers), into a scratch
+//! results directory. Checks that the JSON, SVG and table files exist and the
+//! numbers are sane; never timing.
+//!
+//! The binary is built by `make build` (`cargo build --release -p
+//! prefix-bench`); `PREFIX_BENCH_BIN` overrides where it is looked for.
+
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+use support::{target_dir, TestDir};
+
+fn bench_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PREFIX_BENCH_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = target_dir();
+    [
+        target.join("release/prefix-bench"),
+        target.join("debug/prefix-bench"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .unwrap_or_else(|| {
+        panic!(
+            "prefix-bench not built under {}: run `make build`",
+            target.display()
+        )
+    })
+}
+
+#[test]
+fn compare_smoke_run_writes_sane_results() {
+    let dir = TestDir::new("bench-smoke");
+    let out = dir.join("results");
+    let run = Command::new(bench_bin())
+        .args(["compare", "--pods", "3", "--routers", "round-robin,filter"])
+        .args(["--workloads", "shared-prefix", "--groups", "4"])
+        .args(["--prompts-per-group", "4", "--system-tokens", "256"])
+        .args(["--question-tokens", "32", "--output-tokens", "4"])
+        .args(["--rate", "20", "--time-scale", "0.1", "--seed", "3"])
+        .arg("--results-dir")
+        .arg(&out)
+        .output()
+        .expect("run prefix-bench");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "prefix-bench compare failed: {}\n{stdout}\n{stderr}",
+        run.status
+    );
+
+    let files: Vec<PathBuf> = std::fs::read_dir(&out)
+        .expect("results dir")
+        .map(|e| e.unwrap().path())
+        .collect();
+    let find = |ext: &str| {
+        files
+            .iter()
+            .find(|p| p.extension().and_then(|e| e.to_str()) == Some(ext))
+            .unwrap_or_else(|| panic!("no .{ext} in {files:?}"))
+            .clone()
+    };
+    let svg = std::fs::read_to_string(find("svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    let txt = std::fs::read_to_string(find("txt")).unwrap();
+    assert!(
+        txt.contains("round-robin") && txt.contains("filter"),
+        "{txt}"
+    );
+    assert!(stdout.contains("hit rate"), "table printed: {stdout}");
+
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(find("json")).unwrap())
+        .expect("results JSON");
+    let workloads = json["workloads"].as_array().expect("workloads");
+    assert_eq!(workloads.len(), 1);
+    let results = workloads[0]["results"].as_array().expect("results");
+    let routers: Vec<&str> = results
+        .iter()
+        .map(|r| r["router"].as_str().unwrap())
+        .collect();
+    assert_eq!(routers, ["round-robin", "filter"]);
+    for r in results {
+        let name = r["router"].as_str().unwrap();
+        assert!(r["skipped"].is_null(), "{name} skipped: {}", r["skipped"]);
+        let s = &r["stats"];
+        assert_eq!(s["sent"], 16, "{name}: all 16 requests sent");
+        assert_eq!(s["ok"], 16, "{name}: all answered: {}", s["error_samples"]);
+        assert_eq!(s["errors"], 0, "{name}");
+        let hit = s["hit_rate"].as_f64().expect("hit rate");
+        assert!((0.0..=1.0).contains(&hit), "{name}: hit rate {hit}");
+        let cached = s["cached_tokens"].as_u64().unwrap();
+        let prompt = s["prompt_tokens"].as_u64().unwrap();
+        assert!(prompt > 0 && cached <= prompt, "{name}: {cached}/{prompt}");
+        // Every request streamed: a TTFT each, no later than the whole reply.
+        let ttft = &s["ttft_ms"];
+        assert_eq!(ttft["count"], 16, "{name}");
+        assert!(ttft["p50"].as_f64().unwrap() >= 0.0);
+        assert!(ttft["max"].as_f64().unwrap() <= s["latency_ms"]["max"].as_f64().unwrap());
+        // Every reply named one of the 3 pods.
+        let per_pod = s["per_pod"].as_object().unwrap();
+        let counted: u64 = ["pod-1", "pod-2", "pod-3"]
+            .iter()
+            .map(|p| per_pod[*p].as_u64().unwrap())
+            .sum();
+        assert_eq!(counted, 16, "{name}: {per_pod:?}");
+        assert_eq!(r["outcomes"].as_array().unwrap().len(), 16);
+    }
+    // The filter's routing counters: every request routed by the filter.
+    let f = &results[1]["filter"];
+    let routed = f["prefix_match"].as_i64().unwrap()
+        + f["no_match"].as_i64().unwrap()
+        + f["load_guard"].as_i64().unwrap();
+    assert_eq!(routed, 16, "{f}");
+    assert!(json["targets"].as_array().is_some_and(|t| !t.is_empty()));
+}
