@@ -39,7 +39,12 @@ pub struct Choice {
 ///
 /// - `load[pod]`: in-flight requests per pod id (missing ids count as 0);
 /// - `matches`: `(pod, matched leading blocks)` for pods holding a prefix;
-/// - `total_blocks`: the request's full block count.
+/// - `total_blocks`: the request's full block count;
+/// - `turn`: a counter the caller advances after each least-loaded pick.
+///   Ties among the least loaded pods rotate with it instead of being drawn
+///   at random: at concurrency 1 every pod is idle, and a random (or
+///   first-pod) draw places new prefixes unevenly; a rotation spreads them
+///   one per pod. Ties among matched pods are still shuffled (`rng`).
 ///
 /// Returns None only for an empty pool.
 pub fn choose(
@@ -48,6 +53,7 @@ pub fn choose(
     load: &[u32],
     matches: &[(u16, u32)],
     total_blocks: usize,
+    turn: usize,
     rng: &mut SplitMix64,
 ) -> Option<Choice> {
     let load_of = |pod: u16| load.get(usize::from(pod)).copied().unwrap_or(0);
@@ -69,13 +75,13 @@ pub fn choose(
     if pool.is_empty() {
         return None;
     }
-    let least_loaded = |rng: &mut SplitMix64| -> u16 {
+    let least_loaded = || -> u16 {
         let mins: Vec<u16> = pool
             .iter()
             .copied()
             .filter(|&p| load_of(p) == min)
             .collect();
-        mins[rng.below(mins.len())]
+        mins[turn % mins.len()]
     };
     let pick = |pod: u16, reason: Reason| Choice {
         pod,
@@ -85,7 +91,7 @@ pub fn choose(
 
     // 1. Load guard: with a wide spread, only the least loaded pods count.
     if pool.len() > 1 && max - min > cfg.imbalance_abs_count {
-        return Some(pick(least_loaded(rng), Reason::LoadGuard));
+        return Some(pick(least_loaded(), Reason::LoadGuard));
     }
 
     // 2-3. Longest match first, then fewer in flight, ties shuffled; take the
@@ -96,7 +102,7 @@ pub fn choose(
         .filter(|(p, m)| *m > 0 && pool.contains(p))
         .collect();
     if matched.is_empty() {
-        return Some(pick(least_loaded(rng), Reason::NoMatch));
+        return Some(pick(least_loaded(), Reason::NoMatch));
     }
     rng.shuffle(&mut matched);
     matched.sort_by(|a, b| b.1.cmp(&a.1).then(load_of(a.0).cmp(&load_of(b.0))));
@@ -115,7 +121,7 @@ pub fn choose(
         return Some(pick(*pod, Reason::PrefixMatch));
     }
     // 4. Every matching pod is too busy.
-    Some(pick(least_loaded(rng), Reason::LoadGuard))
+    Some(pick(least_loaded(), Reason::LoadGuard))
 }
 
 #[cfg(test)]
@@ -130,13 +136,22 @@ mod tests {
     };
 
     fn run(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, seed: u64) -> Choice {
-        choose(&CFG, pool, load, matches, total, &mut SplitMix64::new(seed)).unwrap()
+        choose(
+            &CFG,
+            pool,
+            load,
+            matches,
+            total,
+            seed as usize,
+            &mut SplitMix64::new(seed),
+        )
+        .unwrap()
     }
 
     #[test]
     fn empty_pool_has_no_choice() {
         assert_eq!(
-            choose(&CFG, &[], &[], &[], 0, &mut SplitMix64::new(1)),
+            choose(&CFG, &[], &[], &[], 0, 0, &mut SplitMix64::new(1)),
             None
         );
     }
@@ -174,14 +189,15 @@ mod tests {
     }
 
     #[test]
-    fn no_match_goes_to_least_loaded_with_random_ties() {
+    fn no_match_goes_to_least_loaded_and_ties_rotate_evenly() {
         let c = run(&[0, 1, 2], &[2, 0, 1], &[], 4, 1);
         assert_eq!((c.pod, c.reason, c.match_percent), (1, Reason::NoMatch, 0));
+        // Concurrency 1: every pod idle; consecutive turns place one per pod.
         let mut seen = [0u32; 3];
-        for seed in 0..60 {
-            seen[usize::from(run(&[0, 1, 2], &[0, 0, 0], &[], 4, seed).pod)] += 1;
+        for turn in 0..60 {
+            seen[usize::from(run(&[0, 1, 2], &[0, 0, 0], &[], 4, turn).pod)] += 1;
         }
-        assert!(seen.iter().all(|&n| n > 5), "ties spread: {seen:?}");
+        assert_eq!(seen, [20, 20, 20]);
     }
 
     #[test]
@@ -210,6 +226,7 @@ mod tests {
             &[10, 0, 0, 0],
             &[(0, 8), (1, 4)],
             8,
+            0,
             &mut SplitMix64::new(3),
         )
         .unwrap();
@@ -231,6 +248,7 @@ mod tests {
             &[10, 0, 1, 1],
             &[(0, 8)],
             8,
+            0,
             &mut SplitMix64::new(3),
         )
         .unwrap();

@@ -13,7 +13,7 @@
 //! below its true end (within 1/8 of its length past the dense prefix), and an
 //! eviction hole inside a chain can make the search stop early.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -89,6 +89,8 @@ pub struct Router {
     policy: PolicyConfig,
     model_ids: RefCell<HashMap<String, u16>>,
     touch_interval_secs: u32,
+    /// Rotation among equally loaded pods (see [`choose`]).
+    turn: Cell<Option<usize>>,
 }
 
 impl Router {
@@ -105,6 +107,7 @@ impl Router {
             },
             model_ids: RefCell::new(HashMap::new()),
             touch_interval_secs: touch_interval_secs(&settings),
+            turn: Cell::new(None),
             settings,
         }
     }
@@ -177,8 +180,13 @@ impl Router {
             counters.local()?
         };
         let lengths: Vec<(u16, u32)> = matches.iter().map(|m| (m.pod, m.blocks)).collect();
-        let choice = choose(&self.policy, pool, &load, &lengths, hashes.len(), rng)
+        // Each VM starts its rotation at a random pod, so workers and
+        // replicas do not all begin with the first one.
+        let turn = self.turn.get().unwrap_or_else(|| rng.next_u64() as usize);
+        let choice = choose(&self.policy, pool, &load, &lengths, hashes.len(), turn, rng)
             .ok_or(RouteError::NoEndpoints)?;
+        let advance = usize::from(choice.reason != crate::policy::Reason::PrefixMatch);
+        self.turn.set(Some(turn.wrapping_add(advance)));
         // The chosen pod's matched prefix needs no rewrite while it is fresh:
         // only blocks past the match are new. Refreshing at most every
         // `touch_interval_secs` keeps hot prefixes alive (idle expiry, Redis
