@@ -115,24 +115,28 @@ impl Peer {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// SIGTERM by PID, up to 10 s to exit, then SIGKILL.
     fn stop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(self.child.id().to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(25));
-            }
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
+        terminate(&mut self.child);
     }
+}
+
+/// Stops a child we started: SIGTERM by PID, up to 10 s to exit, then SIGKILL.
+pub fn terminate(child: &mut std::process::Child) {
+    if let Ok(None) = child.try_wait() {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        let _ = child.kill();
+    }
+    let _ = child.wait();
 }
 
 impl Drop for Peer {

@@ -137,21 +137,7 @@ impl LlamaServer {
 
 impl Drop for LlamaServer {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(self.child.id().to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(25));
-            }
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
+        crate::peer::terminate(&mut self.child);
     }
 }
 
