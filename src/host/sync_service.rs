@@ -18,14 +18,12 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, RootContext};
 use proxy_wasm::types::{BufferType, MapType, MetricType};
 
-use super::metrics::Metrics;
 use super::store::HostStore;
 use super::{now_millis, now_nanos, now_secs};
 use crate::config::Settings;
 use crate::handoff::{self, Touched};
 use crate::sync::{Call, CallFailed, CallId, SyncEngine, SyncStats};
 use crate::syncables::{PodLoadSync, PrefixCacheSync};
-use crate::table::{PrefixTable, TableConfig};
 
 /// How often the engine is ticked: bounds write-through push latency and
 /// the granularity of change-log polls (`sync.poll_ms`).
@@ -41,26 +39,7 @@ const MAX_DRAIN: usize = 10_000;
 pub struct SyncRoot {
     settings: Option<Rc<Settings>>,
     queue: Option<u32>,
-    writer: Option<TableWriter>,
     state: Option<SyncState>,
-}
-
-/// The table's single writer: applies the blocks workers hand over.
-struct TableWriter {
-    table: TableConfig,
-    metrics: Metrics,
-}
-
-impl TableWriter {
-    fn apply(&self, t: &Touched) {
-        let out =
-            PrefixTable::new(&HostStore, self.table).record(&t.blocks, t.model, t.pod, t.time);
-        let m = &self.metrics;
-        m.add(m.cas_retries, u64::from(out.cas_retries));
-        m.add(m.cas_exhausted, u64::from(out.failed_buckets));
-        m.add(m.table_evictions, u64::from(out.evictions));
-        m.add(m.slots_used, u64::from(out.new_slots));
-    }
 }
 
 struct SyncState {
@@ -128,15 +107,8 @@ impl RootContext for SyncRoot {
         // the same queue, so this is idempotent.
         self.queue = hostcalls::register_shared_queue(handoff::QUEUE_NAME).ok();
         if !settings.sync.enabled {
-            log::info!("prefix_router singleton: table writer only (sync.enabled is false)");
+            log::info!("prefix_router singleton: sync disabled (sync.enabled is false)");
         }
-        self.writer = Some(TableWriter {
-            table: TableConfig::new(
-                settings.table_capacity_blocks,
-                settings.table_idle_expiry_secs,
-            ),
-            metrics: Metrics::define(&settings),
-        });
         self.settings = Some(Rc::new(settings));
         true
     }
@@ -157,15 +129,15 @@ impl RootContext for SyncRoot {
 }
 
 impl SyncRoot {
-    /// Applies the workers' hand-offs to the table (this VM is the table's
-    /// only writer) and marks them for the next push.
+    /// Marks the blocks workers handed over for the next push (and sends
+    /// them at once with write-through).
     fn drain_queue(&mut self) {
         // The engine starts with the first tick or the first hand-off,
         // whichever comes first, so no hand-off misses the dirty set.
         if self.state.is_none() {
             self.state = self.settings.clone().and_then(SyncState::start);
         }
-        let (Some(queue), Some(writer)) = (self.queue, self.writer.as_ref()) else {
+        let Some(queue) = self.queue else {
             return;
         };
         for _ in 0..MAX_DRAIN {
@@ -176,7 +148,6 @@ impl SyncRoot {
             let Some(touched) = handoff::decode(&msg) else {
                 continue;
             };
-            writer.apply(&touched);
             if let Some(state) = self.state.as_mut() {
                 let write_through = state.settings.sync.write_through;
                 state.on_touched(&touched, write_through);
