@@ -15,6 +15,7 @@
 pub mod config;
 pub mod handoff;
 pub mod hashing;
+pub mod liveness;
 pub mod load;
 pub mod policy;
 pub mod request;

@@ -1306,3 +1306,90 @@ fn blocks_routed_before_the_first_sync_tick_still_reach_redis() {
     );
     assert_eq!(a.stat("handoff_dropped"), 0, "{}", a.sync_stats());
 }
+
+/// Sends `n` fresh completions to `r`, one every 50 ms, and returns how many
+/// did not answer 200 (steady client load while a fault is on).
+fn steady_load(r: &Replica, seeds: std::ops::Range<u64>) -> usize {
+    seeds
+        .filter(|seed| {
+            thread::sleep(Duration::from_millis(50));
+            r.complete(&text(*seed, PROMPT_LEN)).status != 200
+        })
+        .count()
+}
+
+/// Issue 9, item 1: a bridge call that times out arrives as a response
+/// without headers. Reading its `:status` through the SDK trapped the
+/// singleton, and sync stayed dead without a sign. Now the singleton lives
+/// through Redis being slower than the call timeout and then answering
+/// garbage, the workers' liveness gauges show the outage, and sync resumes
+/// when Redis is healthy again.
+#[test]
+fn singleton_survives_slow_and_garbage_redis_and_reports_liveness() {
+    const PERIOD: u64 = 500;
+    let dir = TestDir::new("sync-slow-redis");
+    let redis = Redis::start(&dir, free_port(), None);
+    let proxy = support::FaultProxy::start(redis.port);
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        proxy.port,
+        vec![Spec::new(
+            "a",
+            sync_patch(PERIOD, json!({ "op_timeout_ms": 1500 })),
+        )],
+    );
+    let a = &fleet[0];
+    let ok0 = a.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);
+    // The workers report liveness from the singleton's heartbeat.
+    let gauge = |name: &str| a.envoy.router_stat(&format!("prefix_router.sync.{name}"));
+    assert!(
+        wait_until(SLACK * 2, || a
+            .envoy
+            .router_stats()
+            .contains_key("prefix_router.sync.singleton_age_s")),
+        "no liveness gauge\n{}",
+        a.sync_stats()
+    );
+
+    // Slower than the 1.5 s call timeout: calls end without headers.
+    proxy.set_delay(Duration::from_millis(2500));
+    let failed0 = a.stat("calls_failed");
+    let mut client_failures = steady_load(a, 9000..9040);
+    a.wait_stat("calls_failed", Duration::from_secs(20), |v| v > failed0);
+    // Garbage instead of RESP.
+    proxy.set_delay(Duration::ZERO);
+    proxy.set_garbage(Some(b"HTTP/9 ???\r\n\x00\xff garbage\r\n"));
+    let failed1 = a.stat("calls_failed");
+    client_failures += steady_load(a, 9040..9080);
+    a.wait_stat("calls_failed", Duration::from_secs(20), |v| v > failed1);
+    // With no success for a while, the workers' gauge keeps counting.
+    let age = gauge("last_success_age_s");
+    assert!(
+        age >= 2,
+        "last_success_age_s {age} during the outage\n{}",
+        a.sync_stats()
+    );
+    assert_eq!(client_failures, 0, "clients failed while Redis misbehaved");
+
+    // Healthy again: the same singleton resumes syncing.
+    proxy.set_garbage(None);
+    let resume = Duration::from_millis(a.stat("backoff_ms").max(0) as u64) + SLACK * 4;
+    let ok1 = a.stat("cycles_ok");
+    assert!(ok1 >= ok0);
+    a.wait_stat("cycles_ok", resume, |v| v > ok1);
+    let log = a.envoy.log_text();
+    assert!(
+        !log.contains("unexpected status") && !log.contains("RuntimeError"),
+        "the VM trapped:\n{}",
+        a.log_tail()
+    );
+    assert!(
+        wait_until(SLACK * 2, || gauge("last_success_age_s") <= 1
+            && gauge("singleton_age_s") <= 1),
+        "liveness gauges did not recover: success age {}, singleton age {}",
+        gauge("last_success_age_s"),
+        gauge("singleton_age_s")
+    );
+}

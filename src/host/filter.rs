@@ -9,6 +9,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 
+use super::abi;
 use super::root::FilterShared;
 use super::store::HostStore;
 use crate::request::{classify, parse_body, ApiKind, PassReason};
@@ -132,12 +133,9 @@ impl HttpContext for PrefixFilter {
         // would let it reach any host): drop both headers before anything else.
         let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, DESTINATION_HEADER);
         let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, ORIGINAL_DST_HEADER);
-        let header = |name: &str| {
-            hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
-                .ok()
-                .flatten()
-                .unwrap_or_default()
-        };
+        // Raw reads: a header value that is not UTF-8 reads as empty
+        // instead of trapping the VM (the SDK's getter unwraps it).
+        let header = |name: &str| abi::header_text(MapType::HttpRequestHeaders, name);
         let kind = match classify(&header(":method"), &header(":path")) {
             Ok(kind) => kind,
             Err(reason) => return self.pass(reason),
@@ -169,7 +167,7 @@ impl HttpContext for PrefixFilter {
             return Action::Pause;
         }
         self.kind = None;
-        let body = match hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size) {
+        let body = match abi::buffer(BufferType::HttpRequestBody, 0, body_size) {
             Ok(Some(b)) => b,
             Ok(None) => Vec::new(),
             Err(_) => return self.pass(PassReason::InternalError),
@@ -181,7 +179,7 @@ impl HttpContext for PrefixFilter {
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
         // Body ended with trailers (no end_of_stream on the last data frame).
         if let Some(kind) = self.kind.take() {
-            let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, usize::MAX)
+            let body = abi::buffer(BufferType::HttpRequestBody, 0, usize::MAX)
                 .ok()
                 .flatten()
                 .unwrap_or_default();

@@ -22,6 +22,10 @@ pub struct Metrics {
     pub route_time_us: u32,
     pub table_evictions: u32,
     pub dirty_dropped: u32,
+    /// Liveness of the sync singleton, recorded by the workers (see
+    /// [`crate::liveness`]); defined only with sync on.
+    pub sync_success_age_s: u32,
+    pub sync_singleton_age_s: u32,
     inflight: Vec<u32>,
 }
 
@@ -33,6 +37,14 @@ fn define(kind: MetricType, name: &str) -> u32 {
 impl Metrics {
     pub fn define(settings: &Settings) -> Self {
         let c = |n: &str| define(MetricType::Counter, &format!("prefix_router.{n}"));
+        let sync = settings.sync.enabled;
+        let g = |n: &str| {
+            if sync {
+                define(MetricType::Gauge, &format!("prefix_router.{n}"))
+            } else {
+                0
+            }
+        };
         let mut passthrough = [0; PassReason::ALL.len()];
         for (slot, reason) in passthrough.iter_mut().zip(PassReason::ALL) {
             *slot = c(&format!("passthrough.{}", reason.as_str()));
@@ -48,6 +60,8 @@ impl Metrics {
             table_evictions: c("table.evictions"),
             dirty_dropped: c("sync.handoff_dropped"),
             slots_used: define(MetricType::Gauge, "prefix_router.table.slots_used"),
+            sync_success_age_s: g("sync.last_success_age_s"),
+            sync_singleton_age_s: g("sync.singleton_age_s"),
             route_time_us: define(MetricType::Histogram, "prefix_router.route_time_us"),
             inflight: settings
                 .all_endpoints

@@ -4,6 +4,7 @@
 //! singleton that syncs the table with Redis, [`store::HostStore`] for shared
 //! data and [`metrics::Metrics`] for stats.
 
+mod abi;
 mod filter;
 mod metrics;
 mod root;
@@ -33,7 +34,7 @@ proxy_wasm::main! {{
 }}
 
 fn property(name: &str) -> String {
-    hostcalls::get_property(vec![name])
+    abi::property(&[name])
         .ok()
         .flatten()
         .map(|b| String::from_utf8_lossy(&b).into_owned())
@@ -51,7 +52,7 @@ fn vm_id() -> String {
 /// Reads and validates the plugin configuration; logs why and returns None
 /// when it is refused (the caller returns false from `on_configure`).
 fn load_settings() -> Option<Settings> {
-    let bytes = hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+    let bytes = abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX)
         .ok()
         .flatten()
         .unwrap_or_default();

@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -13,6 +14,7 @@ use super::filter::PrefixFilter;
 use super::metrics::Metrics;
 use super::{now_nanos, now_secs};
 use crate::handoff::{self, Touched};
+use crate::liveness::{self, Heartbeat};
 use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
 use crate::router::{Recording, RouteError, Routed, Router};
@@ -133,13 +135,48 @@ struct QueueState {
     looked_at: Option<u32>,
 }
 
+/// How often a worker turns the singleton's heartbeat into gauges.
+const LIVENESS_TICK: Duration = Duration::from_secs(1);
+
 /// Root context of the HTTP filter.
 #[derive(Default)]
 pub struct FilterRoot {
     shared: Option<Rc<FilterShared>>,
+    /// Whether this VM logged the singleton as dead (once per outage).
+    singleton_dead_logged: bool,
 }
 
 impl Context for FilterRoot {}
+
+impl FilterRoot {
+    /// Records the sync liveness gauges from the singleton's heartbeat; they
+    /// keep moving when the singleton is dead, which its own stats cannot.
+    fn report_liveness(&mut self) {
+        let Some(shared) = self.shared.as_ref() else {
+            return;
+        };
+        let now = now_nanos() / 1_000_000;
+        let beat = hostcalls::get_shared_data(liveness::KEY)
+            .ok()
+            .and_then(|(v, _)| Heartbeat::decode(&v?))
+            .unwrap_or_default();
+        let m = &shared.metrics;
+        if beat.started_ms == 0 {
+            // The singleton never started: nothing to report yet.
+            return;
+        }
+        m.record(m.sync_success_age_s, beat.success_age_s(now));
+        m.record(m.sync_singleton_age_s, beat.tick_age_s(now));
+        let dead = beat.singleton_dead(now);
+        if dead && !self.singleton_dead_logged {
+            log::error!(
+                "prefix_router: the sync singleton has not run for {} s (its VM may have died); sync is stopped, routing goes on",
+                beat.tick_age_s(now)
+            );
+        }
+        self.singleton_dead_logged = dead;
+    }
+}
 
 impl RootContext for FilterRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
@@ -147,6 +184,11 @@ impl RootContext for FilterRoot {
             return false;
         };
         let vm_id = super::vm_id();
+        if settings.sync.enabled {
+            if let Err(status) = hostcalls::set_tick_period(LIVENESS_TICK) {
+                log::warn!("prefix_router: no tick ({status:?}): sync liveness gauges stay unset");
+            }
+        }
         // Per-VM seed: the clock plus this context's address (std::process::id panics on WASI).
         let seed = now_nanos() ^ (self as *const Self as u64).rotate_left(32);
         self.shared = Some(Rc::new(FilterShared {
@@ -157,6 +199,10 @@ impl RootContext for FilterRoot {
             vm_id,
         }));
         true
+    }
+
+    fn on_tick(&mut self) {
+        self.report_liveness();
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -18,10 +18,12 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, RootContext};
 use proxy_wasm::types::{BufferType, MapType, MetricType};
 
+use super::abi;
 use super::store::HostStore;
 use super::{now_millis, now_nanos, now_secs};
 use crate::config::Settings;
 use crate::handoff::{self, Touched};
+use crate::liveness::{self, Heartbeat};
 use crate::sync::{Call, CallFailed, CallId, SyncEngine, SyncStats};
 use crate::syncables::{PodLoadSync, PrefixCacheSync};
 
@@ -50,6 +52,10 @@ struct SyncState {
     calls: HashMap<u32, CallId>,
     metrics: SyncMetrics,
     settings: Rc<Settings>,
+    /// What the workers read to report the singleton's liveness.
+    heartbeat: Heartbeat,
+    /// Whether the "sync failing" error was logged since the last success.
+    failing_logged: bool,
 }
 
 impl Context for SyncRoot {
@@ -74,22 +80,30 @@ impl Context for SyncRoot {
         let Some(call_id) = state.calls.remove(&token_id) else {
             return;
         };
-        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| s.parse::<u32>().ok());
-        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        let result = match status {
-            Some(200) => Ok(body.as_slice()),
-            Some(code) => Err(CallFailed::Status(code)),
-            // Envoy reports a reset or timeout as a response without headers.
-            None if num_headers == 0 => Err(CallFailed::Timeout),
-            None => Err(CallFailed::Status(0)),
+        let result = if num_headers == 0 {
+            // Envoy reports a timeout or a reset as a response without
+            // headers; reading `:status` then returns BadArgument (the SDK's
+            // getter trapped the VM on it), so nothing is read.
+            Err(CallFailed::Timeout)
+        } else {
+            let status = abi::map_value(MapType::HttpCallResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u32>().ok());
+            match status {
+                Some(200) => Ok(abi::buffer(BufferType::HttpCallResponseBody, 0, body_size)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default()),
+                Some(code) => Err(CallFailed::Status(code)),
+                None => Err(CallFailed::Status(0)),
+            }
         };
-        let next = state.engine.on_response(call_id, now_millis(), result);
+        let next = state.engine.on_response(
+            call_id,
+            now_millis(),
+            result.as_deref().map_err(Clone::clone),
+        );
         state.dispatch(next);
         state.publish();
     }
@@ -100,7 +114,11 @@ impl RootContext for SyncRoot {
         let Some(settings) = super::load_settings() else {
             return false;
         };
-        let _ = hostcalls::set_tick_period(TICK);
+        if let Err(status) = hostcalls::set_tick_period(TICK) {
+            log::error!(
+                "prefix_router singleton: cannot set the tick ({status:?}): sync will not run"
+            );
+        }
         // Register the hand-off queue now, before listeners serve: workers
         // find it and hand their table writes here from their first request.
         // Registering twice (Envoy may configure two singleton VMs) returns
@@ -199,6 +217,11 @@ impl SyncState {
             prefix_ns,
             calls: HashMap::new(),
             metrics: SyncMetrics::define(),
+            heartbeat: Heartbeat {
+                started_ms: now_millis(),
+                ..Heartbeat::default()
+            },
+            failing_logged: false,
             settings,
         })
     }
@@ -254,27 +277,52 @@ impl SyncState {
     }
 
     fn publish(&mut self) {
+        let now = now_millis();
         let rtts = self.engine.drain_rtt_samples();
         let dropped = self
             .prefix
             .try_borrow()
             .map(|p| p.dirty_dropped())
             .unwrap_or(0);
-        self.metrics
-            .publish(self.engine.stats(), &rtts, dropped, now_millis());
+        let stats = self.engine.stats();
+        self.metrics.publish(stats, &rtts, dropped);
+        self.beat(now);
+    }
+
+    /// Writes the heartbeat the workers turn into liveness gauges, and logs
+    /// at error level once when sync has failed for a while.
+    fn beat(&mut self, now: u64) {
+        let success = self.engine.stats().last_success_ms.unwrap_or(0);
+        let failing_for = now.saturating_sub(success.max(self.heartbeat.started_ms));
+        let alarm = self.settings.sync.period_ms.saturating_mul(3).max(30_000);
+        if success > self.heartbeat.success_ms {
+            self.failing_logged = false;
+        } else if failing_for > alarm && !self.failing_logged {
+            self.failing_logged = true;
+            log::error!(
+                "prefix_router sync: no successful sync for {} s (cluster {}); routing goes on with local knowledge",
+                failing_for / 1000,
+                self.settings.sync.bridge_cluster
+            );
+        }
+        self.heartbeat.success_ms = success;
+        if now.saturating_sub(self.heartbeat.tick_ms) >= liveness::WRITE_EVERY_MS {
+            self.heartbeat.tick_ms = now;
+            let _ = hostcalls::set_shared_data(liveness::KEY, Some(&self.heartbeat.encode()), None);
+        }
     }
 }
 
-/// Envoy stats of the sync singleton. Engine totals are turned into counter
-/// increments against what was last published.
 /// Reads one engine total.
 type StatField = fn(&SyncStats) -> u64;
 
+/// Envoy stats of the sync singleton. Engine totals are turned into counter
+/// increments against what was last published. The liveness gauges are the
+/// workers' (see [`crate::liveness`]): they must keep moving if this VM dies.
 struct SyncMetrics {
     /// (metric id, engine total, value last published)
     counters: Vec<(u32, StatField, u64)>,
     backoff_ms: u32,
-    last_success_age_s: u32,
     rtt_ms: u32,
     dirty_dropped: u32,
     last_dropped: u64,
@@ -314,14 +362,13 @@ impl SyncMetrics {
                 .map(|(n, f)| (def(MetricType::Counter, n), *f, 0))
                 .collect(),
             backoff_ms: def(MetricType::Gauge, "backoff_ms"),
-            last_success_age_s: def(MetricType::Gauge, "last_success_age_s"),
             rtt_ms: def(MetricType::Histogram, "redis_rtt_ms"),
             dirty_dropped: def(MetricType::Counter, "dirty_dropped"),
             last_dropped: 0,
         }
     }
 
-    fn publish(&mut self, stats: &SyncStats, rtts: &[u64], dropped: u64, now_ms: u64) {
+    fn publish(&mut self, stats: &SyncStats, rtts: &[u64], dropped: u64) {
         for (id, field, last) in &mut self.counters {
             let v = field(stats);
             if v > *last {
@@ -338,10 +385,6 @@ impl SyncMetrics {
             self.last_dropped = dropped;
         }
         let _ = hostcalls::record_metric(self.backoff_ms, stats.backoff_ms);
-        if let Some(t) = stats.last_success_ms {
-            let _ =
-                hostcalls::record_metric(self.last_success_age_s, now_ms.saturating_sub(t) / 1000);
-        }
         for rtt in rtts {
             let _ = hostcalls::record_metric(self.rtt_ms, *rtt);
         }

@@ -690,6 +690,93 @@ impl Redis {
     }
 }
 
+/// A TCP proxy in front of a server (Redis) that can be told to misbehave:
+/// hold every chunk of the server's replies for a while (slower than the
+/// sync's call timeout), or answer garbage instead of forwarding. Its threads
+/// end with the test process; connections end when either side closes.
+pub struct FaultProxy {
+    pub port: u16,
+    /// Milliseconds each server -> client chunk is held (0 = none).
+    delay_ms: std::sync::Arc<AtomicU32>,
+    /// When set, the server is never reached: each connection gets this
+    /// reply once, then is closed.
+    garbage: std::sync::Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+impl FaultProxy {
+    pub fn start(upstream: u16) -> FaultProxy {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind fault proxy");
+        let port = listener.local_addr().expect("proxy addr").port();
+        let delay_ms = std::sync::Arc::new(AtomicU32::new(0));
+        let garbage = std::sync::Arc::new(Mutex::new(None::<Vec<u8>>));
+        let (d, g) = (delay_ms.clone(), garbage.clone());
+        thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let (d, g) = (d.clone(), g.clone());
+                thread::spawn(move || proxy_one(client, upstream, &d, &g));
+            }
+        });
+        FaultProxy {
+            port,
+            delay_ms,
+            garbage,
+        }
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
+        self.delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    pub fn set_garbage(&self, reply: Option<&[u8]>) {
+        *self.garbage.lock().expect("garbage lock") = reply.map(<[u8]>::to_vec);
+    }
+}
+
+fn proxy_one(
+    mut client: TcpStream,
+    upstream: u16,
+    delay: &AtomicU32,
+    garbage: &Mutex<Option<Vec<u8>>>,
+) {
+    let junk = garbage.lock().map(|g| g.clone()).unwrap_or(None);
+    if let Some(junk) = junk {
+        let mut buf = [0u8; 4096];
+        let _ = client.set_read_timeout(Some(Duration::from_millis(200)));
+        let _ = client.read(&mut buf);
+        let _ = client.write_all(&junk);
+        return;
+    }
+    let Ok(mut server) = TcpStream::connect((Ipv4Addr::LOCALHOST, upstream)) else {
+        return;
+    };
+    let (Ok(mut client_w), Ok(mut server_r)) = (client.try_clone(), server.try_clone()) else {
+        return;
+    };
+    // client -> server, passing the half-close on as the bridge does.
+    let up = thread::spawn(move || {
+        let _ = std::io::copy(&mut client, &mut server);
+        let _ = server.shutdown(std::net::Shutdown::Write);
+    });
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match server_r.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let ms = delay.load(Ordering::SeqCst);
+                if ms > 0 {
+                    thread::sleep(Duration::from_millis(u64::from(ms)));
+                }
+                if client_w.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = client_w.shutdown(std::net::Shutdown::Both);
+    let _ = up.join();
+}
+
 /// One RESP command as an array of bulk strings.
 pub fn resp_command(args: &[&str]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();

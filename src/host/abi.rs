@@ -1,0 +1,115 @@
+//! Hostcalls that never trap. proxy-wasm 0.2.5's getters `panic!` on any host
+//! status they do not expect, and `get_map_value` unwraps the UTF-8 of a
+//! header value. Both have been seen to kill a VM: reading `:status` of a
+//! timed-out `dispatch_http_call` returns `BadArgument` (the sync singleton
+//! trapped and stayed dead), and a client can send a header value that is not
+//! UTF-8. These wrappers call the same ABI imports and turn every status into
+//! a `Result`, so the callers decide.
+//!
+//! Only the getters whose status depends on what the host or a client did are
+//! wrapped here; the SDK's setters and shared-data calls already return `Err`
+//! for the statuses Envoy gives them.
+
+use std::ptr::null_mut;
+
+use proxy_wasm::types::{BufferType, MapType};
+
+/// A host status other than `Ok`/`NotFound` (the raw `WasmResult` code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostStatus(pub u32);
+
+// Raw statuses of the proxy-wasm ABI (`proxy_wasm::types::Status`).
+const OK: u32 = 0;
+const NOT_FOUND: u32 = 1;
+
+// The SDK declares the same imports with its own enums; at the wasm level
+// both are i32 functions of the same name, so the linker merges them.
+#[allow(clashing_extern_declarations)]
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_get_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+        return_buffer_data: *mut *mut u8,
+        return_buffer_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+}
+
+/// Takes ownership of a host-allocated buffer (allocated through the SDK's
+/// exported `proxy_on_memory_allocate`, i.e. this module's allocator).
+fn owned(status: u32, data: *mut u8, size: usize) -> Result<Option<Vec<u8>>, HostStatus> {
+    match status {
+        OK if data.is_null() => Ok(Some(Vec::new())),
+        // SAFETY: on Ok the host wrote a buffer of `size` bytes that it
+        // obtained from this module's allocator; we are its only owner.
+        OK => Ok(Some(unsafe { Vec::from_raw_parts(data, size, size) })),
+        NOT_FOUND => Ok(None),
+        other => Err(HostStatus(other)),
+    }
+}
+
+/// One header (or call-response header) value as raw bytes; `None` when absent.
+pub fn map_value(map_type: MapType, key: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+    let mut data: *mut u8 = null_mut();
+    let mut size: usize = 0;
+    // SAFETY: pointers to live locals and to `key`'s bytes for the call's duration.
+    let status = unsafe {
+        proxy_get_header_map_value(
+            map_type as u32,
+            key.as_ptr(),
+            key.len(),
+            &mut data,
+            &mut size,
+        )
+    };
+    owned(status, data, size)
+}
+
+/// A header value as text, empty when absent, not UTF-8 or unreadable.
+pub fn header_text(map_type: MapType, key: &str) -> String {
+    map_value(map_type, key)
+        .ok()
+        .flatten()
+        .and_then(|v| String::from_utf8(v).ok())
+        .unwrap_or_default()
+}
+
+/// Up to `max` bytes of a buffer from `start`; `None` when there is none.
+pub fn buffer(
+    buffer_type: BufferType,
+    start: usize,
+    max: usize,
+) -> Result<Option<Vec<u8>>, HostStatus> {
+    let mut data: *mut u8 = null_mut();
+    let mut size: usize = 0;
+    // SAFETY: pointers to live locals for the call's duration.
+    let status =
+        unsafe { proxy_get_buffer_bytes(buffer_type as u32, start, max, &mut data, &mut size) };
+    owned(status, data, size)
+}
+
+/// A property (`["plugin_root_id"]`, `["upstream", "address"]`, ...) as bytes.
+pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
+    // The ABI's path encoding: segments joined by NUL bytes.
+    let encoded = path.join("\0");
+    let mut data: *mut u8 = null_mut();
+    let mut size: usize = 0;
+    // SAFETY: pointers to live locals and to `encoded` for the call's duration.
+    let status =
+        unsafe { proxy_get_property(encoded.as_ptr(), encoded.len(), &mut data, &mut size) };
+    owned(status, data, size)
+}
