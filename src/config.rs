@@ -10,6 +10,9 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use crate::fleet::membership::PodNaming;
+use crate::fleet::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
+use crate::fleet::DEFAULT_POOL;
 use crate::sync::SyncSettings;
 
 /// Raw configuration as written by the operator; every field has a default.
@@ -18,6 +21,10 @@ use crate::sync::SyncSettings;
 pub struct RawConfig {
     pub endpoints: Vec<String>,
     pub model_endpoints: BTreeMap<String, Vec<String>>,
+    pub cluster: String,
+    pub model_clusters: BTreeMap<String, String>,
+    pub membership: MembershipSettings,
+    pub passive_cooldown_ms: u32,
     pub block_size: usize,
     pub hash_seed: u64,
     pub table_capacity_blocks: u32,
@@ -35,6 +42,10 @@ impl Default for RawConfig {
         Self {
             endpoints: Vec::new(),
             model_endpoints: BTreeMap::new(),
+            cluster: String::new(),
+            model_clusters: BTreeMap::new(),
+            membership: MembershipSettings::default(),
+            passive_cooldown_ms: 3_000,
             block_size: 128,
             hash_seed: 0,
             table_capacity_blocks: 200_000,
@@ -47,6 +58,42 @@ impl Default for RawConfig {
             sync: SyncSettings::default(),
         }
     }
+}
+
+/// Where cluster pools' members come from: Envoy's admin `/clusters`,
+/// fetched by the singleton through a cluster that points at the admin
+/// listener.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MembershipSettings {
+    /// Envoy cluster of the admin listener.
+    pub admin_cluster: String,
+    /// `:authority` of admin calls.
+    pub admin_authority: String,
+    /// How often the singleton refreshes members and health.
+    pub refresh_ms: u32,
+    /// How pods are named: `address` (`ip:port`) or `hostname`.
+    pub pod_name: PodNaming,
+}
+
+impl Default for MembershipSettings {
+    fn default() -> Self {
+        Self {
+            admin_cluster: "envoy_admin".into(),
+            admin_authority: "envoy-admin".into(),
+            refresh_ms: 500,
+            pod_name: PodNaming::Address,
+        }
+    }
+}
+
+/// Where one pool's members come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolSource {
+    /// A fixed `host:port` list (each address is the pod's name).
+    Static(Vec<String>),
+    /// The hosts of this Envoy upstream cluster, with Envoy's health.
+    Cluster(String),
 }
 
 /// Why a configuration was refused: the offending field and the reason.
@@ -75,14 +122,16 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Validated settings. Endpoints are interned: every pool is a list of indexes
-/// into [`Settings::all_endpoints`], which is sorted so that every replica with
-/// the same configuration gives each pod the same index.
+/// Validated settings. Pools name where their members come from; which
+/// pods they are at a given moment is the [`FleetView`](crate::fleet::FleetView)'s
+/// job, and pods are named by stable names, never by a position in a list.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub all_endpoints: Vec<String>,
-    pub default_pool: Vec<u16>,
-    pub model_pools: BTreeMap<String, Vec<u16>>,
+    /// Pool key (`""` = default pool, else a model) -> source.
+    pub pools: BTreeMap<String, PoolSource>,
+    pub membership: MembershipSettings,
+    /// A pod that failed a request is skipped this long (0 = off).
+    pub passive_cooldown_ms: u32,
     pub block_size: usize,
     pub hash_seed: u64,
     pub table_capacity_blocks: u32,
@@ -95,9 +144,9 @@ pub struct Settings {
     pub sync: SyncSettings,
 }
 
-/// Most endpoints one configuration may name: pod ids are `u16` in the table
-/// and the in-flight counters live in one shared-data value.
-pub const MAX_ENDPOINTS: usize = 1024;
+/// Most endpoints one configuration may name (pod slots are `u16` in the
+/// table and the in-flight counters live in one shared-data value).
+pub const MAX_ENDPOINTS: usize = MAX_SLOTS;
 /// Largest block size accepted; blocks are hashed on the request path.
 pub const MAX_BLOCK_SIZE: usize = 1 << 20;
 
@@ -139,63 +188,22 @@ impl Settings {
         if raw.max_body_bytes == 0 {
             return Err(err("max_body_bytes", "must be > 0"));
         }
-        if raw.endpoints.is_empty() && raw.model_endpoints.is_empty() {
-            return Err(err("endpoints", "at least one endpoint is required"));
+        let pools = pools_of(&raw)?;
+        let m = &raw.membership;
+        if !(50..=60_000).contains(&m.refresh_ms) {
+            return Err(err("membership.refresh_ms", "must be in 50..=60000"));
         }
-        let mut all: Vec<String> = Vec::new();
-        for (field, list) in std::iter::once(("endpoints".to_string(), &raw.endpoints)).chain(
-            raw.model_endpoints
-                .iter()
-                .map(|(m, l)| (format!("model_endpoints.{m}"), l)),
-        ) {
-            for ep in list {
-                if !is_host_port(ep) {
-                    return Err(err(field, format!("`{ep}` is not host:port")));
-                }
-                all.push(ep.clone());
-            }
-        }
-        for (model, list) in &raw.model_endpoints {
-            if model.is_empty() {
-                return Err(err("model_endpoints", "model name must not be empty"));
-            }
-            if list.is_empty() {
-                return Err(err(
-                    format!("model_endpoints.{model}"),
-                    "must list at least one endpoint",
-                ));
-            }
-        }
-        all.sort();
-        all.dedup();
-        if all.len() > MAX_ENDPOINTS {
+        let clustered = pools.values().any(|p| matches!(p, PoolSource::Cluster(_)));
+        if clustered && m.admin_cluster.is_empty() {
             return Err(err(
-                "endpoints",
-                format!("at most {MAX_ENDPOINTS} distinct endpoints"),
+                "membership.admin_cluster",
+                "must name the Envoy cluster of the admin listener when a pool is a cluster",
             ));
         }
-        let intern = |list: &[String]| -> Vec<u16> {
-            let mut ids: Vec<u16> = list
-                .iter()
-                .filter_map(|ep| all.binary_search(ep).ok())
-                .filter_map(|i| u16::try_from(i).ok())
-                .collect();
-            ids.sort_unstable();
-            ids.dedup();
-            ids
-        };
-        let default_pool = intern(&raw.endpoints);
-        let model_pools = raw
-            .model_endpoints
-            .iter()
-            .map(|(m, l)| (m.clone(), intern(l)))
-            .collect();
         raw.sync
             .validate()
             .map_err(|e| err(format!("sync.{}", e.field), e.reason))?;
         Ok(Self {
-            default_pool,
-            model_pools,
             block_size: raw.block_size,
             hash_seed: raw.hash_seed,
             table_capacity_blocks: raw.table_capacity_blocks,
@@ -206,29 +214,135 @@ impl Settings {
             match_header: (!raw.match_header.is_empty()).then_some(raw.match_header),
             max_body_bytes: raw.max_body_bytes,
             sync: raw.sync,
-            all_endpoints: all,
+            pools,
+            membership: raw.membership,
+            passive_cooldown_ms: raw.passive_cooldown_ms,
         })
     }
 
-    /// The endpoint pool serving `model`: its own pool, else the default one.
-    pub fn pool_for(&self, model: &str) -> &[u16] {
-        self.model_pools
-            .get(model)
-            .map(Vec::as_slice)
-            .unwrap_or(&self.default_pool)
+    /// The static pools (`host:port` lists), by pool key.
+    pub fn static_pools(&self) -> BTreeMap<String, Vec<String>> {
+        self.pools
+            .iter()
+            .filter_map(|(k, p)| match p {
+                PoolSource::Static(list) => Some((k.clone(), list.clone())),
+                PoolSource::Cluster(_) => None,
+            })
+            .collect()
     }
 
-    /// Pod id of an endpoint name, if this configuration knows it.
-    pub fn endpoint_id(&self, endpoint: &str) -> Option<u16> {
-        self.all_endpoints
-            .binary_search_by(|e| e.as_str().cmp(endpoint))
-            .ok()
-            .and_then(|i| u16::try_from(i).ok())
+    /// The cluster pools: pool key -> Envoy cluster name.
+    pub fn cluster_pools(&self) -> BTreeMap<String, String> {
+        self.pools
+            .iter()
+            .filter_map(|(k, p)| match p {
+                PoolSource::Cluster(c) => Some((k.clone(), c.clone())),
+                PoolSource::Static(_) => None,
+            })
+            .collect()
     }
 
-    pub fn endpoint_name(&self, id: u16) -> Option<&str> {
-        self.all_endpoints.get(usize::from(id)).map(String::as_str)
+    /// How long a pod must have been gone before its registry slot may name
+    /// another pod: past every record that could still name it (idle
+    /// expiry, the Redis TTL of synced facts) plus the registry's coarse
+    /// `last_seen`.
+    pub fn retire_secs(&self) -> u32 {
+        let ttl = if self.sync.enabled {
+            u32::try_from(self.sync.effective_ttl_secs()).unwrap_or(u32::MAX)
+        } else {
+            0
+        };
+        self.table_idle_expiry_secs
+            .max(ttl)
+            .saturating_add(2 * SEEN_EVERY_SECS)
     }
+}
+
+/// Each pool's source; a pool names either a list or a cluster, never both,
+/// and at least one pool exists.
+fn pools_of(raw: &RawConfig) -> Result<BTreeMap<String, PoolSource>, ConfigError> {
+    let mut pools = BTreeMap::new();
+    match (raw.endpoints.is_empty(), raw.cluster.is_empty()) {
+        (false, false) => {
+            return Err(err(
+                "cluster",
+                "name either `endpoints` or `cluster` for the default pool, not both",
+            ))
+        }
+        (false, true) => {
+            pools.insert(
+                DEFAULT_POOL.to_string(),
+                static_pool("endpoints", &raw.endpoints)?,
+            );
+        }
+        (true, false) => {
+            pools.insert(
+                DEFAULT_POOL.to_string(),
+                PoolSource::Cluster(raw.cluster.clone()),
+            );
+        }
+        (true, true) => {}
+    }
+    for (model, list) in &raw.model_endpoints {
+        if model.is_empty() {
+            return Err(err("model_endpoints", "model name must not be empty"));
+        }
+        let field = format!("model_endpoints.{model}");
+        if list.is_empty() {
+            return Err(err(field, "must list at least one endpoint"));
+        }
+        if raw.model_clusters.contains_key(model) {
+            return Err(err(
+                format!("model_clusters.{model}"),
+                "model also has `model_endpoints`: name a list or a cluster, not both",
+            ));
+        }
+        pools.insert(model.clone(), static_pool(&field, list)?);
+    }
+    for (model, cluster) in &raw.model_clusters {
+        if model.is_empty() || cluster.is_empty() {
+            return Err(err(
+                "model_clusters",
+                "model and cluster names must not be empty",
+            ));
+        }
+        pools.insert(model.clone(), PoolSource::Cluster(cluster.clone()));
+    }
+    if pools.is_empty() {
+        return Err(err(
+            "endpoints",
+            "at least one endpoint is required (or name a `cluster`)",
+        ));
+    }
+    let mut all: Vec<&String> = pools
+        .values()
+        .filter_map(|p| match p {
+            PoolSource::Static(l) => Some(l),
+            PoolSource::Cluster(_) => None,
+        })
+        .flatten()
+        .collect();
+    all.sort();
+    all.dedup();
+    if all.len() > MAX_ENDPOINTS {
+        return Err(err(
+            "endpoints",
+            format!("at most {MAX_ENDPOINTS} distinct endpoints"),
+        ));
+    }
+    Ok(pools)
+}
+
+fn static_pool(field: &str, list: &[String]) -> Result<PoolSource, ConfigError> {
+    for ep in list {
+        if !is_host_port(ep) {
+            return Err(err(field, format!("`{ep}` is not host:port")));
+        }
+    }
+    let mut list = list.to_vec();
+    list.sort();
+    list.dedup();
+    Ok(PoolSource::Static(list))
 }
 
 /// serde_json's errors carry a line and column, not a field path; find the
@@ -281,20 +395,49 @@ mod tests {
         assert_eq!(s.imbalance_abs_count, 16);
         assert_eq!(s.stddev_factor, 2.0);
         assert_eq!(s.match_header, None);
-        assert_eq!(s.all_endpoints, vec!["10.0.0.1:8000", "10.0.0.2:8000"]);
-        assert_eq!(s.default_pool, vec![0, 1]);
+        assert_eq!(s.static_pools()[""], vec!["10.0.0.1:8000", "10.0.0.2:8000"]);
+        assert_eq!(s.membership.refresh_ms, 500);
+        assert_eq!(s.passive_cooldown_ms, 3000);
         assert!(!s.sync.enabled);
     }
 
     #[test]
-    fn model_pools_intern_shared_endpoints() {
+    fn model_pools_are_their_own_lists() {
         let s =
             parse(r#"{"endpoints":["a:1","b:1"],"model_endpoints":{"m":["b:1","c:1"]}}"#).unwrap();
-        assert_eq!(s.all_endpoints, vec!["a:1", "b:1", "c:1"]);
-        assert_eq!(s.pool_for("m"), &[1, 2]);
-        assert_eq!(s.pool_for("other"), &[0, 1]);
-        assert_eq!(s.endpoint_id("c:1"), Some(2));
-        assert_eq!(s.endpoint_name(0), Some("a:1"));
+        assert_eq!(s.static_pools()["m"], vec!["b:1", "c:1"]);
+        assert_eq!(s.static_pools()[""], vec!["a:1", "b:1"]);
+        assert!(s.cluster_pools().is_empty());
+    }
+
+    #[test]
+    fn a_pool_names_a_list_or_a_cluster_never_both_or_neither() {
+        let s = parse(r#"{"cluster":"pods","model_clusters":{"m":"pods-m"}}"#).unwrap();
+        assert_eq!(s.cluster_pools()[""], "pods");
+        assert_eq!(s.cluster_pools()["m"], "pods-m");
+        for (cfg, field) in [
+            (r#"{"endpoints":["a:1"],"cluster":"pods"}"#, "cluster"),
+            (
+                r#"{"model_endpoints":{"m":["a:1"]},"model_clusters":{"m":"c"}}"#,
+                "model_clusters.m",
+            ),
+            (r#"{"model_clusters":{"m":""}}"#, "model_clusters"),
+            (
+                r#"{"cluster":"pods","membership":{"admin_cluster":""}}"#,
+                "membership.admin_cluster",
+            ),
+            (
+                r#"{"cluster":"pods","membership":{"refresh_ms":0}}"#,
+                "membership.refresh_ms",
+            ),
+            (
+                r#"{"cluster":"pods","membership":{"pod_name":"ip"}}"#,
+                "membership",
+            ),
+        ] {
+            let e = parse(cfg).unwrap_err();
+            assert_eq!(e.field, field, "{cfg}: {e}");
+        }
     }
 
     #[test]

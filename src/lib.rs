@@ -13,6 +13,7 @@
 //! the steps together over the [`store::SharedStore`] trait.
 
 pub mod config;
+pub mod fleet;
 pub mod handoff;
 pub mod hashing;
 pub mod liveness;

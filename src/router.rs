@@ -13,11 +13,12 @@
 //! below its true end (within 1/8 of its length past the dense prefix), and an
 //! eviction hole inside a chain can make the search stop early.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, Ref, RefCell};
 use std::collections::HashMap;
 use std::fmt;
 
 use crate::config::Settings;
+use crate::fleet::{self, FleetView, Members};
 use crate::hashing::BlockHasher;
 use crate::load::InflightCounters;
 use crate::policy::{choose, Choice, PolicyConfig};
@@ -53,16 +54,6 @@ impl From<StoreError> for RouteError {
     }
 }
 
-/// Who writes a decision's blocks into the table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recording {
-    /// The routing call writes them (one CAS per touched bucket).
-    Inline,
-    /// The caller hands them to a single writer (the singleton), keeping
-    /// shared-data writes off the request path.
-    Deferred,
-}
-
 /// A routing decision and what it cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routed {
@@ -81,9 +72,11 @@ pub struct Routed {
     pub inflight: u32,
 }
 
-/// Routing state of one VM: settings-derived helpers plus a model-id cache.
+/// Routing state of one VM: settings-derived helpers, the VM's view of the
+/// fleet, and a model-id cache.
 pub struct Router {
     settings: Settings,
+    fleet: RefCell<FleetView>,
     hasher: BlockHasher,
     table: TableConfig,
     policy: PolicyConfig,
@@ -106,6 +99,7 @@ impl Router {
                 stddev_factor: settings.stddev_factor,
             },
             model_ids: RefCell::new(HashMap::new()),
+            fleet: RefCell::new(FleetView::default()),
             touch_interval_secs: touch_interval_secs(&settings),
             turn: Cell::new(None),
             settings,
@@ -116,8 +110,46 @@ impl Router {
         &self.settings
     }
 
-    pub fn table_config(&self) -> TableConfig {
-        self.table
+    /// This VM's view of the fleet (members, health, cooldowns).
+    pub fn fleet(&self) -> Ref<'_, FleetView> {
+        self.fleet.borrow()
+    }
+
+    /// Replaces the members (published by the singleton, or built from
+    /// static pools), keeping the cooldowns.
+    pub fn set_members(&self, members: Members) {
+        self.fleet.borrow_mut().set_members(members);
+    }
+
+    pub fn set_down(&self, down: Vec<(u16, u64)>) {
+        self.fleet.borrow_mut().set_down(down);
+    }
+
+    /// Whether every pool is a static list (this VM builds its own members
+    /// then; cluster pools are published by the singleton).
+    pub fn all_static(&self) -> bool {
+        self.settings.cluster_pools().is_empty()
+    }
+
+    /// Builds the members of static pools, registering their names (a CAS
+    /// write only when one is new, or at most once a minute to mark them
+    /// still in use). No-op with cluster pools.
+    pub fn refresh_static<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        now_secs: u32,
+    ) -> Result<(), StoreError> {
+        if !self.all_static() {
+            return Ok(());
+        }
+        let members = fleet::static_members(
+            store,
+            &self.settings.static_pools(),
+            now_secs,
+            self.settings.retire_secs(),
+        )?;
+        self.set_members(members);
+        Ok(())
     }
 
     /// Table id of a model name (cached; ids are never reassigned).
@@ -146,21 +178,15 @@ impl Router {
         now_secs: u32,
         rng: &mut SplitMix64,
     ) -> Result<Routed, RouteError> {
-        self.route_with(store, req, now_secs, rng, Recording::Inline)
-    }
-
-    /// [`Router::route`], choosing who writes the table: with
-    /// [`Recording::Deferred`] the blocks to record are only returned (in
-    /// [`Routed::recorded`]) for a single writer to apply later.
-    pub fn route_with<S: SharedStore + ?Sized>(
-        &self,
-        store: &S,
-        req: &PromptRequest,
-        now_secs: u32,
-        rng: &mut SplitMix64,
-        recording: Recording,
-    ) -> Result<Routed, RouteError> {
-        let pool = self.settings.pool_for(&req.model);
+        if self.fleet.borrow().is_empty() {
+            // Static pools before the first tick built them.
+            self.refresh_static(store, now_secs)?;
+        }
+        let pool = self
+            .fleet
+            .borrow()
+            .routable(&req.model, u64::from(now_secs) * 1000);
+        let pool = pool.as_slice();
         if pool.is_empty() {
             return Err(RouteError::NoEndpoints);
         }
@@ -172,7 +198,7 @@ impl Router {
             Some(m) => longest_matches(&table, &hashes, &positions, m, pool, now_secs)?,
             None => (Vec::new(), 0),
         };
-        let counters = InflightCounters::new(store, self.settings.all_endpoints.len());
+        let counters = InflightCounters::new(store, self.fleet.borrow().bound());
         // Other replicas' load exists only when syncing: skip that read otherwise.
         let load = if self.settings.sync.enabled {
             counters.fleet()?
@@ -201,9 +227,9 @@ impl Router {
             .filter(|&&i| i >= fresh)
             .map(|&i| hashes[i])
             .collect();
-        let write = match (model, recording) {
-            (Some(m), Recording::Inline) => table.record(&recorded, m, choice.pod, now_secs),
-            _ => WriteOutcome::default(),
+        let write = match model {
+            Some(m) => table.record(&recorded, m, choice.pod, now_secs),
+            None => WriteOutcome::default(),
         };
         let (inflight, load_retries) = counters.add(choice.pod, 1)?;
         Ok(Routed {
@@ -220,9 +246,7 @@ impl Router {
 
     /// Releases one in-flight request on `pod`; returns its new count.
     pub fn release<S: SharedStore + ?Sized>(&self, store: &S, pod: u16) -> Result<u32, StoreError> {
-        InflightCounters::new(store, self.settings.all_endpoints.len())
-            .add(pod, -1)
-            .map(|(v, _)| v)
+        InflightCounters::new(store, 0).add(pod, -1).map(|(v, _)| v)
     }
 }
 
@@ -522,32 +546,6 @@ mod tests {
     }
 
     #[test]
-    fn deferred_recording_writes_nothing_until_applied() {
-        let s = MemStore::new();
-        let r = router("");
-        let mut rng = SplitMix64::new(1);
-        let p = "d".repeat(400);
-        let a = r
-            .route_with(&s, &req(&p), 100, &mut rng, Recording::Deferred)
-            .unwrap();
-        assert_eq!(a.write, WriteOutcome::default());
-        assert_eq!(a.recorded.len(), sampled_positions(100, 32).len());
-        r.release(&s, a.choice.pod).unwrap();
-        let b = r
-            .route_with(&s, &req(&p), 100, &mut rng, Recording::Deferred)
-            .unwrap();
-        assert_eq!(b.choice.reason, Reason::NoMatch, "nothing was written yet");
-        r.release(&s, b.choice.pod).unwrap();
-        // The single writer applies the first decision; now it matches.
-        let table = PrefixTable::new(&s, r.table_config());
-        table.record(&a.recorded, a.model.unwrap(), a.choice.pod, 100);
-        let c = r
-            .route_with(&s, &req(&p), 100, &mut rng, Recording::Deferred)
-            .unwrap();
-        assert_eq!((c.choice.pod, c.choice.match_percent), (a.choice.pod, 100));
-    }
-
-    #[test]
     fn in_flight_is_counted_and_released() {
         let s = MemStore::new();
         let r = router("");
@@ -583,7 +581,7 @@ mod tests {
         let mut rng = SplitMix64::new(1);
         for _ in 0..20 {
             let a = r.route(&s, &req("abc"), 100, &mut rng).unwrap();
-            assert_ne!(r.settings().endpoint_name(a.choice.pod), Some("p:1"));
+            assert_ne!(r.fleet().address(a.choice.pod), Some("p:1"));
         }
     }
 

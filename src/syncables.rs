@@ -6,7 +6,13 @@
 //!   newer time per pod: byte-compatible with AIBrix's Go gateways. Delta
 //!   tracking: blocks workers handed over since the last successful push.
 //! - [`PodLoadSync`] (`podload`): one entity per replica, its in-flight count
-//!   per endpoint, so routing weighs the fleet's load and not only its own.
+//!   per pod, so routing weighs the fleet's load and not only its own.
+//!
+//! Pods travel by their stable name, never by slot. Remote facts are applied
+//! only for pods that are members here now (a slot is given to another pod
+//! only long after its pod left, see [`crate::fleet::registry`]), and their
+//! times are clamped to now, so a hostile or skewed writer cannot pin a fact
+//! beyond its idle expiry.
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
@@ -14,13 +20,15 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
+use crate::fleet::SharedView;
 use crate::handoff::{DirtySet, Touched};
 use crate::load::InflightCounters;
 use crate::store::SharedStore;
 use crate::sync::{Capabilities, Delta, Rejected, Syncable};
 use crate::table::{ModelRegistry, PrefixTable, Record, TableConfig};
 
-/// Seconds since the Unix epoch, as the host sees them.
+/// The host's clock: [`PrefixCacheSync`] reads Unix seconds from it,
+/// [`PodLoadSync`] Unix milliseconds.
 pub type Clock = Rc<dyn Fn() -> u64>;
 
 const NANOS: u64 = 1_000_000_000;
@@ -36,6 +44,7 @@ pub struct PrefixCacheSync<S: SharedStore> {
     namespace: String,
     store: S,
     settings: Rc<Settings>,
+    fleet: SharedView,
     table: TableConfig,
     clock: Clock,
     dirty: DirtySet,
@@ -46,8 +55,15 @@ pub struct PrefixCacheSync<S: SharedStore> {
 }
 
 impl<S: SharedStore> PrefixCacheSync<S> {
-    pub fn new(store: S, settings: Rc<Settings>, clock: Clock, max_dirty: usize) -> Self {
+    pub fn new(
+        store: S,
+        settings: Rc<Settings>,
+        fleet: SharedView,
+        clock: Clock,
+        max_dirty: usize,
+    ) -> Self {
         Self {
+            fleet,
             namespace: settings.sync.namespaces.prefixcache.clone(),
             table: TableConfig::new(
                 settings.table_capacity_blocks,
@@ -62,7 +78,7 @@ impl<S: SharedStore> PrefixCacheSync<S> {
         }
     }
 
-    /// Marks blocks a worker recorded; returns the block ids for write-through.
+    /// Marks blocks a worker recorded, for the next push.
     pub fn mark(&mut self, touched: &Touched) {
         for b in &touched.blocks {
             self.dirty.mark(*b);
@@ -100,10 +116,9 @@ impl<S: SharedStore> PrefixCacheSync<S> {
 
     fn encode(&self, records: &[Record]) -> Option<Vec<u8>> {
         let mut p = BlockPayload::default();
+        let fleet = self.fleet.borrow();
         for r in records {
-            let (Some(model), Some(pod)) =
-                (self.model_name(r.model), self.settings.endpoint_name(r.pod))
-            else {
+            let (Some(model), Some(pod)) = (self.model_name(r.model), fleet.name(r.pod)) else {
                 continue;
             };
             p.model_to_pods
@@ -142,25 +157,30 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
         let p: BlockPayload =
             serde_json::from_slice(payload).map_err(|e| Rejected(format!("block {id}: {e}")))?;
         let registry = ModelRegistry::new(&self.store);
+        let now = self.now();
+        let fleet = self.fleet.borrow();
         let mut facts = Vec::new();
         for (model, pods) in &p.model_to_pods {
             let Ok(Some(model)) = registry.id_of(model) else {
                 continue;
             };
             for (pod, nanos) in pods {
-                // Pods this replica is not configured for cannot be routed to.
-                let Some(pod) = self.settings.endpoint_id(pod) else {
+                // Only pods that are members here now can be routed to.
+                let Some(pod) = fleet.slot_of(pod) else {
                     continue;
                 };
                 facts.push(Record {
                     block,
                     model,
                     pod,
-                    last_access: u32::try_from(nanos / NANOS).unwrap_or(u32::MAX),
+                    // A time from the future would never idle out and win
+                    // every merge: nobody saw the pod later than now.
+                    last_access: u32::try_from(nanos / NANOS).unwrap_or(u32::MAX).min(now),
                 });
             }
         }
-        PrefixTable::new(&self.store, self.table).upsert(&facts, self.now());
+        drop(fleet);
+        PrefixTable::new(&self.store, self.table).upsert(&facts, now);
         Ok(())
     }
 
@@ -216,7 +236,7 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
 /// One replica's load report.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LoadReport {
-    /// In-flight requests per endpoint (`host:port`).
+    /// In-flight requests per pod name.
     pub inflight: BTreeMap<String, u32>,
     /// When the report was made, unix milliseconds.
     pub at_ms: u64,
@@ -229,7 +249,7 @@ pub struct PodLoadSync<S: SharedStore> {
     namespace: String,
     replica: String,
     store: S,
-    settings: Rc<Settings>,
+    fleet: SharedView,
     clock_ms: Clock,
     /// Reports older than this are stale (deleted from Redis, not applied).
     max_age_ms: u64,
@@ -239,7 +259,8 @@ pub struct PodLoadSync<S: SharedStore> {
 impl<S: SharedStore> PodLoadSync<S> {
     pub fn new(
         store: S,
-        settings: Rc<Settings>,
+        settings: &Settings,
+        fleet: SharedView,
         replica: String,
         clock_ms: Clock,
         max_age_ms: u64,
@@ -248,7 +269,7 @@ impl<S: SharedStore> PodLoadSync<S> {
             namespace: settings.sync.namespaces.load.clone(),
             replica,
             store,
-            settings,
+            fleet,
             clock_ms,
             max_age_ms,
             remote: HashMap::new(),
@@ -256,7 +277,7 @@ impl<S: SharedStore> PodLoadSync<S> {
     }
 
     fn counters(&self) -> InflightCounters<'_, S> {
-        InflightCounters::new(&self.store, self.settings.all_endpoints.len())
+        InflightCounters::new(&self.store, self.fleet.borrow().bound())
     }
 }
 
@@ -269,14 +290,14 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
         let Ok(local) = self.counters().local() else {
             return Vec::new();
         };
+        let fleet = self.fleet.borrow();
         let report = LoadReport {
-            inflight: self
-                .settings
-                .all_endpoints
-                .iter()
-                .cloned()
-                .zip(local)
-                .filter(|(_, n)| *n > 0)
+            inflight: fleet
+                .all()
+                .filter_map(|(slot, name, _)| {
+                    let n = local.get(usize::from(slot)).copied().unwrap_or(0);
+                    (n > 0).then(|| (name.to_string(), n))
+                })
                 .collect(),
             at_ms: (self.clock_ms)(),
         };
@@ -291,10 +312,14 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
         }
         let report: LoadReport = serde_json::from_slice(payload)
             .map_err(|e| Rejected(format!("load report {id}: {e}")))?;
-        let mut counts = vec![0u32; self.settings.all_endpoints.len()];
-        for (ep, n) in report.inflight {
-            if let Some(pod) = self.settings.endpoint_id(&ep) {
-                counts[usize::from(pod)] = n;
+        let fleet = self.fleet.borrow();
+        let mut counts = vec![0u32; fleet.bound()];
+        for (name, n) in report.inflight {
+            if let Some(c) = fleet
+                .slot_of(&name)
+                .and_then(|pod| counts.get_mut(usize::from(pod)))
+            {
+                *c = n;
             }
         }
         self.remote.insert(id.to_string(), counts);
@@ -315,7 +340,7 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
     }
 
     fn on_sync_end(&mut self) {
-        let mut total = vec![0u32; self.settings.all_endpoints.len()];
+        let mut total = vec![0u32; self.fleet.borrow().bound()];
         for counts in self.remote.values() {
             for (t, c) in total.iter_mut().zip(counts) {
                 *t = t.saturating_add(*c);
@@ -346,6 +371,12 @@ mod tests {
         Rc::new(Settings::from_json(br#"{"endpoints":["a:1","b:1"]}"#).unwrap())
     }
 
+    /// The static pools as members (a:1 gets slot 0, b:1 slot 1).
+    fn view(store: &MemStore, s: &Settings) -> SharedView {
+        let m = crate::fleet::static_members(store, &s.static_pools(), 1, 100).unwrap();
+        Rc::new(std::cell::RefCell::new(crate::fleet::FleetView::new(m)))
+    }
+
     fn clock(secs: u64) -> Clock {
         Rc::new(move || secs)
     }
@@ -354,7 +385,8 @@ mod tests {
     fn payload_is_aibrix_shaped_and_merges_newer_time() {
         let store = Rc::new(MemStore::new());
         let s = settings();
-        let mut sync = PrefixCacheSync::new(store.clone(), s.clone(), clock(1000), 100);
+        let mut sync =
+            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
         let model = ModelRegistry::new(&*store).id_of("llama").unwrap().unwrap();
         let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
         table.record(&[77], model, 0, 990);
@@ -383,9 +415,36 @@ mod tests {
     }
 
     #[test]
+    fn remote_times_from_the_future_are_clamped_to_now() {
+        let store = Rc::new(MemStore::new());
+        let s = settings();
+        let mut sync =
+            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
+        let model = ModelRegistry::new(&*store).id_of("m").unwrap().unwrap();
+        let forever = format!(r#"{{"model_to_pods":{{"m":{{"a:1":{}}}}}}}"#, u64::MAX);
+        sync.apply_remote("9", forever.as_bytes()).unwrap();
+        let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
+        let mut pods = Vec::new();
+        table.pods_holding(9, model, 1000, &mut pods).unwrap();
+        assert_eq!(pods, vec![(0, 1000)]);
+        // So it idles out like any other fact, and a newer local one wins.
+        pods.clear();
+        table
+            .pods_holding(9, model, 1000 + 1200, &mut pods)
+            .unwrap();
+        assert!(pods.is_empty());
+    }
+
+    #[test]
     fn clear_dirty_only_clears_what_delta_saw() {
         let store = Rc::new(MemStore::new());
-        let mut sync = PrefixCacheSync::new(store.clone(), settings(), clock(1000), 100);
+        let mut sync = PrefixCacheSync::new(
+            store.clone(),
+            settings(),
+            view(&store, &settings()),
+            clock(1000),
+            100,
+        );
         sync.mark(&Touched {
             model: 0,
             pod: 0,
@@ -406,7 +465,13 @@ mod tests {
     #[test]
     fn evicted_dirty_block_is_skipped() {
         let store = Rc::new(MemStore::new());
-        let mut sync = PrefixCacheSync::new(store, settings(), clock(1000), 100);
+        let mut sync = PrefixCacheSync::new(
+            store.clone(),
+            settings(),
+            view(&store, &settings()),
+            clock(1000),
+            100,
+        );
         sync.mark(&Touched {
             model: 0,
             pod: 0,
@@ -419,7 +484,13 @@ mod tests {
     #[test]
     fn bad_remote_payloads_are_rejected() {
         let store = Rc::new(MemStore::new());
-        let mut sync = PrefixCacheSync::new(store, settings(), clock(1000), 100);
+        let mut sync = PrefixCacheSync::new(
+            store.clone(),
+            settings(),
+            view(&store, &settings()),
+            clock(1000),
+            100,
+        );
         assert!(sync.apply_remote("x", b"{}").is_err());
         assert!(sync.apply_remote("1", b"nope").is_err());
     }
@@ -427,7 +498,13 @@ mod tests {
     #[test]
     fn stale_when_every_pod_is_past_idle_expiry() {
         let store = Rc::new(MemStore::new());
-        let sync = PrefixCacheSync::new(store, settings(), clock(10_000), 100);
+        let sync = PrefixCacheSync::new(
+            store.clone(),
+            settings(),
+            view(&store, &settings()),
+            clock(10_000),
+            100,
+        );
         assert!(sync.is_stale("1", br#"{"model_to_pods":{"m":{"a:1":1000000000000}}}"#));
         assert!(!sync.is_stale(
             "1",
@@ -441,7 +518,8 @@ mod tests {
         let s = Rc::new(
             Settings::from_json(br#"{"endpoints":["a:1"],"table_capacity_blocks":64}"#).unwrap(),
         );
-        let sync = PrefixCacheSync::new(store.clone(), s, clock(100), 100);
+        let fleet = view(&store, &s);
+        let sync = PrefixCacheSync::new(store.clone(), s, fleet, clock(100), 100);
         ModelRegistry::new(&*store).id_of("m").unwrap();
         PrefixTable::new(&*store, TableConfig::new(64, 1200)).record(&[1, 2, 3], 0, 0, 100);
         let ids: Vec<String> = sync.snapshot().into_iter().map(|(id, _)| id).collect();
@@ -456,7 +534,8 @@ mod tests {
         let n = now.clone();
         let mut me = PodLoadSync::new(
             store.clone(),
-            s.clone(),
+            &s,
+            view(&store, &s),
             "r1".into(),
             Rc::new(move || n.get()),
             30_000,

@@ -23,8 +23,11 @@ pub const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
 pub struct PrefixFilter {
     shared: Rc<FilterShared>,
     kind: Option<ApiKind>,
-    /// Pod counted in flight for this stream, released exactly once.
-    inflight_pod: Option<u16>,
+    /// Pod counted in flight for this stream (slot and the address it was
+    /// sent to), released exactly once.
+    inflight_pod: Option<(u16, String)>,
+    /// Where the request was sent, for the passive health check in `on_log`.
+    sent_to: Option<(u16, String)>,
     match_percent: Option<u8>,
 }
 
@@ -34,6 +37,7 @@ impl PrefixFilter {
             shared,
             kind: None,
             inflight_pod: None,
+            sent_to: None,
             match_percent: None,
         }
     }
@@ -52,7 +56,7 @@ impl PrefixFilter {
             let _ = hostcalls::set_map_value(
                 MapType::HttpRequestHeaders,
                 ORIGINAL_DST_HEADER,
-                Some(endpoint),
+                Some(&endpoint),
             );
         }
     }
@@ -75,25 +79,30 @@ impl PrefixFilter {
             }
         })?;
         let pod = routed.choice.pod;
-        // Counted in flight from here: release on stream end whatever happens next.
-        self.inflight_pod = Some(pod);
-        self.match_percent = Some(routed.choice.match_percent);
         let endpoint = self
             .shared
             .router
-            .settings()
-            .endpoint_name(pod)
-            .ok_or(PassReason::InternalError)?;
+            .fleet()
+            .address(pod)
+            .unwrap_or_default()
+            .to_string();
+        // Counted in flight from here: release on stream end whatever happens next.
+        self.inflight_pod = Some((pod, endpoint.clone()));
+        self.sent_to = Some((pod, endpoint.clone()));
+        self.match_percent = Some(routed.choice.match_percent);
+        if endpoint.is_empty() {
+            return Err(PassReason::InternalError);
+        }
         hostcalls::set_map_value(
             MapType::HttpRequestHeaders,
             DESTINATION_HEADER,
-            Some(endpoint),
+            Some(&endpoint),
         )
         .map_err(|_| PassReason::InternalError)?;
         hostcalls::set_map_value(
             MapType::HttpRequestHeaders,
             ORIGINAL_DST_HEADER,
-            Some(endpoint),
+            Some(&endpoint),
         )
         .map_err(|_| PassReason::InternalError)?;
         if let (Some(start), Ok(end)) = (started, hostcalls::get_current_time()) {
@@ -108,10 +117,11 @@ impl PrefixFilter {
         Ok(())
     }
 
+    /// Releases the in-flight count (on_done or on_log, whichever comes first).
     fn release(&mut self) {
-        if let Some(pod) = self.inflight_pod.take() {
+        if let Some((pod, address)) = self.inflight_pod.take() {
             match self.shared.router.release(&HostStore, pod) {
-                Ok(v) => self.shared.metrics.inflight(pod, v),
+                Ok(v) => self.shared.metrics.inflight(&address, v),
                 Err(e) => log::warn!("prefix_router: in-flight release failed: {e}"),
             }
         }
@@ -204,5 +214,12 @@ impl HttpContext for PrefixFilter {
 
     fn on_log(&mut self) {
         self.release();
+        // Passive health: did the pod fail this request? Needs the stream's
+        // final properties, which on_log has.
+        if let Some((pod, address)) = self.sent_to.take() {
+            if !address.is_empty() {
+                self.shared.observe_outcome(pod, &address);
+            }
+        }
     }
 }

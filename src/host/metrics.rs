@@ -2,6 +2,9 @@
 //! keys stats by name, so every worker VM increments the same counters.
 //! Stat writes are best effort: a failing stat must never fail a request.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
@@ -26,7 +29,9 @@ pub struct Metrics {
     /// [`crate::liveness`]); defined only with sync on.
     pub sync_success_age_s: u32,
     pub sync_singleton_age_s: u32,
-    inflight: Vec<u32>,
+    pub passive_cooldowns: u32,
+    /// In-flight gauge per pod address, defined when first routed to.
+    inflight: RefCell<HashMap<String, u32>>,
 }
 
 fn define(kind: MetricType, name: &str) -> u32 {
@@ -63,16 +68,8 @@ impl Metrics {
             sync_success_age_s: g("sync.last_success_age_s"),
             sync_singleton_age_s: g("sync.singleton_age_s"),
             route_time_us: define(MetricType::Histogram, "prefix_router.route_time_us"),
-            inflight: settings
-                .all_endpoints
-                .iter()
-                .map(|ep| {
-                    define(
-                        MetricType::Gauge,
-                        &format!("prefix_router.inflight.{}", stat_safe(ep)),
-                    )
-                })
-                .collect(),
+            passive_cooldowns: c("fleet.passive_cooldowns"),
+            inflight: RefCell::new(HashMap::new()),
         }
     }
 
@@ -104,11 +101,20 @@ impl Metrics {
         }
     }
 
-    /// Publishes a pod's in-flight count (the shared-data value is the truth).
-    pub fn inflight(&self, pod: u16, value: u32) {
-        if let Some(id) = self.inflight.get(usize::from(pod)) {
-            self.record(*id, u64::from(value));
+    /// Publishes a pod's in-flight count (the shared-data value is the
+    /// truth) under its address, `prefix_router.inflight.<host>_<port>`.
+    pub fn inflight(&self, address: &str, value: u32) {
+        let mut ids = self.inflight.borrow_mut();
+        if !ids.contains_key(address) {
+            let id = define(
+                MetricType::Gauge,
+                &format!("prefix_router.inflight.{}", stat_safe(address)),
+            );
+            ids.insert(address.to_string(), id);
         }
+        let id = ids.get(address).copied().unwrap_or(0);
+        drop(ids);
+        self.record(id, u64::from(value));
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod abi;
 mod filter;
+mod fleet_service;
 mod metrics;
 mod root;
 mod store;

@@ -10,14 +10,16 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
+use super::abi;
 use super::filter::PrefixFilter;
 use super::metrics::Metrics;
+use super::store::HostStore;
 use super::{now_nanos, now_secs};
 use crate::handoff::{self, Touched};
 use crate::liveness::{self, Heartbeat};
 use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
-use crate::router::{Recording, RouteError, Routed, Router};
+use crate::router::{RouteError, Routed, Router};
 use crate::store::SharedStore;
 
 /// State shared by every stream of one worker VM.
@@ -30,6 +32,8 @@ pub struct FilterShared {
     /// deployment without the singleton pays no hostcall per request).
     queue: RefCell<QueueState>,
     vm_id: String,
+    /// CAS of the published members last applied (cluster pools).
+    members_cas: RefCell<Option<u32>>,
 }
 
 impl FilterShared {
@@ -50,13 +54,9 @@ impl FilterShared {
         } else {
             None
         };
-        let routed = self.router.route_with(
-            store,
-            req,
-            now,
-            &mut self.rng.borrow_mut(),
-            Recording::Inline,
-        );
+        let routed = self
+            .router
+            .route(store, req, now, &mut self.rng.borrow_mut());
         if let Ok(r) = &routed {
             let m = &self.metrics;
             m.routed(r.choice.reason);
@@ -67,7 +67,9 @@ impl FilterShared {
             m.add(m.cas_exhausted, u64::from(r.write.failed_buckets));
             m.add(m.table_evictions, u64::from(r.write.evictions));
             m.add(m.slots_used, u64::from(r.write.new_slots));
-            m.inflight(r.choice.pod, r.inflight);
+            if let Some(address) = self.router.fleet().address(r.choice.pod) {
+                m.inflight(address, r.inflight);
+            }
             if let (Some(model), false) = (r.model, r.recorded.is_empty()) {
                 let touched = Touched {
                     model,
@@ -82,20 +84,80 @@ impl FilterShared {
     }
 
     /// A pod for a request the filter does not route (pass-through), chosen
-    /// at random from the default pool (else from all endpoints). Only the
+    /// at random among the default pool's routable members. Only the
     /// ORIGINAL_DST header gets it: that cluster type has no fallback of its
     /// own, while `override_host` falls back to round robin without a header.
-    pub fn fallback_endpoint(&self) -> Option<&str> {
-        let s = self.router.settings();
-        let n = if s.default_pool.is_empty() {
-            s.all_endpoints.len()
-        } else {
-            s.default_pool.len()
+    pub fn fallback_endpoint(&self) -> Option<String> {
+        let fleet = self.router.fleet();
+        let pool = fleet.routable(crate::fleet::DEFAULT_POOL, now_nanos() / 1_000_000);
+        let i = self.rng.borrow_mut().below(pool.len());
+        pool.get(i)
+            .and_then(|slot| fleet.address(*slot))
+            .map(str::to_string)
+    }
+
+    /// After a request ends: if the pod it was sent to failed it (Envoy sent
+    /// it elsewhere on retry or could not reach it, or it answered 502/503),
+    /// every VM skips that pod for `passive_cooldown_ms`. It comes back by
+    /// itself when the cooldown ends.
+    pub fn observe_outcome(&self, pod: u16, chosen: &str) {
+        let cooldown = u64::from(self.router.settings().passive_cooldown_ms);
+        if cooldown == 0 {
+            return;
+        }
+        let upstream = abi::property(&["upstream", "address"]).ok().flatten();
+        let failed = match upstream.as_deref() {
+            Some(addr) if addr != chosen.as_bytes() => true,
+            // Envoy gives integer properties as 8 little-endian bytes.
+            _ => abi::property(&["response", "code"])
+                .ok()
+                .flatten()
+                .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+                .map(i64::from_le_bytes)
+                .is_some_and(|code| code == 502 || code == 503),
         };
-        let i = self.rng.borrow_mut().below(n);
-        match s.default_pool.get(i) {
-            Some(pod) => s.endpoint_name(*pod),
-            None => s.all_endpoints.get(i).map(String::as_str),
+        if !failed {
+            return;
+        }
+        let now = now_nanos() / 1_000_000;
+        match crate::fleet::mark_down(&HostStore, pod, now + cooldown, now) {
+            Ok(down) => {
+                self.router.set_down(down);
+                self.metrics.inc(self.metrics.passive_cooldowns);
+                log::info!(
+                    "prefix_router: pod {chosen} failed a request; skipped for {cooldown} ms"
+                );
+            }
+            Err(e) => log::warn!("prefix_router: passive cooldown of {chosen} not shared: {e}"),
+        }
+    }
+
+    /// The worker's periodic refresh of its fleet view: static pools from
+    /// the config (registering their names), cluster pools as the singleton
+    /// published them, and every VM's cooldowns.
+    fn refresh_fleet(&self, tick: u64) {
+        let now = now_secs();
+        if self.router.all_static() {
+            if tick % STATIC_REFRESH_TICKS == 0 {
+                if let Err(e) = self.router.refresh_static(&HostStore, now) {
+                    log::warn!("prefix_router: pod registry: {e}");
+                }
+            }
+        } else if let Ok((Some(bytes), cas)) = hostcalls::get_shared_data(crate::fleet::MEMBERS_KEY)
+        {
+            let mut seen = self.members_cas.borrow_mut();
+            if *seen != cas {
+                if let Some(members) = crate::fleet::Members::decode(&bytes) {
+                    self.router.set_members(members);
+                    *seen = cas;
+                }
+            }
+        }
+        if self.router.settings().passive_cooldown_ms > 0 {
+            if let Ok((v, _)) = hostcalls::get_shared_data(crate::fleet::DOWN_KEY) {
+                self.router
+                    .set_down(crate::fleet::decode_down(v.as_deref().unwrap_or(&[])));
+            }
         }
     }
 
@@ -135,8 +197,14 @@ struct QueueState {
     looked_at: Option<u32>,
 }
 
-/// How often a worker turns the singleton's heartbeat into gauges.
-const LIVENESS_TICK: Duration = Duration::from_secs(1);
+/// A worker's tick: how often it refreshes its fleet view (membership,
+/// health and cooldowns published by others).
+const TICK: Duration = Duration::from_millis(250);
+/// Ticks between liveness reports (one a second).
+const LIVENESS_TICKS: u64 = 4;
+/// Ticks between rebuilds of static pools (they change only with the
+/// config; this keeps their registry names marked in use).
+const STATIC_REFRESH_TICKS: u64 = 40;
 
 /// Root context of the HTTP filter.
 #[derive(Default)]
@@ -144,6 +212,7 @@ pub struct FilterRoot {
     shared: Option<Rc<FilterShared>>,
     /// Whether this VM logged the singleton as dead (once per outage).
     singleton_dead_logged: bool,
+    ticks: u64,
 }
 
 impl Context for FilterRoot {}
@@ -184,10 +253,8 @@ impl RootContext for FilterRoot {
             return false;
         };
         let vm_id = super::vm_id();
-        if settings.sync.enabled {
-            if let Err(status) = hostcalls::set_tick_period(LIVENESS_TICK) {
-                log::warn!("prefix_router: no tick ({status:?}): sync liveness gauges stay unset");
-            }
+        if let Err(status) = hostcalls::set_tick_period(TICK) {
+            log::error!("prefix_router: no tick ({status:?}): the fleet view will not refresh");
         }
         // Per-VM seed: the clock plus this context's address (std::process::id panics on WASI).
         let seed = now_nanos() ^ (self as *const Self as u64).rotate_left(32);
@@ -197,12 +264,25 @@ impl RootContext for FilterRoot {
             rng: RefCell::new(SplitMix64::new(seed)),
             queue: RefCell::new(QueueState::default()),
             vm_id,
+            members_cas: RefCell::new(None),
         }));
         true
     }
 
     fn on_tick(&mut self) {
-        self.report_liveness();
+        let tick = self.ticks;
+        self.ticks = self.ticks.wrapping_add(1);
+        if let Some(shared) = self.shared.as_ref() {
+            shared.refresh_fleet(tick);
+        }
+        if tick % LIVENESS_TICKS == 0
+            && self
+                .shared
+                .as_ref()
+                .is_some_and(|s| s.router.settings().sync.enabled)
+        {
+            self.report_liveness();
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -19,9 +19,11 @@ use proxy_wasm::traits::{Context, RootContext};
 use proxy_wasm::types::{BufferType, MapType, MetricType};
 
 use super::abi;
+use super::fleet_service::FleetService;
 use super::store::HostStore;
 use super::{now_millis, now_nanos, now_secs};
 use crate::config::Settings;
+use crate::fleet::SharedView;
 use crate::handoff::{self, Touched};
 use crate::liveness::{self, Heartbeat};
 use crate::sync::{Call, CallFailed, CallId, SyncEngine, SyncStats};
@@ -42,6 +44,10 @@ pub struct SyncRoot {
     settings: Option<Rc<Settings>>,
     queue: Option<u32>,
     state: Option<SyncState>,
+    /// Membership and health of the pools (started on the first tick).
+    fleet: Option<FleetService>,
+    /// The singleton's view of the fleet (the syncables name pods through it).
+    view: SharedView,
 }
 
 struct SyncState {
@@ -74,6 +80,11 @@ impl Context for SyncRoot {
         body_size: usize,
         _num_trailers: usize,
     ) {
+        if let Some(fleet) = self.fleet.as_mut() {
+            if fleet.on_response(token_id, num_headers, body_size, now_millis()) {
+                return;
+            }
+        }
         let Some(state) = self.state.as_mut() else {
             return;
         };
@@ -132,6 +143,15 @@ impl RootContext for SyncRoot {
     }
 
     fn on_tick(&mut self) {
+        if self.fleet.is_none() {
+            self.fleet = self
+                .settings
+                .clone()
+                .map(|s| FleetService::new(s, self.view.clone()));
+        }
+        if let Some(fleet) = self.fleet.as_mut() {
+            fleet.on_tick(now_millis());
+        }
         self.drain_queue();
         let Some(state) = self.state.as_mut() else {
             return;
@@ -153,7 +173,11 @@ impl SyncRoot {
         // The engine starts with the first tick or the first hand-off,
         // whichever comes first, so no hand-off misses the dirty set.
         if self.state.is_none() {
-            self.state = self.settings.clone().and_then(SyncState::start);
+            let view = self.view.clone();
+            self.state = self
+                .settings
+                .clone()
+                .and_then(|s| SyncState::start(s, view));
         }
         let Some(queue) = self.queue else {
             return;
@@ -175,7 +199,7 @@ impl SyncRoot {
 }
 
 impl SyncState {
-    fn start(settings: Rc<Settings>) -> Option<Self> {
+    fn start(settings: Rc<Settings>, view: SharedView) -> Option<Self> {
         if !settings.sync.enabled {
             return None;
         }
@@ -185,6 +209,7 @@ impl SyncState {
         let prefix = Rc::new(RefCell::new(PrefixCacheSync::new(
             HostStore,
             settings.clone(),
+            view.clone(),
             secs,
             MAX_DIRTY,
         )));
@@ -192,7 +217,8 @@ impl SyncState {
         let max_age = settings.sync.period_ms.saturating_mul(3);
         let load = PodLoadSync::new(
             HostStore,
-            settings.clone(),
+            &settings,
+            view,
             engine.origin().to_string(),
             millis,
             max_age,

@@ -1,0 +1,260 @@
+//! The pod registry: stable pod names -> small slots, in shared data.
+//!
+//! Table records and in-flight counters name a pod by a `u16` slot to stay
+//! small. A slot is *not* a position in some endpoint list (that shifted every
+//! index when a config update added a pod); it is given to a pod name once, in
+//! this registry that every VM of the `vm_id` shares and that survives plugin
+//! config updates. So a slot means the same pod for every worker, the
+//! singleton, and every configuration that VM ever runs.
+//!
+//! A slot is given to a different pod only when the registry is otherwise full
+//! and its pod has not been a member for `retire_secs`, which callers set
+//! beyond the table's idle expiry: by then every record that named the slot
+//! has expired, locally and in what sync can apply (remote facts are applied
+//! only for current members, with their times clamped to now).
+//!
+//! Layout of the one value (`fleet/pods`): per slot, in slot order,
+//! `last_seen u32 | len u8 | name bytes` (little endian; `len` 0 = free).
+
+use crate::store::{cas_update, SharedStore, StoreError};
+
+/// Shared-data key of the registry.
+pub const KEY: &str = "fleet/pods";
+/// Most slots (pods ever live at once, plus the recently gone).
+pub const MAX_SLOTS: usize = 1024;
+/// Longest pod name kept (a Kubernetes pod name is at most 253 bytes).
+pub const MAX_NAME: usize = 255;
+/// A member's `last_seen` is rewritten at most this often (bounded writes).
+pub const SEEN_EVERY_SECS: u32 = 60;
+const MAX_ATTEMPTS: u32 = 16;
+
+/// One registry slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub name: String,
+    /// Last time (unix seconds) a VM saw the pod as a member.
+    pub last_seen: u32,
+}
+
+/// The decoded registry: `slots[i]` is slot `i`, `None` when free.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Registry {
+    pub slots: Vec<Option<Slot>>,
+}
+
+impl Registry {
+    pub fn decode(bytes: &[u8]) -> Registry {
+        let mut slots = Vec::new();
+        let mut rest = bytes;
+        while rest.len() >= 5 && slots.len() < MAX_SLOTS {
+            let last_seen = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+            let len = usize::from(rest[4]);
+            let Some(name) = rest.get(5..5 + len) else {
+                break;
+            };
+            slots.push(match (len, std::str::from_utf8(name)) {
+                (1.., Ok(n)) => Some(Slot {
+                    name: n.to_string(),
+                    last_seen,
+                }),
+                _ => None,
+            });
+            rest = &rest[5 + len..];
+        }
+        Registry { slots }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for slot in &self.slots {
+            match slot {
+                Some(s) => {
+                    out.extend_from_slice(&s.last_seen.to_le_bytes());
+                    // Names are cut to MAX_NAME at interning.
+                    out.push(u8::try_from(s.name.len()).unwrap_or(0));
+                    out.extend_from_slice(s.name.as_bytes());
+                }
+                None => out.extend_from_slice(&[0, 0, 0, 0, 0]),
+            }
+        }
+        out
+    }
+
+    pub fn slot_of(&self, name: &str) -> Option<u16> {
+        self.slots
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.name == name))
+            .and_then(|i| u16::try_from(i).ok())
+    }
+
+    pub fn name_of(&self, slot: u16) -> Option<&str> {
+        self.slots
+            .get(usize::from(slot))?
+            .as_ref()
+            .map(|s| s.name.as_str())
+    }
+
+    /// Marks `names` seen at `now`, giving new names a slot. Returns each
+    /// name's slot (None: registry full of pods seen within `retire_secs`,
+    /// or a name that is empty or too long) and whether anything changed.
+    pub fn intern(
+        &mut self,
+        names: &[&str],
+        now: u32,
+        retire_secs: u32,
+    ) -> (Vec<Option<u16>>, bool) {
+        let mut changed = false;
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            if name.is_empty() || name.len() > MAX_NAME {
+                out.push(None);
+                continue;
+            }
+            if let Some(slot) = self.slot_of(name) {
+                if let Some(Some(s)) = self.slots.get_mut(usize::from(slot)) {
+                    if now.saturating_sub(s.last_seen) >= SEEN_EVERY_SECS {
+                        s.last_seen = now;
+                        changed = true;
+                    }
+                }
+                out.push(Some(slot));
+                continue;
+            }
+            let fresh = Some(Slot {
+                name: name.to_string(),
+                last_seen: now,
+            });
+            let free = self.slots.iter().position(Option::is_none);
+            let slot = match free {
+                Some(i) => Some(i),
+                None if self.slots.len() < MAX_SLOTS => {
+                    self.slots.push(None);
+                    Some(self.slots.len() - 1)
+                }
+                // Full: the pod gone longest, if gone past retirement.
+                None => self
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| s.as_ref().map(|s| (i, s.last_seen)))
+                    .filter(|(_, seen)| now.saturating_sub(*seen) > retire_secs)
+                    .min_by_key(|(_, seen)| *seen)
+                    .map(|(i, _)| i),
+            };
+            match slot.and_then(|i| Some((i, u16::try_from(i).ok()?))) {
+                Some((i, id)) => {
+                    self.slots[i] = fresh;
+                    changed = true;
+                    out.push(Some(id));
+                }
+                None => out.push(None),
+            }
+        }
+        (out, changed)
+    }
+
+    /// One past the highest slot in use (sizes per-slot arrays).
+    pub fn bound(&self) -> usize {
+        self.slots
+            .iter()
+            .rposition(Option::is_some)
+            .map_or(0, |i| i + 1)
+    }
+}
+
+/// The registry in a shared store.
+pub struct PodRegistry<'s, S: SharedStore + ?Sized> {
+    store: &'s S,
+}
+
+impl<'s, S: SharedStore + ?Sized> PodRegistry<'s, S> {
+    pub fn new(store: &'s S) -> Self {
+        Self { store }
+    }
+
+    pub fn load(&self) -> Result<Registry, StoreError> {
+        let (value, _) = self.store.get(KEY)?;
+        Ok(Registry::decode(value.as_deref().unwrap_or(&[])))
+    }
+
+    /// [`Registry::intern`] under CAS; writes only when something changed.
+    /// Returns the slots and the registry as written (or read).
+    pub fn intern(
+        &self,
+        names: &[&str],
+        now: u32,
+        retire_secs: u32,
+    ) -> Result<(Vec<Option<u16>>, Registry), StoreError> {
+        let mut result = (Vec::new(), Registry::default());
+        cas_update(self.store, KEY, MAX_ATTEMPTS, |cur| {
+            let mut reg = Registry::decode(cur.unwrap_or(&[]));
+            let (slots, changed) = reg.intern(names, now, retire_secs);
+            let bytes = changed.then(|| reg.encode());
+            result = (slots, reg);
+            bytes
+        })?;
+        Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn a_name_keeps_its_slot_whatever_order_it_is_interned_in() {
+        let store = MemStore::new();
+        let reg = PodRegistry::new(&store);
+        let (a, _) = reg
+            .intern(&["10.0.0.2:80", "10.0.0.1:80"], 100, 1000)
+            .unwrap();
+        // A config update that adds a pod sorting first shifts nothing.
+        let (b, _) = reg
+            .intern(&["10.0.0.0:80", "10.0.0.1:80", "10.0.0.2:80"], 101, 1000)
+            .unwrap();
+        assert_eq!(a, vec![Some(0), Some(1)]);
+        assert_eq!(b, vec![Some(2), Some(1), Some(0)]);
+    }
+
+    #[test]
+    fn a_slot_is_reused_only_when_full_and_retired() {
+        let mut reg = Registry::default();
+        let names: Vec<String> = (0..MAX_SLOTS).map(|i| format!("pod-{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let (slots, _) = reg.intern(&refs, 1000, 500);
+        assert!(slots.iter().all(Option::is_some));
+        // Full, nobody retired yet: no slot.
+        let (s, changed) = reg.intern(&["newcomer"], 1400, 500);
+        assert_eq!((s, changed), (vec![None], false));
+        // pod-0..1023 stay members except pod-7, which left at 1000.
+        let keep: Vec<&str> = refs.iter().copied().filter(|n| *n != "pod-7").collect();
+        reg.intern(&keep, 1450, 500);
+        let (s, _) = reg.intern(&["newcomer"], 1501, 500);
+        assert_eq!(s, vec![Some(7)]);
+        assert_eq!(reg.name_of(7), Some("newcomer"));
+        assert_eq!(reg.slot_of("pod-7"), None);
+    }
+
+    #[test]
+    fn last_seen_is_rewritten_at_most_every_minute() {
+        let mut reg = Registry::default();
+        reg.intern(&["a"], 1000, 10);
+        assert!(!reg.intern(&["a"], 1000 + SEEN_EVERY_SECS - 1, 10).1);
+        assert!(reg.intern(&["a"], 1000 + SEEN_EVERY_SECS, 10).1);
+    }
+
+    #[test]
+    fn decode_survives_any_bytes_and_round_trips() {
+        let mut reg = Registry::default();
+        reg.intern(&["a:1", "pod-b", ""], 5, 10);
+        assert_eq!(Registry::decode(&reg.encode()), reg);
+        assert_eq!(reg.bound(), 2);
+        for junk in [&b""[..], b"\x01", b"\0\0\0\0\xff", b"\0\0\0\0\x02\xff\xfe"] {
+            let r = Registry::decode(junk);
+            assert!(r.slots.iter().flatten().all(|s| !s.name.is_empty()));
+        }
+    }
+}

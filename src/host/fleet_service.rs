@@ -1,0 +1,233 @@
+//! The singleton's membership refresher. For cluster pools it asks Envoy's
+//! admin `/clusters?format=json` (filtered to the pools' clusters) every
+//! `membership.refresh_ms`, through the `membership.admin_cluster` cluster,
+//! registers new pod names, and publishes the members with Envoy's health to
+//! the workers (`fleet/members`). A bad reply or an empty cluster keeps the
+//! last good members of that pool (counted, logged once per streak): routing
+//! never loses its candidates to a glitch. For static pools it only keeps
+//! its own view (the syncables name pods through it).
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType, MetricType};
+
+use super::abi;
+use super::store::HostStore;
+use crate::config::Settings;
+use crate::fleet::membership::{parse_clusters, Host};
+use crate::fleet::{self, Members, SharedView};
+
+/// Static pools are rebuilt this often (their names stay marked in use).
+const STATIC_REFRESH_MS: u64 = 10_000;
+
+pub struct FleetService {
+    settings: Rc<Settings>,
+    view: SharedView,
+    /// pool -> cluster, for the cluster pools.
+    clusters: BTreeMap<String, String>,
+    /// Last good hosts per cluster pool.
+    last_good: BTreeMap<String, Vec<Host>>,
+    /// What was last published, to write only on change.
+    published: Option<Members>,
+    call: Option<u32>,
+    next_ms: u64,
+    path: String,
+    failing_logged: bool,
+    metrics: FleetMetrics,
+}
+
+struct FleetMetrics {
+    refreshes: u32,
+    failures: u32,
+    members: u32,
+    routable: u32,
+}
+
+fn def(kind: MetricType, name: &str) -> u32 {
+    hostcalls::define_metric(kind, &format!("prefix_router.membership.{name}")).unwrap_or(0)
+}
+
+impl FleetService {
+    pub fn new(settings: Rc<Settings>, view: SharedView) -> Self {
+        let clusters = settings.cluster_pools();
+        let path = admin_path(clusters.values());
+        let metrics = FleetMetrics {
+            refreshes: def(MetricType::Counter, "refreshes"),
+            failures: def(MetricType::Counter, "failures"),
+            members: def(MetricType::Gauge, "members"),
+            routable: def(MetricType::Gauge, "healthy"),
+        };
+        Self {
+            settings,
+            view,
+            clusters,
+            last_good: BTreeMap::new(),
+            published: None,
+            call: None,
+            next_ms: 0,
+            path,
+            failing_logged: false,
+            metrics,
+        }
+    }
+
+    pub fn on_tick(&mut self, now_ms: u64) {
+        if now_ms < self.next_ms || self.call.is_some() {
+            return;
+        }
+        if self.clusters.is_empty() {
+            self.next_ms = now_ms + STATIC_REFRESH_MS;
+            self.rebuild(now_ms);
+            return;
+        }
+        let m = &self.settings.membership;
+        self.next_ms = now_ms + u64::from(m.refresh_ms);
+        let headers = vec![
+            (":method", "GET"),
+            (":path", self.path.as_str()),
+            (":authority", m.admin_authority.as_str()),
+        ];
+        let timeout = Duration::from_millis(u64::from(m.refresh_ms).max(200) * 2);
+        match hostcalls::dispatch_http_call(&m.admin_cluster, headers, None, vec![], timeout) {
+            Ok(token) => self.call = Some(token),
+            Err(status) => self.failed(&format!(
+                "cannot call cluster {} ({status:?})",
+                m.admin_cluster
+            )),
+        }
+    }
+
+    /// Handles the admin reply; false if `token` is not ours.
+    pub fn on_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        now_ms: u64,
+    ) -> bool {
+        if self.call != Some(token) {
+            return false;
+        }
+        self.call = None;
+        // A timed-out or reset call has no headers: read nothing then.
+        let status = if num_headers > 0 {
+            abi::header_text(MapType::HttpCallResponseHeaders, ":status")
+        } else {
+            String::new()
+        };
+        if status != "200" {
+            self.failed(&format!("admin /clusters answered `{status}`"));
+            return true;
+        }
+        let body = abi::buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let mut errors = Vec::new();
+        for (pool, cluster) in &self.clusters {
+            match parse_clusters(&body, cluster, self.settings.membership.pod_name) {
+                Ok(hosts) => {
+                    self.last_good.insert(pool.clone(), hosts);
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if errors.is_empty() {
+            let _ = hostcalls::increment_metric(self.metrics.refreshes, 1);
+            if self.failing_logged {
+                log::info!("prefix_router membership: admin /clusters readable again");
+            }
+            self.failing_logged = false;
+        } else {
+            self.failed(&errors.join("; "));
+        }
+        self.rebuild(now_ms);
+        true
+    }
+
+    /// Counts a failed refresh; the last good members stay.
+    fn failed(&mut self, why: &str) {
+        let _ = hostcalls::increment_metric(self.metrics.failures, 1);
+        if !self.failing_logged {
+            self.failing_logged = true;
+            log::warn!("prefix_router membership: {why}; keeping the last good members");
+        }
+    }
+
+    /// Rebuilds the view from static pools and the last good cluster hosts,
+    /// and publishes it to the workers when it changed.
+    fn rebuild(&mut self, now_ms: u64) {
+        let mut hosts = self.last_good.clone();
+        for (pool, addrs) in self.settings.static_pools() {
+            hosts.insert(
+                pool,
+                addrs
+                    .into_iter()
+                    .map(|a| Host {
+                        name: a.clone(),
+                        address: a,
+                        healthy: true,
+                    })
+                    .collect(),
+            );
+        }
+        let now_secs = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
+        let members =
+            match fleet::cluster_members(&HostStore, &hosts, now_secs, self.settings.retire_secs())
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    log::warn!("prefix_router membership: pod registry: {e}");
+                    return;
+                }
+            };
+        let all: Vec<&fleet::Member> = members.pools.values().flatten().collect();
+        let _ = hostcalls::record_metric(self.metrics.members, all.len() as u64);
+        let healthy = all.iter().filter(|m| m.healthy).count();
+        let _ = hostcalls::record_metric(self.metrics.routable, healthy as u64);
+        if self.published.as_ref() != Some(&members) {
+            if !self.clusters.is_empty() {
+                if let Err(status) =
+                    hostcalls::set_shared_data(fleet::MEMBERS_KEY, Some(&members.encode()), None)
+                {
+                    log::warn!("prefix_router membership: publishing failed ({status:?})");
+                    return;
+                }
+            }
+            self.view.borrow_mut().set_members(members.clone());
+            self.published = Some(members);
+        }
+    }
+}
+
+/// `/clusters?format=json&filter=^(a|b)$`, the filter percent-encoded and the
+/// cluster names regex-escaped.
+fn admin_path<'a>(clusters: impl Iterator<Item = &'a String>) -> String {
+    let mut names: Vec<String> = clusters.map(|c| regex_escape(c)).collect();
+    names.sort();
+    names.dedup();
+    let filter = format!("^({})$", names.join("|"));
+    let mut path = String::from("/clusters?format=json&filter=");
+    for b in filter.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.' || b == b'~' {
+            path.push(char::from(b));
+        } else {
+            path.push_str(&format!("%{b:02X}"));
+        }
+    }
+    path
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
