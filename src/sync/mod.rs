@@ -12,8 +12,8 @@
 //! - [`schedule`]: startup delay, jitter, backoff.
 //! - [`engine`]: the state machine; [`error`], [`stats`] its error and
 //!   counters; `reply` decodes what Redis answers.
-//! - [`memredis`], [`testkit`]: an in-memory Redis and drivers for tests and
-//!   benchmarks.
+//! - `memredis`, `testkit`: an in-memory Redis and drivers for tests and
+//!   benchmarks, built only for tests and the `testkit` feature.
 //!
 //! Beyond AIBrix, pushes also append the changed ids to a per-namespace
 //! change-log stream so that most pulls read only what changed; a full SCAN
@@ -25,12 +25,14 @@
 pub mod engine;
 pub mod error;
 pub mod keys;
+#[cfg(any(test, feature = "testkit"))]
 pub mod memredis;
 mod reply;
 pub mod schedule;
 pub mod settings;
 pub mod stats;
 pub mod syncable;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
 #[cfg(test)]
