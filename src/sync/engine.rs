@@ -537,22 +537,6 @@ impl SyncEngine {
         self.regs.iter().map(|r| r.ns.as_str()).collect()
     }
 
-    /// The component registered for `ns`.
-    pub fn component(&self, ns: &str) -> Option<&dyn Syncable> {
-        self.regs
-            .iter()
-            .find(|r| r.ns == ns)
-            .map(|r| r.comp.as_ref())
-    }
-
-    /// The component registered for `ns`, mutably.
-    pub fn component_mut(&mut self, ns: &str) -> Option<&mut (dyn Syncable + 'static)> {
-        self.regs
-            .iter_mut()
-            .find(|r| r.ns == ns)
-            .map(|r| r.comp.as_mut())
-    }
-
     // ---- cycle life ----
 
     fn next_seq(&mut self) -> u64 {
