@@ -1,5 +1,5 @@
 //! Cross-replica state sync through Redis (the AIBrix `statesync` design;
-//! semantics in the shared spec `statesync.md`), as a sans-IO engine the host drives:
+//! semantics in `docs/statesync.md`), as a sans-IO engine the host drives:
 //!
 //! ```text
 //! host on_tick          -> engine.tick(now)            -> [Call] -> dispatch_http_call(bridge, body)
