@@ -1,0 +1,291 @@
+//! Sending: the work a run (or write-through) queues, what each call in
+//! flight was for, and how work becomes a RESP pipeline (AUTH first, QUIT
+//! last) and a [`Call`].
+
+use crate::resp::Pipeline;
+
+use super::{Call, SyncEngine};
+
+/// One entity write: SETEX of a payload, or DEL.
+pub(super) enum Write {
+    Set(String, Vec<u8>),
+    Del(String),
+}
+
+impl Write {
+    pub(super) fn id(&self) -> &str {
+        match self {
+            Write::Set(id, _) | Write::Del(id) => id,
+        }
+    }
+}
+
+/// Work not yet sent.
+pub(super) enum Op {
+    Scan {
+        ns: usize,
+        cursor: String,
+        count: usize,
+        with_head: bool,
+        attempt: u32,
+    },
+    LogRead {
+        ns: usize,
+        from: String,
+        count: usize,
+        attempt: u32,
+    },
+    /// A poll's first call: one XRANGE per polled namespace, one pipeline.
+    LogReads(Vec<LogRead>),
+    Mget {
+        ns: usize,
+        ids: Vec<String>,
+        attempt: u32,
+    },
+    DelStale {
+        ns: usize,
+        ids: Vec<String>,
+    },
+    Write {
+        ns: usize,
+        writes: Vec<Write>,
+    },
+}
+
+/// One namespace's part of [`Op::LogReads`].
+#[derive(Clone, Debug)]
+pub(super) struct LogRead {
+    pub(super) ns: usize,
+    pub(super) from: String,
+    pub(super) count: usize,
+}
+
+/// What a call in flight was for (write payloads already dropped).
+pub(super) enum Sent {
+    Scan {
+        ns: usize,
+        cursor: String,
+        count: usize,
+        with_head: bool,
+        attempt: u32,
+    },
+    LogRead {
+        ns: usize,
+        from: String,
+        count: usize,
+        attempt: u32,
+    },
+    LogReads(Vec<LogRead>),
+    Mget {
+        ns: usize,
+        ids: Vec<String>,
+        attempt: u32,
+    },
+    DelStale {
+        n: usize,
+    },
+    Write {
+        n: usize,
+        ns: usize,
+        /// Ids written: a successful write-through clears their dirty marks.
+        ids: Vec<String>,
+    },
+}
+
+impl Sent {
+    pub(super) fn command(&self) -> &'static str {
+        match self {
+            Sent::Scan { .. } => "SCAN",
+            Sent::LogRead { .. } | Sent::LogReads(_) => "XRANGE",
+            Sent::Mget { .. } => "MGET",
+            Sent::DelStale { .. } => "DEL",
+            Sent::Write { .. } => "SETEX",
+        }
+    }
+}
+
+/// A call sent and not answered yet.
+pub(super) struct Outstanding {
+    pub(super) sent: Sent,
+    pub(super) sent_ms: u64,
+    pub(super) expected: usize,
+    pub(super) auth: bool,
+    /// Sequence number of the run (cycle or poll) the call belongs to;
+    /// None for write-through calls, which live outside runs.
+    pub(super) run: Option<u64>,
+}
+
+impl SyncEngine {
+    pub(super) fn dispatch(&mut self, op: Op, run: Option<u64>, now_ms: u64) -> Call {
+        let mut p = Pipeline::new();
+        let auth = match (&self.settings.auth_username, &self.settings.auth_password) {
+            (Some(user), Some(pw)) => {
+                p.push(&[b"AUTH", user.as_bytes(), pw.as_bytes()]);
+                true
+            }
+            (None, Some(pw)) => {
+                p.push(&[b"AUTH", pw.as_bytes()]);
+                true
+            }
+            _ => false,
+        };
+        let sent = self.encode(op, &mut p);
+        let (body, expected) = p.finish();
+        let id = self.next_call_id;
+        self.next_call_id += 1;
+        self.stats.calls_sent += 1;
+        self.stats.commands_sent += expected as u64;
+        self.stats.bytes_sent += body.len() as u64;
+        self.outstanding.insert(
+            id,
+            Outstanding {
+                sent,
+                sent_ms: now_ms,
+                expected,
+                auth,
+                run,
+            },
+        );
+        Call { id, body }
+    }
+
+    fn encode(&self, op: Op, p: &mut Pipeline) -> Sent {
+        let ttl = self.settings.effective_ttl_secs().to_string();
+        match op {
+            Op::Scan {
+                ns,
+                cursor,
+                count,
+                with_head,
+                attempt,
+            } => {
+                let keys = &self.regs[ns].keys;
+                if with_head {
+                    p.push(&[
+                        b"XREVRANGE",
+                        keys.log_key().as_bytes(),
+                        b"+",
+                        b"-",
+                        b"COUNT",
+                        b"1",
+                    ]);
+                }
+                let n = count.to_string();
+                p.push(&[
+                    b"SCAN",
+                    cursor.as_bytes(),
+                    b"MATCH",
+                    keys.scan_pattern().as_bytes(),
+                    b"COUNT",
+                    n.as_bytes(),
+                ]);
+                Sent::Scan {
+                    ns,
+                    cursor,
+                    count,
+                    with_head,
+                    attempt,
+                }
+            }
+            Op::LogRead {
+                ns,
+                from,
+                count,
+                attempt,
+            } => {
+                let keys = &self.regs[ns].keys;
+                let n = count.to_string();
+                // Inclusive start: the first entry must be `from` itself,
+                // which is how a trimmed log is detected.
+                p.push(&[
+                    b"XRANGE",
+                    keys.log_key().as_bytes(),
+                    from.as_bytes(),
+                    b"+",
+                    b"COUNT",
+                    n.as_bytes(),
+                ]);
+                Sent::LogRead {
+                    ns,
+                    from,
+                    count,
+                    attempt,
+                }
+            }
+            Op::LogReads(reads) => {
+                for read in &reads {
+                    let n = read.count.to_string();
+                    p.push(&[
+                        b"XRANGE",
+                        self.regs[read.ns].keys.log_key().as_bytes(),
+                        read.from.as_bytes(),
+                        b"+",
+                        b"COUNT",
+                        n.as_bytes(),
+                    ]);
+                }
+                Sent::LogReads(reads)
+            }
+            Op::Mget { ns, ids, attempt } => {
+                let keys = &self.regs[ns].keys;
+                let names: Vec<String> = ids.iter().map(|id| keys.entity_key(id)).collect();
+                let mut args: Vec<&[u8]> = Vec::with_capacity(names.len() + 1);
+                args.push(b"MGET");
+                args.extend(names.iter().map(|k| k.as_bytes()));
+                p.push(&args);
+                Sent::Mget { ns, ids, attempt }
+            }
+            Op::DelStale { ns, ids } => {
+                let keys = &self.regs[ns].keys;
+                let names: Vec<String> = ids.iter().map(|id| keys.entity_key(id)).collect();
+                let mut args: Vec<&[u8]> = Vec::with_capacity(names.len() + 1);
+                args.push(b"DEL");
+                args.extend(names.iter().map(|k| k.as_bytes()));
+                p.push(&args);
+                Sent::DelStale { n: ids.len() }
+            }
+            Op::Write { ns, writes } => {
+                let keys = &self.regs[ns].keys;
+                for w in &writes {
+                    let key = keys.entity_key(w.id());
+                    match w {
+                        Write::Set(_, v) => p.push(&[b"SETEX", key.as_bytes(), ttl.as_bytes(), v]),
+                        Write::Del(_) => p.push(&[b"DEL", key.as_bytes()]),
+                    }
+                }
+                if self.settings.change_log_enabled() {
+                    // Ids with a comma cannot be listed; the periodic full
+                    // scan still carries them.
+                    let ids: Vec<&str> = writes
+                        .iter()
+                        .map(Write::id)
+                        .filter(|id| !id.contains(','))
+                        .collect();
+                    if !ids.is_empty() {
+                        let joined = ids.join(",");
+                        let maxlen = self.settings.change_log_max_entries.to_string();
+                        let log = keys.log_key().as_bytes();
+                        p.push(&[
+                            b"XADD",
+                            log,
+                            b"MAXLEN",
+                            b"~",
+                            maxlen.as_bytes(),
+                            b"*",
+                            b"o",
+                            self.origin.as_bytes(),
+                            b"i",
+                            joined.as_bytes(),
+                        ]);
+                        p.push(&[b"EXPIRE", log, ttl.as_bytes()]);
+                    }
+                }
+                Sent::Write {
+                    n: writes.len(),
+                    ns,
+                    ids: writes.iter().map(|w| w.id().to_owned()).collect(),
+                }
+            }
+        }
+    }
+}
