@@ -11,7 +11,8 @@
 //! - [`keys`]: the Redis key layout shared with AIBrix.
 //! - [`schedule`]: startup delay, jitter, backoff.
 //! - [`engine`]: the state machine; [`error`], [`stats`] its error and
-//!   counters; `reply` decodes what Redis answers.
+//!   counters; `cmd` builds the Redis commands it sends and `reply`
+//!   decodes what Redis answers.
 //! - `memredis`, `testkit`: an in-memory Redis and drivers for tests and
 //!   benchmarks, built only for tests and the `testkit` feature.
 //!
@@ -22,6 +23,7 @@
 //! half period, so a change reaches peers in about period/2 + `poll_ms`
 //! (rules in [`SyncEngine::tick`]).
 
+mod cmd;
 pub mod engine;
 pub mod error;
 pub mod keys;

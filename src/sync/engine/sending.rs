@@ -1,8 +1,10 @@
 //! Sending: the work a run (or write-through) queues, what each call in
 //! flight was for, and how work becomes a RESP pipeline (AUTH first, QUIT
-//! last) and a [`Call`].
+//! last; the commands themselves are in [`crate::sync::cmd`]) and a
+//! [`Call`].
 
 use crate::resp::Pipeline;
+use crate::sync::cmd;
 
 use super::{Call, SyncEngine};
 
@@ -118,16 +120,12 @@ pub(super) struct Outstanding {
 impl SyncEngine {
     pub(super) fn dispatch(&mut self, op: Op, run: Option<u64>, now_ms: u64) -> Call {
         let mut p = Pipeline::new();
-        let auth = match (&self.settings.auth_username, &self.settings.auth_password) {
-            (Some(user), Some(pw)) => {
-                p.push(&[b"AUTH", user.as_bytes(), pw.as_bytes()]);
+        let auth = match &self.settings.auth_password {
+            Some(pw) => {
+                cmd::auth(&mut p, self.settings.auth_username.as_deref(), pw);
                 true
             }
-            (None, Some(pw)) => {
-                p.push(&[b"AUTH", pw.as_bytes()]);
-                true
-            }
-            _ => false,
+            None => false,
         };
         let sent = self.encode(op, &mut p);
         let (body, expected) = p.finish();
@@ -150,7 +148,6 @@ impl SyncEngine {
     }
 
     fn encode(&self, op: Op, p: &mut Pipeline) -> Sent {
-        let ttl = self.settings.effective_ttl_secs().to_string();
         match op {
             Op::Scan {
                 ns,
@@ -161,24 +158,9 @@ impl SyncEngine {
             } => {
                 let keys = &self.regs[ns].keys;
                 if with_head {
-                    p.push(&[
-                        b"XREVRANGE",
-                        keys.log_key().as_bytes(),
-                        b"+",
-                        b"-",
-                        b"COUNT",
-                        b"1",
-                    ]);
+                    cmd::xrevrange_newest(p, keys.log_key());
                 }
-                let n = count.to_string();
-                p.push(&[
-                    b"SCAN",
-                    cursor.as_bytes(),
-                    b"MATCH",
-                    keys.scan_pattern().as_bytes(),
-                    b"COUNT",
-                    n.as_bytes(),
-                ]);
+                cmd::scan(p, &cursor, keys.scan_pattern(), count);
                 Sent::Scan {
                     ns,
                     cursor,
@@ -193,18 +175,7 @@ impl SyncEngine {
                 count,
                 attempt,
             } => {
-                let keys = &self.regs[ns].keys;
-                let n = count.to_string();
-                // Inclusive start: the first entry must be `from` itself,
-                // which is how a trimmed log is detected.
-                p.push(&[
-                    b"XRANGE",
-                    keys.log_key().as_bytes(),
-                    from.as_bytes(),
-                    b"+",
-                    b"COUNT",
-                    n.as_bytes(),
-                ]);
+                cmd::xrange(p, self.regs[ns].keys.log_key(), &from, count);
                 Sent::LogRead {
                     ns,
                     from,
@@ -214,43 +185,26 @@ impl SyncEngine {
             }
             Op::LogReads(reads) => {
                 for read in &reads {
-                    let n = read.count.to_string();
-                    p.push(&[
-                        b"XRANGE",
-                        self.regs[read.ns].keys.log_key().as_bytes(),
-                        read.from.as_bytes(),
-                        b"+",
-                        b"COUNT",
-                        n.as_bytes(),
-                    ]);
+                    cmd::xrange(p, self.regs[read.ns].keys.log_key(), &read.from, read.count);
                 }
                 Sent::LogReads(reads)
             }
             Op::Mget { ns, ids, attempt } => {
-                let keys = &self.regs[ns].keys;
-                let names: Vec<String> = ids.iter().map(|id| keys.entity_key(id)).collect();
-                let mut args: Vec<&[u8]> = Vec::with_capacity(names.len() + 1);
-                args.push(b"MGET");
-                args.extend(names.iter().map(|k| k.as_bytes()));
-                p.push(&args);
+                cmd::mget(p, &self.entity_keys(ns, &ids));
                 Sent::Mget { ns, ids, attempt }
             }
             Op::DelStale { ns, ids } => {
-                let keys = &self.regs[ns].keys;
-                let names: Vec<String> = ids.iter().map(|id| keys.entity_key(id)).collect();
-                let mut args: Vec<&[u8]> = Vec::with_capacity(names.len() + 1);
-                args.push(b"DEL");
-                args.extend(names.iter().map(|k| k.as_bytes()));
-                p.push(&args);
+                cmd::del(p, &self.entity_keys(ns, &ids));
                 Sent::DelStale { n: ids.len() }
             }
             Op::Write { ns, writes } => {
+                let ttl = self.settings.effective_ttl_secs();
                 let keys = &self.regs[ns].keys;
                 for w in &writes {
                     let key = keys.entity_key(w.id());
                     match w {
-                        Write::Set(_, v) => p.push(&[b"SETEX", key.as_bytes(), ttl.as_bytes(), v]),
-                        Write::Del(_) => p.push(&[b"DEL", key.as_bytes()]),
+                        Write::Set(_, v) => cmd::setex(p, &key, ttl, v),
+                        Write::Del(_) => cmd::del(p, &[key]),
                     }
                 }
                 if self.settings.change_log_enabled() {
@@ -262,22 +216,10 @@ impl SyncEngine {
                         .filter(|id| !id.contains(','))
                         .collect();
                     if !ids.is_empty() {
-                        let joined = ids.join(",");
-                        let maxlen = self.settings.change_log_max_entries.to_string();
-                        let log = keys.log_key().as_bytes();
-                        p.push(&[
-                            b"XADD",
-                            log,
-                            b"MAXLEN",
-                            b"~",
-                            maxlen.as_bytes(),
-                            b"*",
-                            b"o",
-                            self.origin.as_bytes(),
-                            b"i",
-                            joined.as_bytes(),
-                        ]);
-                        p.push(&[b"EXPIRE", log, ttl.as_bytes()]);
+                        let log = keys.log_key();
+                        let max = self.settings.change_log_max_entries;
+                        cmd::xadd(p, log, max, &self.origin, &ids.join(","));
+                        cmd::expire(p, log, ttl);
                     }
                 }
                 Sent::Write {
@@ -287,5 +229,10 @@ impl SyncEngine {
                 }
             }
         }
+    }
+
+    fn entity_keys(&self, ns: usize, ids: &[String]) -> Vec<String> {
+        let keys = &self.regs[ns].keys;
+        ids.iter().map(|id| keys.entity_key(id)).collect()
     }
 }
