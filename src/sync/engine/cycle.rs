@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 
 use super::runs::{delta_writes, queue_writes, Kind, NsRun, Run};
-use super::sending::{Op, Write};
+use super::sending::{Op, Read, Write};
 use super::{SyncEngine, LARGE_SNAPSHOT_AVG_BYTES, LARGE_SNAPSHOT_ENTITIES};
 use crate::sync::error::SyncError;
 
@@ -31,22 +31,22 @@ impl SyncEngine {
             match &pos {
                 Some(from) => {
                     self.stats.incremental_pulls += 1;
-                    cycle.queue.push_back(Op::LogRead {
+                    cycle.queue.push_back(Op::Read(Read::Log {
                         ns: i,
                         from: from.clone(),
                         count: reg.log_cap,
                         attempt: 0,
-                    });
+                    }));
                 }
                 None => {
                     self.stats.full_scans += 1;
-                    cycle.queue.push_back(Op::Scan {
+                    cycle.queue.push_back(Op::Read(Read::Scan {
                         ns: i,
                         cursor: "0".into(),
                         count: reg.scan_cap,
                         with_head: log,
                         attempt: 0,
-                    });
+                    }));
                 }
             }
             cycle.ns.push(NsRun {

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use super::runs::{delta_writes, queue_writes, Kind, NsRun, Run, Stage};
-use super::sending::{LogRead, Op};
+use super::sending::{LogRead, Op, Read};
 use super::{Registered, SyncEngine};
 use crate::sync::error::SyncError;
 
@@ -53,13 +53,13 @@ impl SyncEngine {
         let mut poll = Run::new(Kind::Poll, seq, now_ms, self.regs.len());
         poll.ns = nss;
         let op = match <[LogRead; 1]>::try_from(reads) {
-            Ok([one]) => Op::LogRead {
+            Ok([one]) => Op::Read(Read::Log {
                 ns: one.ns,
                 from: one.from,
                 count: one.count,
                 attempt: 0,
-            },
-            Err(reads) => Op::LogReads(reads),
+            }),
+            Err(reads) => Op::Read(Read::Logs(reads)),
         };
         poll.queue.push_back(op);
         self.run = Some(poll);

@@ -8,7 +8,7 @@ use crate::sync::reply::{log_entries, proto};
 use crate::sync::settings::SyncSettings;
 
 use super::runs::{Kind, Run};
-use super::sending::{Op, Sent};
+use super::sending::{Op, Read, Sent};
 use super::{Registered, SyncEngine, MAX_TRUNCATION_RETRIES};
 
 impl SyncEngine {
@@ -19,8 +19,27 @@ impl SyncEngine {
         reply_len: usize,
     ) -> Result<(), SyncError> {
         match sent {
-            Sent::Scan { ns, with_head, .. } => self.on_scan(ns, with_head, frames),
-            Sent::LogRead {
+            Sent::Read(read) => self.on_read(read, frames, reply_len),
+            Sent::DelStale { n } => {
+                self.stats.stale_deleted += n as u64;
+                Ok(())
+            }
+            Sent::Write { ids, .. } => {
+                self.stats.pushed += ids.len() as u64;
+                Ok(())
+            }
+        }
+    }
+
+    fn on_read(
+        &mut self,
+        read: Read,
+        frames: Vec<Frame>,
+        reply_len: usize,
+    ) -> Result<(), SyncError> {
+        match read {
+            Read::Scan { ns, with_head, .. } => self.on_scan(ns, with_head, frames),
+            Read::Log {
                 ns, from, count, ..
             } => {
                 let frame = frames
@@ -29,7 +48,7 @@ impl SyncEngine {
                     .ok_or_else(|| proto("no XRANGE reply"))?;
                 self.on_log(ns, &from, count, frame)
             }
-            Sent::LogReads(reads) => {
+            Read::Logs(reads) => {
                 if frames.len() != reads.len() {
                     return Err(proto(&format!(
                         "{} XRANGE replies for {} reads",
@@ -42,15 +61,7 @@ impl SyncEngine {
                 }
                 Ok(())
             }
-            Sent::Mget { ns, ids, .. } => self.on_mget(ns, ids, frames, reply_len),
-            Sent::DelStale { n } => {
-                self.stats.stale_deleted += n as u64;
-                Ok(())
-            }
-            Sent::Write { n, .. } => {
-                self.stats.pushed += n as u64;
-                Ok(())
-            }
+            Read::Mget { ns, ids, .. } => self.on_mget(ns, ids, frames, reply_len),
         }
     }
 
@@ -91,13 +102,13 @@ impl SyncEngine {
         };
         if cursor != b"0" {
             // Next page first: enumeration overlaps with the MGETs below.
-            cycle.queue.push_front(Op::Scan {
+            cycle.queue.push_front(Op::Read(Read::Scan {
                 ns,
                 cursor: String::from_utf8_lossy(&cursor).into_owned(),
                 count: scan_cap,
                 with_head: false,
                 attempt: 0,
-            });
+            }));
         }
         let batch = mget_batch_size(reg, &self.settings);
         queue_mgets(cycle, ns, ids, batch);
@@ -138,13 +149,13 @@ impl SyncEngine {
             self.stats.log_fallbacks += 1;
             self.stats.full_scans += 1;
             cycle.ns[ns].new_pos = None;
-            cycle.queue.push_back(Op::Scan {
+            cycle.queue.push_back(Op::Read(Read::Scan {
                 ns,
                 cursor: "0".into(),
                 count: reg.scan_cap,
                 with_head: true,
                 attempt: 0,
-            });
+            }));
             return Ok(());
         }
         let full_page = entries.len() >= count;
@@ -162,12 +173,12 @@ impl SyncEngine {
         }
         if let Some(last) = last {
             if full_page {
-                cycle.queue.push_front(Op::LogRead {
+                cycle.queue.push_front(Op::Read(Read::Log {
                     ns,
                     from: last.clone(),
                     count: reg.log_cap,
                     attempt: 0,
-                });
+                }));
             }
             cycle.ns[ns].new_pos = Some(last);
         }
@@ -250,21 +261,24 @@ impl SyncEngine {
         let Some(cycle) = self.run.as_mut() else {
             return Ok(());
         };
-        match sent {
-            Sent::LogReads(reads) => {
+        let Sent::Read(read) = sent else {
+            return Err(SyncError::Truncated { command });
+        };
+        match read {
+            Read::Logs(reads) => {
                 // Several namespaces' reads did not fit together: each one
                 // alone, then halved on its own if still too large.
                 for read in reads.into_iter().rev() {
-                    cycle.queue.push_front(Op::LogRead {
+                    cycle.queue.push_front(Op::Read(Read::Log {
                         ns: read.ns,
                         from: read.from,
                         count: read.count,
                         attempt: 1,
-                    });
+                    }));
                 }
                 Ok(())
             }
-            Sent::Mget {
+            Read::Mget {
                 ns,
                 mut ids,
                 attempt,
@@ -281,19 +295,19 @@ impl SyncEngine {
                 }
                 let tail = ids.split_off(ids.len() / 2);
                 reg.mget_cap = reg.mget_cap.min(ids.len()).max(1);
-                cycle.queue.push_front(Op::Mget {
+                cycle.queue.push_front(Op::Read(Read::Mget {
                     ns,
                     ids: tail,
                     attempt: attempt + 1,
-                });
-                cycle.queue.push_front(Op::Mget {
+                }));
+                cycle.queue.push_front(Op::Read(Read::Mget {
                     ns,
                     ids,
                     attempt: attempt + 1,
-                });
+                }));
                 Ok(())
             }
-            Sent::Scan {
+            Read::Scan {
                 ns,
                 cursor,
                 count,
@@ -302,16 +316,16 @@ impl SyncEngine {
             } if count > 1 && attempt < MAX_TRUNCATION_RETRIES => {
                 let count = count / 2;
                 self.regs[ns].scan_cap = count;
-                cycle.queue.push_front(Op::Scan {
+                cycle.queue.push_front(Op::Read(Read::Scan {
                     ns,
                     cursor,
                     count,
                     with_head,
                     attempt: attempt + 1,
-                });
+                }));
                 Ok(())
             }
-            Sent::LogRead {
+            Read::Log {
                 ns,
                 from,
                 count,
@@ -319,12 +333,12 @@ impl SyncEngine {
             } if count > 2 && attempt < MAX_TRUNCATION_RETRIES => {
                 let count = (count / 2).max(2);
                 self.regs[ns].log_cap = count;
-                cycle.queue.push_front(Op::LogRead {
+                cycle.queue.push_front(Op::Read(Read::Log {
                     ns,
                     from,
                     count,
                     attempt: attempt + 1,
-                });
+                }));
                 Ok(())
             }
             _ => Err(SyncError::Truncated { command }),
@@ -346,10 +360,10 @@ fn queue_mgets(run: &mut Run, ns: usize, ids: Vec<String>, batch: usize) {
     let mut it = ids.into_iter().peekable();
     while it.peek().is_some() {
         let ids: Vec<String> = it.by_ref().take(batch).collect();
-        run.queue.push_back(Op::Mget {
+        run.queue.push_back(Op::Read(Read::Mget {
             ns,
             ids,
             attempt: 0,
-        });
+        }));
     }
 }

@@ -22,8 +22,9 @@ impl Write {
     }
 }
 
-/// Work not yet sent.
-pub(super) enum Op {
+/// A read, the same value whether queued (in [`Op`]) or in flight (in
+/// [`Sent`]): its reply and a truncation retry work on it directly.
+pub(super) enum Read {
     Scan {
         ns: usize,
         cursor: String,
@@ -31,30 +32,33 @@ pub(super) enum Op {
         with_head: bool,
         attempt: u32,
     },
-    LogRead {
+    /// XRANGE of one namespace's change log.
+    Log {
         ns: usize,
         from: String,
         count: usize,
         attempt: u32,
     },
     /// A poll's first call: one XRANGE per polled namespace, one pipeline.
-    LogReads(Vec<LogRead>),
+    Logs(Vec<LogRead>),
     Mget {
         ns: usize,
         ids: Vec<String>,
         attempt: u32,
     },
-    DelStale {
-        ns: usize,
-        ids: Vec<String>,
-    },
-    Write {
-        ns: usize,
-        writes: Vec<Write>,
-    },
 }
 
-/// One namespace's part of [`Op::LogReads`].
+impl Read {
+    fn command(&self) -> &'static str {
+        match self {
+            Read::Scan { .. } => "SCAN",
+            Read::Log { .. } | Read::Logs(_) => "XRANGE",
+            Read::Mget { .. } => "MGET",
+        }
+    }
+}
+
+/// One namespace's part of [`Read::Logs`].
 #[derive(Clone, Debug)]
 pub(super) struct LogRead {
     pub(super) ns: usize,
@@ -62,34 +66,24 @@ pub(super) struct LogRead {
     pub(super) count: usize,
 }
 
-/// What a call in flight was for (write payloads already dropped).
+/// Work not yet sent.
+pub(super) enum Op {
+    Read(Read),
+    DelStale { ns: usize, ids: Vec<String> },
+    Write { ns: usize, writes: Vec<Write> },
+}
+
+/// What a call in flight was for: a read as it was queued; for writes only
+/// what the reply needs (payloads are dropped once encoded).
 pub(super) enum Sent {
-    Scan {
-        ns: usize,
-        cursor: String,
-        count: usize,
-        with_head: bool,
-        attempt: u32,
-    },
-    LogRead {
-        ns: usize,
-        from: String,
-        count: usize,
-        attempt: u32,
-    },
-    LogReads(Vec<LogRead>),
-    Mget {
-        ns: usize,
-        ids: Vec<String>,
-        attempt: u32,
-    },
+    Read(Read),
     DelStale {
         n: usize,
     },
     Write {
-        n: usize,
         ns: usize,
-        /// Ids written: a successful write-through clears their dirty marks.
+        /// Ids written (their count goes to `pushed`); a successful
+        /// write-through clears their dirty marks.
         ids: Vec<String>,
     },
 }
@@ -97,9 +91,7 @@ pub(super) enum Sent {
 impl Sent {
     pub(super) fn command(&self) -> &'static str {
         match self {
-            Sent::Scan { .. } => "SCAN",
-            Sent::LogRead { .. } | Sent::LogReads(_) => "XRANGE",
-            Sent::Mget { .. } => "MGET",
+            Sent::Read(read) => read.command(),
             Sent::DelStale { .. } => "DEL",
             Sent::Write { .. } => "SETEX",
         }
@@ -149,49 +141,9 @@ impl SyncEngine {
 
     fn encode(&self, op: Op, p: &mut Pipeline) -> Sent {
         match op {
-            Op::Scan {
-                ns,
-                cursor,
-                count,
-                with_head,
-                attempt,
-            } => {
-                let keys = &self.regs[ns].keys;
-                if with_head {
-                    cmd::xrevrange_newest(p, keys.log_key());
-                }
-                cmd::scan(p, &cursor, keys.scan_pattern(), count);
-                Sent::Scan {
-                    ns,
-                    cursor,
-                    count,
-                    with_head,
-                    attempt,
-                }
-            }
-            Op::LogRead {
-                ns,
-                from,
-                count,
-                attempt,
-            } => {
-                cmd::xrange(p, self.regs[ns].keys.log_key(), &from, count);
-                Sent::LogRead {
-                    ns,
-                    from,
-                    count,
-                    attempt,
-                }
-            }
-            Op::LogReads(reads) => {
-                for read in &reads {
-                    cmd::xrange(p, self.regs[read.ns].keys.log_key(), &read.from, read.count);
-                }
-                Sent::LogReads(reads)
-            }
-            Op::Mget { ns, ids, attempt } => {
-                cmd::mget(p, &self.entity_keys(ns, &ids));
-                Sent::Mget { ns, ids, attempt }
+            Op::Read(read) => {
+                self.encode_read(&read, p);
+                Sent::Read(read)
             }
             Op::DelStale { ns, ids } => {
                 cmd::del(p, &self.entity_keys(ns, &ids));
@@ -223,11 +175,37 @@ impl SyncEngine {
                     }
                 }
                 Sent::Write {
-                    n: writes.len(),
                     ns,
                     ids: writes.iter().map(|w| w.id().to_owned()).collect(),
                 }
             }
+        }
+    }
+
+    fn encode_read(&self, read: &Read, p: &mut Pipeline) {
+        match read {
+            Read::Scan {
+                ns,
+                cursor,
+                count,
+                with_head,
+                ..
+            } => {
+                let keys = &self.regs[*ns].keys;
+                if *with_head {
+                    cmd::xrevrange_newest(p, keys.log_key());
+                }
+                cmd::scan(p, cursor, keys.scan_pattern(), *count);
+            }
+            Read::Log {
+                ns, from, count, ..
+            } => cmd::xrange(p, self.regs[*ns].keys.log_key(), from, *count),
+            Read::Logs(reads) => {
+                for read in reads {
+                    cmd::xrange(p, self.regs[read.ns].keys.log_key(), &read.from, read.count);
+                }
+            }
+            Read::Mget { ns, ids, .. } => cmd::mget(p, &self.entity_keys(*ns, ids)),
         }
     }
 

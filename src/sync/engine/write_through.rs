@@ -38,8 +38,8 @@ impl SyncEngine {
         frames: Result<Vec<Frame>, SyncError>,
     ) {
         match (sent, frames) {
-            (Sent::Write { n, ns, ids }, Ok(_)) => {
-                self.stats.pushed += n as u64;
+            (Sent::Write { ns, ids }, Ok(_)) => {
+                self.stats.pushed += ids.len() as u64;
                 // Written: the periodic push need not send these again.
                 if let Some(reg) = self.regs.get_mut(ns) {
                     if reg.caps.delta {
