@@ -348,6 +348,21 @@ impl SyncEngine {
         std::mem::take(&mut self.rtt_samples)
     }
 
+    /// This replica's id in change-log entries.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// Registered namespaces, in registration order.
+    pub fn namespaces(&self) -> Vec<&str> {
+        self.regs.iter().map(|r| r.ns.as_str()).collect()
+    }
+}
+
+/// Read-only views of the schedule and the run in progress, for unit tests
+/// and the testkit drivers; the filter has no use for them.
+#[cfg(any(test, feature = "testkit"))]
+impl SyncEngine {
     /// When the next cycle is due (None before start / after stop).
     pub fn next_cycle_ms(&self) -> Option<u64> {
         self.next_cycle_ms
@@ -374,18 +389,8 @@ impl SyncEngine {
         self.outstanding.len()
     }
 
-    /// This replica's id in change-log entries.
-    pub fn origin(&self) -> &str {
-        &self.origin
-    }
-
     /// The settings in use.
     pub fn settings(&self) -> &SyncSettings {
         &self.settings
-    }
-
-    /// Registered namespaces, in registration order.
-    pub fn namespaces(&self) -> Vec<&str> {
-        self.regs.iter().map(|r| r.ns.as_str()).collect()
     }
 }
