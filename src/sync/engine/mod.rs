@@ -16,6 +16,13 @@
 //! fetched and applied like a pull's, and once half a period has passed
 //! since the last push the poll goes on to push those namespaces' deltas.
 //! Cycles and polls are both *runs* and only one run exists at a time.
+//!
+//! This file holds [`SyncEngine`] and its public methods; the rest is split
+//! by concern, each an `impl SyncEngine` block with the types it owns:
+//! `runs` (the run in progress and how it advances), `cycle` (a cycle's
+//! start, push and end), `polls` (a poll's reads and half-period push),
+//! `replies` (what each answer does, truncation retries), `sending` (queued
+//! and in-flight work, pipelines) and `write_through` (`put`/`delete`).
 
 mod cycle;
 mod polls;
