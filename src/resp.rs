@@ -96,7 +96,9 @@ impl fmt::Display for ReplyError {
 impl std::error::Error for ReplyError {}
 
 impl Frame {
-    /// Appends this frame's wire form to `out` (used by the Redis test double).
+    /// Appends this frame's wire form to `out` (used by the Redis test double,
+    /// so built for tests and the `testkit` feature only).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn encode(&self, out: &mut Vec<u8>) {
         match self {
             Frame::Simple(s) => line(out, b'+', s.as_bytes()),

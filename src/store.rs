@@ -1,12 +1,15 @@
 //! The shared store: Envoy VM shared data seen through a narrow trait, so the
 //! prefix table and the load counters are tested on the host with
-//! [`MemStore`] and run in Envoy over the real hostcalls.
+//! `MemStore` (built for tests and the `testkit` feature only) and run in
+//! Envoy over the real hostcalls.
 //!
 //! Envoy's shared data is a map `key -> (bytes, cas)` shared by every VM with
 //! the same `vm_id` (all worker threads and the sync singleton). Keys cannot be
 //! deleted, so callers must use a fixed, bounded key space.
 
+#[cfg(any(test, feature = "testkit"))]
 use std::cell::RefCell;
+#[cfg(any(test, feature = "testkit"))]
 use std::collections::HashMap;
 use std::fmt;
 
@@ -112,13 +115,15 @@ where
 }
 
 /// In-memory [`SharedStore`] with Envoy's cas semantics, for tests and
-/// host-side tools. `interfere` lets a test slip a concurrent write in between
-/// a reader's get and its conditional set.
+/// host-side tools (the `testkit` feature). `interfere` lets a test slip a
+/// concurrent write in between a reader's get and its conditional set.
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Default)]
 pub struct MemStore {
     inner: RefCell<MemInner>,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Default)]
 struct MemInner {
     map: HashMap<String, (Vec<u8>, u32)>,
@@ -129,6 +134,7 @@ struct MemInner {
     gets: u64,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl MemStore {
     pub fn new() -> Self {
         Self::default()
@@ -155,6 +161,7 @@ impl MemStore {
     }
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl SharedStore for MemStore {
     fn get(&self, key: &str) -> Result<Versioned, StoreError> {
         let mut i = self.inner.borrow_mut();

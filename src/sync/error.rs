@@ -53,7 +53,7 @@ pub enum SyncError {
     Redis(String),
     /// Redis refused AUTH.
     Auth(String),
-    /// The cycle outlived `op_timeout_ms`.
+    /// The cycle or poll outlived `op_timeout_ms`.
     Timeout {
         /// Calls still pending.
         pending: usize,

@@ -1,7 +1,8 @@
 //! An in-memory Redis double that executes the RESP pipelines the sync
 //! engine emits, with a fake clock for TTLs and a switch that truncates
 //! replies like the Envoy bridge does. Used by the unit tests and by
-//! benchmarks (hence `pub`); it is never used by the filter itself.
+//! benchmarks (hence `pub`, behind the `testkit` feature); never built into
+//! the filter.
 //!
 //! Supported: AUTH, QUIT, SETEX, SET, MGET, GET, DEL, EXPIRE, SCAN (cursor,
 //! MATCH, COUNT), XADD (MAXLEN [~] N, `*` ids), XRANGE, XREVRANGE. SCAN's

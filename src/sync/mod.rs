@@ -1,5 +1,5 @@
 //! Cross-replica state sync through Redis (the AIBrix `statesync` design;
-//! semantics in the shared spec `statesync.md`), as a sans-IO engine the host drives:
+//! semantics in `docs/statesync.md`), as a sans-IO engine the host drives:
 //!
 //! ```text
 //! host on_tick          -> engine.tick(now)            -> [Call] -> dispatch_http_call(bridge, body)
@@ -11,9 +11,10 @@
 //! - [`keys`]: the Redis key layout shared with AIBrix.
 //! - [`schedule`]: startup delay, jitter, backoff.
 //! - [`engine`]: the state machine; [`error`], [`stats`] its error and
-//!   counters; `reply` decodes what Redis answers.
-//! - [`memredis`], [`testkit`]: an in-memory Redis and drivers for tests and
-//!   benchmarks.
+//!   counters; `cmd` builds the Redis commands it sends and `reply`
+//!   decodes what Redis answers.
+//! - `memredis`, `testkit`: an in-memory Redis and drivers for tests and
+//!   benchmarks, built only for tests and the `testkit` feature.
 //!
 //! Beyond AIBrix, pushes also append the changed ids to a per-namespace
 //! change-log stream so that most pulls read only what changed; a full SCAN
@@ -22,15 +23,18 @@
 //! half period, so a change reaches peers in about period/2 + `poll_ms`
 //! (rules in [`SyncEngine::tick`]).
 
+mod cmd;
 pub mod engine;
 pub mod error;
 pub mod keys;
+#[cfg(any(test, feature = "testkit"))]
 pub mod memredis;
 mod reply;
 pub mod schedule;
 pub mod settings;
 pub mod stats;
 pub mod syncable;
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use crate::resp::{parse_pipeline_reply, Frame, ReplyError};
 
+use super::cmd::{LOG_IDS, LOG_ORIGIN};
 use super::error::{CallFailed, SyncError};
 
 /// Checks a whole pipeline reply and strips the AUTH and QUIT replies.
@@ -69,8 +70,8 @@ pub(crate) fn log_entries(frame: Frame) -> Result<Vec<LogEntry>, SyncError> {
                     .as_bytes()
                     .map(|b| String::from_utf8_lossy(b).into_owned());
                 match (name.as_bytes(), value) {
-                    (Some(b"o"), Some(v)) => entry.origin = Some(v),
-                    (Some(b"i"), Some(v)) => entry.ids = v,
+                    (Some(LOG_ORIGIN), Some(v)) => entry.origin = Some(v),
+                    (Some(LOG_IDS), Some(v)) => entry.ids = v,
                     _ => {}
                 }
             }

@@ -69,7 +69,8 @@ impl Schedule {
         wait.max(self.period_ms / 2)
     }
 
-    /// Wait after a failed cycle: doubles each time, capped at 60 s.
+    /// Wait after a failed cycle: doubles each time, capped at 60 s (or at
+    /// the period, when that is longer).
     pub fn after_failure(&mut self) -> u64 {
         let cap = MAX_BACKOFF_MS.max(self.period_ms);
         self.backoff_ms = self.backoff_ms.saturating_mul(2).min(cap);

@@ -39,7 +39,9 @@ pub struct SyncSettings {
     pub enabled: bool,
     /// Time between cycles (jittered +-10 %).
     pub period_ms: u64,
-    /// A cycle with calls still pending after this long is abandoned.
+    /// A cycle or poll still running after this long is abandoned as
+    /// failed; a write-through call unanswered after this long counts as
+    /// failed.
     pub op_timeout_ms: u64,
     /// First part of every key: `{key_prefix}:{{ns}}:e:{id}`.
     pub key_prefix: String,
@@ -79,7 +81,8 @@ pub struct SyncSettings {
     /// steady-state Redis commands of a 200k-entity namespace >= 20x below
     /// full-scan mode.
     pub poll_ms: u64,
-    /// Bridge calls a cycle keeps in flight at once.
+    /// Bridge calls a cycle or poll keeps in flight at once (write-through
+    /// calls are not capped by it).
     pub max_inflight_calls: usize,
     /// Envoy cluster of the HTTP->Redis bridge (for dispatch_http_call).
     pub bridge_cluster: String,

@@ -50,7 +50,8 @@ pub struct SyncStats {
     pub bytes_sent: u64,
     /// Reply bytes received.
     pub bytes_received: u64,
-    /// Replies for calls the engine no longer waits for (abandoned cycle).
+    /// Replies for calls the engine no longer waits for (abandoned cycle or
+    /// poll, expired write-through call, unknown id).
     pub late_responses: u64,
     /// Write-through calls emitted.
     pub write_through_calls: u64,

@@ -1,7 +1,8 @@
 //! Drivers that connect [`SyncEngine`]s to a [`MemRedis`] without Envoy, a
 //! configurable map component, and the cost model used to compare
 //! incremental (change-log) pulls and polls with full-scan pulls. Shared by
-//! the unit tests and the benchmarks; not used by the filter.
+//! the unit tests and the benchmarks (behind the `testkit` feature); never
+//! built into the filter.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,0 +1,123 @@
+//! Cycle life: a scheduled cycle starts (full scan or change-log pull per
+//! namespace), builds its push once the pull is over, and ends in success
+//! (next cycle after the jittered period, polls allowed) or failure
+//! (backoff, polls paused).
+
+use std::collections::HashSet;
+
+use super::runs::{delta_writes, queue_writes, Kind, NsRun, Run};
+use super::sending::{Op, Read, Write};
+use super::{SyncEngine, LARGE_SNAPSHOT_AVG_BYTES, LARGE_SNAPSHOT_ENTITIES};
+use crate::sync::error::SyncError;
+
+impl SyncEngine {
+    pub(super) fn start_cycle(&mut self, now_ms: u64) {
+        let index = self.cycles_started;
+        self.cycles_started += 1;
+        let log = self.settings.change_log_enabled();
+        let every = u64::from(self.settings.full_scan_every.max(1));
+        let full_cycle = !log || index % every == 0;
+        let seq = self.next_seq();
+        let mut cycle = Run::new(Kind::Cycle, seq, now_ms, self.regs.len());
+        for (i, reg) in self.regs.iter_mut().enumerate() {
+            if reg.caps.hooks {
+                reg.comp.on_sync_start();
+            }
+            let pos = if full_cycle {
+                None
+            } else {
+                reg.log_pos.clone()
+            };
+            match &pos {
+                Some(from) => {
+                    self.stats.incremental_pulls += 1;
+                    cycle.queue.push_back(Op::Read(Read::Log {
+                        ns: i,
+                        from: from.clone(),
+                        count: reg.log_cap,
+                        attempt: 0,
+                    }));
+                }
+                None => {
+                    self.stats.full_scans += 1;
+                    cycle.queue.push_back(Op::Read(Read::Scan {
+                        ns: i,
+                        cursor: "0".into(),
+                        count: reg.scan_cap,
+                        with_head: log,
+                        attempt: 0,
+                    }));
+                }
+            }
+            cycle.ns.push(NsRun {
+                active: true,
+                new_pos: pos,
+                seen: HashSet::new(),
+                hooks_started: reg.caps.hooks,
+            });
+        }
+        self.run = Some(cycle);
+    }
+
+    pub(super) fn build_push(&mut self, cycle: &mut Run) {
+        let chunk = self.settings.setex_chunk;
+        for (i, reg) in self.regs.iter_mut().enumerate() {
+            let writes: Vec<Write> = if reg.caps.delta {
+                let writes = delta_writes(reg);
+                cycle.pushed_ids[i] = writes.iter().map(|w| w.id().to_owned()).collect();
+                writes
+            } else {
+                let snapshot = reg.comp.snapshot();
+                let total: usize = snapshot.iter().map(|(_, v)| v.len()).sum();
+                let avg = if snapshot.is_empty() {
+                    0
+                } else {
+                    total / snapshot.len()
+                };
+                if snapshot.len() > LARGE_SNAPSHOT_ENTITIES || avg > LARGE_SNAPSHOT_AVG_BYTES {
+                    self.stats.large_snapshot_warnings += 1;
+                    log::warn!(
+                        "sync: namespace {:?} pushes a full snapshot of {} entities, {} bytes on \
+                         average; consider delta support",
+                        reg.ns,
+                        snapshot.len(),
+                        avg
+                    );
+                }
+                snapshot
+                    .into_iter()
+                    .map(|(id, v)| Write::Set(id, v))
+                    .collect()
+            };
+            queue_writes(cycle, i, writes, chunk);
+        }
+    }
+
+    pub(super) fn finish_cycle(&mut self, now_ms: u64, cycle: &Run, ok: bool) {
+        self.stats.last_cycle_ms = now_ms.saturating_sub(cycle.started_ms);
+        let wait = if ok {
+            self.stats.cycles_ok += 1;
+            self.stats.last_success_ms = Some(now_ms);
+            self.polls_allowed = true;
+            self.next_poll_ms = Some(now_ms + self.settings.poll_ms);
+            self.schedule.after_success()
+        } else {
+            self.stats.cycles_failed += 1;
+            self.polls_allowed = false;
+            self.schedule.after_failure()
+        };
+        self.stats.backoff_ms = self.schedule.backoff_ms();
+        self.next_cycle_ms = Some(now_ms + wait);
+    }
+
+    pub(super) fn fail_cycle(&mut self, now_ms: u64, why: SyncError) {
+        let Some(mut cycle) = self.run.take() else {
+            return;
+        };
+        log::warn!("sync: cycle {} failed: {why}", cycle.seq);
+        self.end_pull_hooks(&mut cycle);
+        // Forget its calls: their replies, if any, count as late.
+        self.outstanding.retain(|_, o| o.run != Some(cycle.seq));
+        self.finish_cycle(now_ms, &cycle, false);
+    }
+}

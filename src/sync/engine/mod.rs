@@ -1,0 +1,403 @@
+//! The sync engine: a sans-IO state machine that turns registered
+//! [`Syncable`]s into Redis pipelines and Redis replies back into
+//! `apply_remote` calls. The host sends each [`Call`] body to the Redis
+//! bridge and feeds the reply to [`SyncEngine::on_response`]; time only
+//! enters through the `now_ms` arguments.
+//!
+//! A cycle = pull every namespace (full SCAN+MGET, or the change log +
+//! MGET), then push every namespace (delta or snapshot, SETEX chunks).
+//! Calls inside a stage run concurrently (up to `max_inflight_calls`); a
+//! failed call fails the cycle at once and a failed pull skips the push, so
+//! a replica never overwrites peers' keys with a view it could not refresh.
+//!
+//! Between cycles, with the change log on and `poll_ms > 0`, the engine
+//! *polls* (see [`SyncEngine::tick`] for the rules): one call reads the log
+//! of every delta-capable namespace without hooks, the changed ids are
+//! fetched and applied like a pull's, and once half a period has passed
+//! since the last push the poll goes on to push those namespaces' deltas.
+//! Cycles and polls are both *runs* and only one run exists at a time.
+//!
+//! This file holds [`SyncEngine`] and its public methods; the rest is split
+//! by concern, each an `impl SyncEngine` block with the types it owns:
+//! `runs` (the run in progress and how it advances), `cycle` (a cycle's
+//! start, push and end), `polls` (a poll's reads and half-period push),
+//! `replies` (what each answer does, truncation retries), `sending` (queued
+//! and in-flight work, pipelines) and `write_through` (`put`/`delete`).
+
+mod cycle;
+mod polls;
+mod replies;
+mod runs;
+mod sending;
+mod write_through;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::error::{CallFailed, SyncError};
+use super::keys::KeyLayout;
+use super::reply::decode;
+use super::schedule::{Schedule, SplitMix64};
+use super::settings::{key_part, SyncSettings};
+use super::stats::SyncStats;
+use super::syncable::{Capabilities, Syncable};
+
+use runs::{Kind, Run};
+use sending::{Outstanding, Write};
+
+/// Identifies one call between [`SyncEngine::tick`]/[`SyncEngine::on_response`].
+pub type CallId = u64;
+
+/// Snapshot size beyond which a full push logs a warning (as AIBrix does).
+pub const LARGE_SNAPSHOT_ENTITIES: usize = 10_000;
+/// Average payload beyond which a full push logs a warning.
+pub const LARGE_SNAPSHOT_AVG_BYTES: usize = 512 * 1024;
+/// Halvings of a truncated MGET/SCAN/XRANGE before the cycle gives up.
+pub const MAX_TRUNCATION_RETRIES: u32 = 10;
+/// RTT samples kept until drained.
+const MAX_RTT_SAMPLES: usize = 1024;
+
+/// One bridge call to make: POST `body` to the Redis bridge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    /// Pass back to [`SyncEngine::on_response`] with the reply.
+    pub id: CallId,
+    /// Raw RESP pipeline, ending with QUIT.
+    pub body: Vec<u8>,
+}
+
+/// A registered component and what the engine learned about its namespace.
+struct Registered {
+    comp: Box<dyn Syncable>,
+    ns: String,
+    keys: KeyLayout,
+    caps: Capabilities,
+    /// Last change-log entry this replica has seen; None = unknown, the
+    /// next pull must be a full scan.
+    log_pos: Option<String>,
+    /// Learned caps (shrink on truncation, regrow slowly).
+    mget_cap: usize,
+    scan_cap: usize,
+    log_cap: usize,
+    /// Estimated reply bytes per MGET value (0 = nothing seen yet).
+    value_reply_bytes: usize,
+    write_through: Vec<Write>,
+}
+
+/// The cross-replica sync state machine. See the module docs.
+pub struct SyncEngine {
+    settings: SyncSettings,
+    schedule: Schedule,
+    origin: String,
+    regs: Vec<Registered>,
+    started: bool,
+    stopped: bool,
+    next_cycle_ms: Option<u64>,
+    cycles_started: u64,
+    /// Runs (cycles and polls) started: their sequence numbers.
+    runs_started: u64,
+    run: Option<Run>,
+    /// Polls may run: the last cycle succeeded and no poll failed since.
+    polls_allowed: bool,
+    next_poll_ms: Option<u64>,
+    /// When the last push (cycle or half-period) took its delta.
+    last_push_ms: Option<u64>,
+    outstanding: BTreeMap<CallId, Outstanding>,
+    next_call_id: CallId,
+    stats: SyncStats,
+    rtt_samples: Vec<u64>,
+}
+
+impl fmt::Debug for SyncEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SyncEngine")
+            .field("origin", &self.origin)
+            .field("namespaces", &self.namespaces())
+            .field("started", &self.started)
+            .field("stopped", &self.stopped)
+            .field("next_cycle_ms", &self.next_cycle_ms)
+            .field("outstanding", &self.outstanding.len())
+            .finish()
+    }
+}
+
+impl SyncEngine {
+    /// An engine for (already validated) `settings`. `seed` drives the
+    /// startup delay, jitter and this replica's origin id in the change log:
+    /// give every replica a different one (e.g. current time in ns).
+    pub fn new(settings: SyncSettings, seed: u64) -> Self {
+        let mut origin_rng = SplitMix64::new(seed ^ 0x5EED_0F01_2345_6789);
+        Self {
+            schedule: Schedule::new(settings.period_ms, seed),
+            stats: SyncStats {
+                backoff_ms: settings.period_ms,
+                ..Default::default()
+            },
+            settings,
+            origin: format!("{:016x}", origin_rng.next_u64()),
+            regs: Vec::new(),
+            started: false,
+            stopped: false,
+            next_cycle_ms: None,
+            cycles_started: 0,
+            runs_started: 0,
+            run: None,
+            polls_allowed: false,
+            next_poll_ms: None,
+            last_push_ms: None,
+            outstanding: BTreeMap::new(),
+            next_call_id: 1,
+            rtt_samples: Vec::new(),
+        }
+    }
+
+    /// Adds a component. Refused (with a warning) after `start`, for an
+    /// empty or invalid namespace, or a namespace already registered.
+    /// Capabilities are read once, here.
+    pub fn register(&mut self, comp: Box<dyn Syncable>) -> Result<(), SyncError> {
+        let ns = comp.namespace();
+        let refused = if self.started {
+            Some(SyncError::AlreadyStarted)
+        } else if ns.is_empty() {
+            Some(SyncError::EmptyNamespace)
+        } else if key_part("namespace", &ns).is_err() {
+            Some(SyncError::InvalidNamespace(ns.clone()))
+        } else if self.regs.iter().any(|r| r.ns == ns) {
+            Some(SyncError::DuplicateNamespace(ns.clone()))
+        } else {
+            None
+        };
+        if let Some(e) = refused {
+            log::warn!("sync: registration of namespace {ns:?} ignored: {e}");
+            return Err(e);
+        }
+        let caps = comp.capabilities();
+        let keys = KeyLayout::new(&self.settings.key_prefix, &ns);
+        // SCAN returns about COUNT keys: keep a page's reply within budget
+        // up front (ids estimated at 20 bytes, RESP framing at 8).
+        let key_reply = keys.entity_prefix().len() + 28;
+        let scan_cap = self
+            .settings
+            .scan_count
+            .min(self.settings.max_reply_bytes / key_reply)
+            .max(1);
+        self.regs.push(Registered {
+            keys,
+            comp,
+            ns,
+            caps,
+            log_pos: None,
+            mget_cap: self.settings.mget_batch,
+            scan_cap,
+            log_cap: self.settings.log_read_count,
+            value_reply_bytes: 0,
+            write_through: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Starts the loop: the first cycle runs after a random delay in
+    /// `[0, period/2)` from `now_ms`.
+    pub fn start(&mut self, now_ms: u64) -> Result<(), SyncError> {
+        if !self.settings.enabled {
+            return Err(SyncError::Disabled);
+        }
+        if self.started {
+            return Err(SyncError::AlreadyStarted);
+        }
+        self.started = true;
+        self.next_cycle_ms = Some(now_ms + self.schedule.startup_delay());
+        Ok(())
+    }
+
+    /// Ends the loop: the running cycle or poll is dropped (a cycle's pull
+    /// hooks closed), later replies are ignored, no further calls are
+    /// emitted.
+    pub fn stop(&mut self) {
+        if let Some(mut run) = self.run.take() {
+            self.end_pull_hooks(&mut run);
+        }
+        self.outstanding.clear();
+        self.stopped = true;
+        self.next_cycle_ms = None;
+        self.next_poll_ms = None;
+    }
+
+    /// Call on every host tick. Abandons a run (cycle or poll) past its
+    /// operation timeout, starts a due cycle or else a due poll, and flushes
+    /// queued write-through writes.
+    ///
+    /// Poll rules (`poll_ms > 0` and the change log on, i.e. not AIBrix
+    /// mode):
+    /// - a poll starts every `poll_ms` while no cycle runs, only after a
+    ///   successful cycle, and never again after a failed cycle or a failed
+    ///   poll until a cycle succeeds (a Redis that is down sees no polls);
+    /// - it reads, in one call, the change log of every namespace that has
+    ///   the delta capability, no hooks (hooks expect the whole pull between
+    ///   `on_sync_start`/`on_sync_end`) and a known log position; the changed
+    ///   ids of peers are fetched and applied exactly as a pull does;
+    /// - a trimmed or missing log does not scan: the next cycle does;
+    /// - a due cycle waits for a running poll (at most `op_timeout_ms`, after
+    ///   which the poll is abandoned as failed); a poll never changes the
+    ///   cycle schedule or backoff;
+    /// - once `period/2` has passed since the last push, the poll goes on to
+    ///   push the polled namespaces' deltas (pull first, then push, as a
+    ///   cycle does). Why: pull-first still holds per replica (what is
+    ///   pushed was refreshed by this very poll); a change is now written
+    ///   within about period/2 and seen by peers within about `poll_ms`
+    ///   after that, so convergence is about period/2 + `poll_ms` instead of
+    ///   up to two periods (a push, then the peer's pull, each waiting up to
+    ///   a period). Writes per entity do not grow: the dirty set
+    ///   deduplicates and an entity is written only when it changed since
+    ///   the last push (the router re-marks a hot block at most once per
+    ///   touch interval, 30 s by default). Only an entity that changes
+    ///   again within every half period is written up to twice per period
+    ///   instead of once.
+    pub fn tick(&mut self, now_ms: u64) -> Vec<Call> {
+        if !self.started || self.stopped {
+            return Vec::new();
+        }
+        let mut calls = Vec::new();
+        self.expire_write_through(now_ms);
+        let timed_out = self
+            .run
+            .as_ref()
+            .filter(|r| now_ms.saturating_sub(r.started_ms) >= self.settings.op_timeout_ms)
+            .map(|r| (r.kind, r.inflight + r.queue.len()));
+        if let Some((kind, pending)) = timed_out {
+            if kind == Kind::Cycle {
+                self.stats.cycles_timed_out += 1;
+            }
+            self.fail_run(now_ms, SyncError::Timeout { pending });
+        }
+        if self.run.is_none() {
+            if self.next_cycle_ms.is_some_and(|t| now_ms >= t) {
+                self.start_cycle(now_ms);
+            } else if self.poll_due(now_ms) {
+                self.start_poll(now_ms);
+            }
+        }
+        self.pump(now_ms, &mut calls);
+        self.flush_write_through(now_ms, &mut calls);
+        calls
+    }
+
+    /// Feed the outcome of call `id`; returns follow-up calls to send now
+    /// (a cycle proceeds on replies, not only on ticks).
+    pub fn on_response(
+        &mut self,
+        id: CallId,
+        now_ms: u64,
+        result: Result<&[u8], CallFailed>,
+    ) -> Vec<Call> {
+        let mut calls = Vec::new();
+        let Some(out) = self.outstanding.remove(&id) else {
+            self.stats.late_responses += 1;
+            return calls;
+        };
+        if self.rtt_samples.len() < MAX_RTT_SAMPLES {
+            self.rtt_samples.push(now_ms.saturating_sub(out.sent_ms));
+        }
+        let reply_len = result.as_ref().map(|b| b.len()).unwrap_or(0);
+        self.stats.bytes_received += reply_len as u64;
+        let frames = decode(result, out.expected, out.auth, out.sent.command());
+        let Some(seq) = out.run else {
+            self.on_write_through_reply(out.sent, frames);
+            return calls;
+        };
+        match self.run.as_mut() {
+            Some(r) if r.seq == seq => r.inflight = r.inflight.saturating_sub(1),
+            _ => {
+                self.stats.late_responses += 1;
+                return calls;
+            }
+        }
+        let outcome = match frames {
+            Ok(frames) => self.on_run_reply(out.sent, frames, reply_len),
+            Err(SyncError::Truncated { .. }) => self.on_truncated(out.sent),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = outcome {
+            self.stats.calls_failed += 1;
+            self.fail_run(now_ms, e);
+        }
+        self.pump(now_ms, &mut calls);
+        calls
+    }
+
+    /// Queues a write-through SETEX of one entity; sent on the next tick.
+    pub fn put(&mut self, ns: &str, id: &str, payload: Vec<u8>) -> Result<(), SyncError> {
+        let reg = self.write_through_target(ns)?;
+        reg.write_through.push(Write::Set(id.to_owned(), payload));
+        Ok(())
+    }
+
+    /// Queues a write-through delete (tombstone SETEX when the component
+    /// supports tombstones, else DEL); sent on the next tick.
+    pub fn delete(&mut self, ns: &str, id: &str) -> Result<(), SyncError> {
+        let reg = self.write_through_target(ns)?;
+        let write = if reg.caps.tombstones {
+            Write::Set(id.to_owned(), reg.comp.make_tombstone(id))
+        } else {
+            Write::Del(id.to_owned())
+        };
+        reg.write_through.push(write);
+        Ok(())
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &SyncStats {
+        &self.stats
+    }
+
+    /// Round-trip times (ms) of calls answered since the last drain.
+    pub fn drain_rtt_samples(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.rtt_samples)
+    }
+
+    /// This replica's id in change-log entries.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// Registered namespaces, in registration order.
+    pub fn namespaces(&self) -> Vec<&str> {
+        self.regs.iter().map(|r| r.ns.as_str()).collect()
+    }
+}
+
+/// Read-only views of the schedule and the run in progress, for unit tests
+/// and the testkit drivers; the filter has no use for them.
+#[cfg(any(test, feature = "testkit"))]
+impl SyncEngine {
+    /// When the next cycle is due (None before start / after stop).
+    pub fn next_cycle_ms(&self) -> Option<u64> {
+        self.next_cycle_ms
+    }
+
+    /// True while a cycle is in progress.
+    pub fn cycle_in_progress(&self) -> bool {
+        self.run.as_ref().is_some_and(|r| r.kind == Kind::Cycle)
+    }
+
+    /// True while a poll (with its half-period push, if any) is in progress.
+    pub fn poll_in_progress(&self) -> bool {
+        self.run.as_ref().is_some_and(|r| r.kind == Kind::Poll)
+    }
+
+    /// When the next poll may start (None while polls are off or paused:
+    /// before the first successful cycle, after a failed cycle or poll).
+    pub fn next_poll_ms(&self) -> Option<u64> {
+        self.next_poll_ms.filter(|_| self.polls_allowed)
+    }
+
+    /// Calls sent and not answered yet.
+    pub fn pending_calls(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &SyncSettings {
+        &self.settings
+    }
+}

@@ -1,0 +1,125 @@
+//! Polls: between cycles, one call reads the change logs of the pollable
+//! namespaces; once half a period has passed since the last push, the poll
+//! goes on to push their deltas (rules in [`SyncEngine::tick`]).
+
+use std::collections::HashSet;
+
+use super::runs::{delta_writes, queue_writes, Kind, NsRun, Run, Stage};
+use super::sending::{LogRead, Op, Read};
+use super::{Registered, SyncEngine};
+use crate::sync::error::SyncError;
+
+impl SyncEngine {
+    pub(super) fn poll_due(&self, now_ms: u64) -> bool {
+        // A poll due within 10 % of poll_ms counts as due, so a host tick
+        // that fires a little early does not skip a whole interval.
+        let early = self.settings.poll_ms / 10;
+        self.settings.polling_enabled()
+            && self.polls_allowed
+            && self.next_poll_ms.is_some_and(|t| now_ms + early >= t)
+    }
+
+    /// Namespaces a poll reads: delta-capable, no hooks, log position known.
+    fn pollable(reg: &Registered) -> bool {
+        reg.caps.delta && !reg.caps.hooks && reg.log_pos.is_some()
+    }
+
+    pub(super) fn start_poll(&mut self, now_ms: u64) {
+        self.next_poll_ms = Some(now_ms + self.settings.poll_ms);
+        let mut reads = Vec::new();
+        let mut nss = Vec::with_capacity(self.regs.len());
+        for (i, reg) in self.regs.iter().enumerate() {
+            let active = Self::pollable(reg);
+            if active {
+                if let Some(from) = &reg.log_pos {
+                    reads.push(LogRead {
+                        ns: i,
+                        from: from.clone(),
+                        count: reg.log_cap,
+                    });
+                }
+            }
+            nss.push(NsRun {
+                active,
+                new_pos: reg.log_pos.clone().filter(|_| active),
+                seen: HashSet::new(),
+                hooks_started: false,
+            });
+        }
+        if reads.is_empty() {
+            return;
+        }
+        let seq = self.next_seq();
+        let mut poll = Run::new(Kind::Poll, seq, now_ms, self.regs.len());
+        poll.ns = nss;
+        let op = match <[LogRead; 1]>::try_from(reads) {
+            Ok([one]) => Op::Read(Read::Log {
+                ns: one.ns,
+                from: one.from,
+                count: one.count,
+                attempt: 0,
+            }),
+            Err(reads) => Op::Read(Read::Logs(reads)),
+        };
+        poll.queue.push_back(op);
+        self.run = Some(poll);
+    }
+
+    /// Half-period push due: at least period/2 since the last push.
+    fn mid_push_due(&self, now_ms: u64) -> bool {
+        self.last_push_ms
+            .is_some_and(|t| now_ms >= t + self.settings.period_ms / 2)
+    }
+
+    /// After a poll's reads: keep the new log positions (None = the log was
+    /// trimmed or gone, the next cycle scans) and, when due, queue the
+    /// delta push of the namespaces this poll read completely.
+    pub(super) fn end_poll_reads(&mut self, poll: &mut Run, now_ms: u64) {
+        self.stats.polls_ok += 1;
+        let mut pushable = vec![false; self.regs.len()];
+        for ((reg, ns), ok) in self
+            .regs
+            .iter_mut()
+            .zip(poll.ns.iter_mut())
+            .zip(pushable.iter_mut())
+        {
+            if ns.active {
+                reg.log_pos = ns.new_pos.take();
+                *ok = reg.log_pos.is_some();
+            }
+        }
+        if !self.mid_push_due(now_ms) {
+            return;
+        }
+        // Pull first still holds: every namespace pushed here was just
+        // refreshed by this poll (the others wait for the cycle). An empty
+        // delta counts as a push too, so `delta()` (which may walk a large
+        // dirty set) runs at most every period/2, not on every poll.
+        self.last_push_ms = Some(now_ms);
+        let chunk = self.settings.setex_chunk;
+        for (i, reg) in self.regs.iter_mut().enumerate() {
+            if !pushable[i] {
+                continue;
+            }
+            let writes = delta_writes(reg);
+            poll.pushed_ids[i] = writes.iter().map(|w| w.id().to_owned()).collect();
+            queue_writes(poll, i, writes, chunk);
+        }
+    }
+
+    pub(super) fn fail_poll(&mut self, why: SyncError) {
+        let Some(poll) = self.run.take() else {
+            return;
+        };
+        if poll.stage == Stage::Push {
+            self.stats.mid_pushes_failed += 1;
+            log::warn!("sync: half-period push failed: {why}; polls pause until a cycle succeeds");
+        } else {
+            self.stats.polls_failed += 1;
+            log::warn!("sync: poll failed: {why}; polls pause until a cycle succeeds");
+        }
+        self.polls_allowed = false;
+        // Its log positions stay where they were: the next cycle re-reads.
+        self.outstanding.retain(|_, o| o.run != Some(poll.seq));
+    }
+}

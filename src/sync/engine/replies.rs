@@ -1,0 +1,369 @@
+//! Replies: what a run does with each answer (SCAN pages, change-log
+//! entries, MGET values, confirmed writes) and how a truncated reply is
+//! retried smaller.
+
+use crate::resp::Frame;
+use crate::sync::error::SyncError;
+use crate::sync::reply::{log_entries, proto};
+use crate::sync::settings::SyncSettings;
+
+use super::runs::{Kind, Run};
+use super::sending::{Op, Read, Sent};
+use super::{Registered, SyncEngine, MAX_TRUNCATION_RETRIES};
+
+impl SyncEngine {
+    pub(super) fn on_run_reply(
+        &mut self,
+        sent: Sent,
+        frames: Vec<Frame>,
+        reply_len: usize,
+    ) -> Result<(), SyncError> {
+        match sent {
+            Sent::Read(read) => self.on_read(read, frames, reply_len),
+            Sent::DelStale { n } => {
+                self.stats.stale_deleted += n as u64;
+                Ok(())
+            }
+            Sent::Write { ids, .. } => {
+                self.stats.pushed += ids.len() as u64;
+                Ok(())
+            }
+        }
+    }
+
+    fn on_read(
+        &mut self,
+        read: Read,
+        frames: Vec<Frame>,
+        reply_len: usize,
+    ) -> Result<(), SyncError> {
+        match read {
+            Read::Scan { ns, with_head, .. } => self.on_scan(ns, with_head, frames),
+            Read::Log {
+                ns, from, count, ..
+            } => {
+                let frame = frames
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| proto("no XRANGE reply"))?;
+                self.on_log(ns, &from, count, frame)
+            }
+            Read::Logs(reads) => {
+                if frames.len() != reads.len() {
+                    return Err(proto(&format!(
+                        "{} XRANGE replies for {} reads",
+                        frames.len(),
+                        reads.len()
+                    )));
+                }
+                for (read, frame) in reads.into_iter().zip(frames) {
+                    self.on_log(read.ns, &read.from, read.count, frame)?;
+                }
+                Ok(())
+            }
+            Read::Mget { ns, ids, .. } => self.on_mget(ns, ids, frames, reply_len),
+        }
+    }
+
+    fn on_scan(&mut self, ns: usize, with_head: bool, frames: Vec<Frame>) -> Result<(), SyncError> {
+        let mut frames = frames.into_iter();
+        if with_head {
+            let head = frames
+                .next()
+                .ok_or_else(|| proto("XREVRANGE reply missing"))?;
+            let pos = log_entries(head)?.into_iter().next().map(|e| e.id);
+            if let Some(c) = self.run.as_mut() {
+                c.ns[ns].new_pos = pos;
+            }
+        }
+        let (cursor, keys) = match frames.next() {
+            Some(Frame::Array(mut parts)) if parts.len() == 2 => {
+                let keys = parts.pop();
+                let cursor = parts.pop().and_then(|f| f.as_bytes().map(|b| b.to_vec()));
+                match (cursor, keys) {
+                    (Some(c), Some(Frame::Array(keys))) => (c, keys),
+                    _ => return Err(proto("SCAN reply is not [cursor, keys]")),
+                }
+            }
+            other => return Err(proto(&format!("SCAN replied {other:?}"))),
+        };
+        let reg = &self.regs[ns];
+        let ids: Vec<String> = keys
+            .iter()
+            .filter_map(|k| k.as_bytes())
+            .filter_map(|k| std::str::from_utf8(k).ok())
+            .filter_map(|k| reg.keys.entity_id(k))
+            .map(str::to_owned)
+            .collect();
+        self.stats.keys_scanned += ids.len() as u64;
+        let scan_cap = reg.scan_cap;
+        let Some(cycle) = self.run.as_mut() else {
+            return Ok(());
+        };
+        if cursor != b"0" {
+            // Next page first: enumeration overlaps with the MGETs below.
+            cycle.queue.push_front(Op::Read(Read::Scan {
+                ns,
+                cursor: String::from_utf8_lossy(&cursor).into_owned(),
+                count: scan_cap,
+                with_head: false,
+                attempt: 0,
+            }));
+        }
+        let batch = mget_batch_size(reg, &self.settings);
+        queue_mgets(cycle, ns, ids, batch);
+        Ok(())
+    }
+
+    fn on_log(
+        &mut self,
+        ns: usize,
+        from: &str,
+        count: usize,
+        frame: Frame,
+    ) -> Result<(), SyncError> {
+        let entries = log_entries(frame)?;
+        let batch = mget_batch_size(&self.regs[ns], &self.settings);
+        let reg = &self.regs[ns];
+        let Some(cycle) = self.run.as_mut() else {
+            return Ok(());
+        };
+        // Trimming removes the oldest entries first, so our last-seen entry
+        // still being there proves nothing after it was lost.
+        let lost = entries.first().map(|e| e.id.as_str()) != Some(from);
+        if lost && cycle.kind == Kind::Poll {
+            // A poll does not scan: the next cycle does (unknown position).
+            log::info!(
+                "sync: change log of {:?} trimmed or gone; the next cycle scans",
+                reg.ns
+            );
+            self.stats.log_fallbacks += 1;
+            cycle.ns[ns].new_pos = None;
+            return Ok(());
+        }
+        if lost {
+            log::info!(
+                "sync: change log of {:?} trimmed or gone; full scan",
+                reg.ns
+            );
+            self.stats.log_fallbacks += 1;
+            self.stats.full_scans += 1;
+            cycle.ns[ns].new_pos = None;
+            cycle.queue.push_back(Op::Read(Read::Scan {
+                ns,
+                cursor: "0".into(),
+                count: reg.scan_cap,
+                with_head: true,
+                attempt: 0,
+            }));
+            return Ok(());
+        }
+        let full_page = entries.len() >= count;
+        let mut ids = Vec::new();
+        let mut last = None;
+        for entry in entries.into_iter().skip(1) {
+            if entry.origin.as_deref() != Some(self.origin.as_str()) {
+                for id in entry.ids.split(',').filter(|s| !s.is_empty()) {
+                    if cycle.ns[ns].seen.insert(id.to_owned()) {
+                        ids.push(id.to_owned());
+                    }
+                }
+            }
+            last = Some(entry.id);
+        }
+        if let Some(last) = last {
+            if full_page {
+                cycle.queue.push_front(Op::Read(Read::Log {
+                    ns,
+                    from: last.clone(),
+                    count: reg.log_cap,
+                    attempt: 0,
+                }));
+            }
+            cycle.ns[ns].new_pos = Some(last);
+        }
+        queue_mgets(cycle, ns, ids, batch);
+        Ok(())
+    }
+
+    fn on_mget(
+        &mut self,
+        ns: usize,
+        ids: Vec<String>,
+        frames: Vec<Frame>,
+        reply_len: usize,
+    ) -> Result<(), SyncError> {
+        let values = match frames.into_iter().next() {
+            Some(Frame::Array(values)) if values.len() == ids.len() => values,
+            other => {
+                return Err(proto(&format!(
+                    "MGET of {} keys replied {other:?}",
+                    ids.len()
+                )))
+            }
+        };
+        let budget = self.settings.max_reply_bytes;
+        let mget_batch = self.settings.mget_batch;
+        let polling = self.run.as_ref().is_some_and(|r| r.kind == Kind::Poll);
+        let reg = &mut self.regs[ns];
+        let sample = reply_len / ids.len().max(1);
+        reg.value_reply_bytes = if reg.value_reply_bytes == 0 {
+            sample
+        } else {
+            (reg.value_reply_bytes * 3 + sample) / 4
+        };
+        if reply_len < budget / 2 && reg.mget_cap < mget_batch {
+            reg.mget_cap = (reg.mget_cap + reg.mget_cap / 4 + 1).min(mget_batch);
+        }
+        let mut stale = Vec::new();
+        for (id, value) in ids.into_iter().zip(values) {
+            let payload = match value {
+                Frame::Bulk(b) => b,
+                Frame::Null => {
+                    self.stats.missing_values += 1;
+                    continue;
+                }
+                other => return Err(proto(&format!("MGET value {other:?}"))),
+            };
+            self.stats.keys_pulled += 1;
+            if reg.caps.tombstones && reg.comp.is_tombstone(&id, &payload) {
+                reg.comp.delete_local(&id);
+                self.stats.tombstones_applied += 1;
+            } else if reg.caps.stale && reg.comp.is_stale(&id, &payload) {
+                stale.push(id);
+            } else {
+                match reg.comp.apply_remote(&id, &payload) {
+                    Ok(()) => {
+                        self.stats.applied += 1;
+                        if polling {
+                            self.stats.poll_applied += 1;
+                        }
+                    }
+                    Err(e) => {
+                        self.stats.rejected += 1;
+                        log::debug!("sync: {:?}/{id}: {e}", reg.ns);
+                    }
+                }
+            }
+        }
+        if !stale.is_empty() {
+            if let Some(run) = self.run.as_mut() {
+                run.queue.push_back(Op::DelStale { ns, ids: stale });
+            }
+        }
+        Ok(())
+    }
+
+    /// A truncated reply is dropped whole; reads are retried smaller.
+    pub(super) fn on_truncated(&mut self, sent: Sent) -> Result<(), SyncError> {
+        self.stats.truncations += 1;
+        let command = sent.command();
+        let Some(cycle) = self.run.as_mut() else {
+            return Ok(());
+        };
+        let Sent::Read(read) = sent else {
+            return Err(SyncError::Truncated { command });
+        };
+        match read {
+            Read::Logs(reads) => {
+                // Several namespaces' reads did not fit together: each one
+                // alone, then halved on its own if still too large.
+                for read in reads.into_iter().rev() {
+                    cycle.queue.push_front(Op::Read(Read::Log {
+                        ns: read.ns,
+                        from: read.from,
+                        count: read.count,
+                        attempt: 1,
+                    }));
+                }
+                Ok(())
+            }
+            Read::Mget {
+                ns,
+                mut ids,
+                attempt,
+            } if attempt < MAX_TRUNCATION_RETRIES => {
+                let reg = &mut self.regs[ns];
+                if ids.len() == 1 {
+                    self.stats.oversized_values += 1;
+                    log::warn!(
+                        "sync: {:?}/{} is larger than sync.max_reply_bytes; skipped",
+                        reg.ns,
+                        ids[0]
+                    );
+                    return Ok(());
+                }
+                let tail = ids.split_off(ids.len() / 2);
+                reg.mget_cap = reg.mget_cap.min(ids.len()).max(1);
+                cycle.queue.push_front(Op::Read(Read::Mget {
+                    ns,
+                    ids: tail,
+                    attempt: attempt + 1,
+                }));
+                cycle.queue.push_front(Op::Read(Read::Mget {
+                    ns,
+                    ids,
+                    attempt: attempt + 1,
+                }));
+                Ok(())
+            }
+            Read::Scan {
+                ns,
+                cursor,
+                count,
+                with_head,
+                attempt,
+            } if count > 1 && attempt < MAX_TRUNCATION_RETRIES => {
+                let count = count / 2;
+                self.regs[ns].scan_cap = count;
+                cycle.queue.push_front(Op::Read(Read::Scan {
+                    ns,
+                    cursor,
+                    count,
+                    with_head,
+                    attempt: attempt + 1,
+                }));
+                Ok(())
+            }
+            Read::Log {
+                ns,
+                from,
+                count,
+                attempt,
+            } if count > 2 && attempt < MAX_TRUNCATION_RETRIES => {
+                let count = (count / 2).max(2);
+                self.regs[ns].log_cap = count;
+                cycle.queue.push_front(Op::Read(Read::Log {
+                    ns,
+                    from,
+                    count,
+                    attempt: attempt + 1,
+                }));
+                Ok(())
+            }
+            _ => Err(SyncError::Truncated { command }),
+        }
+    }
+}
+
+/// MGET keys per call: configured batch, shrunk by truncations and by the
+/// observed value size so the reply fits the budget with a 25 % margin.
+fn mget_batch_size(reg: &Registered, settings: &SyncSettings) -> usize {
+    let mut n = settings.mget_batch.min(reg.mget_cap);
+    if let Some(fit) = (settings.max_reply_bytes * 3 / 4).checked_div(reg.value_reply_bytes) {
+        n = n.min(fit);
+    }
+    n.max(1)
+}
+
+fn queue_mgets(run: &mut Run, ns: usize, ids: Vec<String>, batch: usize) {
+    let mut it = ids.into_iter().peekable();
+    while it.peek().is_some() {
+        let ids: Vec<String> = it.by_ref().take(batch).collect();
+        run.queue.push_back(Op::Read(Read::Mget {
+            ns,
+            ids,
+            attempt: 0,
+        }));
+    }
+}
