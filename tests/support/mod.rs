@@ -428,6 +428,8 @@ impl Envoy {
             .args(["-l", options.log_level])
             .arg("--log-path")
             .arg(&log)
+            // Tests read the log while Envoy runs: flush it often.
+            .args(["--file-flush-interval-msec", "100"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -690,10 +692,11 @@ impl Redis {
     }
 }
 
-/// A TCP proxy in front of a server (Redis) that can be told to misbehave:
+/// A TCP proxy in front of a server (Redis, Envoy's admin) that can be told to misbehave:
 /// hold every chunk of the server's replies for a while (slower than the
-/// sync's call timeout), or answer garbage instead of forwarding. Its threads
-/// end with the test process; connections end when either side closes.
+/// sync's call timeout), or answer garbage instead of forwarding (open
+/// connections are closed when garbage is turned on). Its threads end with
+/// the test process; connections end when either side closes.
 pub struct FaultProxy {
     pub port: u16,
     /// Milliseconds each server -> client chunk is held (0 = none).
@@ -759,8 +762,20 @@ fn proxy_one(
         let _ = server.shutdown(std::net::Shutdown::Write);
     });
     let mut buf = [0u8; 16 * 1024];
+    // Poll so that turning garbage on also ends pooled connections.
+    let _ = server_r.set_read_timeout(Some(Duration::from_millis(100)));
     loop {
         match server_r.read(&mut buf) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if garbage.lock().map(|g| g.is_some()).unwrap_or(false) {
+                    break;
+                }
+            }
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 let ms = delay.load(Ordering::SeqCst);
