@@ -477,3 +477,109 @@ fn a_garbage_admin_reply_keeps_the_last_good_members() {
     );
     assert_eq!(warned(), 1, "the failure streak should be logged once");
 }
+
+/// Renders `envoy/lds/listener.yaml` with `endpoints` as the plugin's pool
+/// and moves it over `path` (Envoy's LDS file watch follows the move).
+fn write_listener(path: &PathBuf, ports: &Ports, endpoints: &[String]) {
+    let text = support::substitute_ports(&support::envoy_template("lds/listener.yaml"), ports)
+        .replace(
+            support::WASM_REL_PATH,
+            &support::wasm_module().display().to_string(),
+        );
+    let text = support::patch_plugin_json(&text, &mut |config| {
+        config["endpoints"] = json!(endpoints);
+    });
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, text).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+/// Issue 8, item 4: a plugin-config update through LDS that adds a pod whose
+/// address sorts first used to shift every pod index by one (6 of 6 prefix
+/// groups went to a pod that never saw them). Pods are named now: every
+/// prefix stays with the pod that served it, none lands on the newcomer as
+/// a match.
+#[test]
+fn lds_update_adding_a_pod_keeps_every_prefix_with_its_pod() {
+    let (dir, ports, path) = Setup::new("lds.yaml").render();
+    let listener = dir.join("listener.yaml");
+    let config = fs::read_to_string(&path)
+        .unwrap()
+        .replace("envoy/lds/listener.yaml", &listener.display().to_string());
+    fs::write(&path, config).unwrap();
+    let mut addrs: Vec<String> = ports
+        .pods
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    addrs.sort();
+    let first = addrs[0].clone();
+    write_listener(&listener, &ports, &addrs[1..]);
+    let _pods: Vec<Pod> = ports
+        .pods
+        .iter()
+        .enumerate()
+        .map(|(i, &port)| Pod::start(&dir, &format!("pod-{}", i + 1), port))
+        .collect();
+    let newcomer = format!(
+        "pod-{}",
+        ports
+            .pods
+            .iter()
+            .position(|p| first.ends_with(&format!(":{p}")))
+            .unwrap()
+            + 1
+    );
+    let envoy = Envoy::start(
+        &path,
+        &ports,
+        dir.join("envoy.log"),
+        &EnvoyOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let complete = |seed: u64| {
+        send(
+            "POST",
+            &envoy.url("/v1/completions"),
+            &[("content-type", "application/json")],
+            Some(completion_body(&json!(text(seed, PROMPT_LEN))).as_bytes()),
+            CLIENT_TIMEOUT,
+        )
+        .unwrap()
+    };
+    let groups: Vec<u64> = (400..412).collect();
+    let home: BTreeMap<u64, String> = groups
+        .iter()
+        .map(|g| (*g, complete(*g).expect_pod()))
+        .collect();
+    assert!(home.values().all(|p| *p != newcomer));
+
+    let updates = || {
+        envoy
+            .stats_matching("listener_manager.lds.update_success")
+            .values()
+            .sum::<i64>()
+    };
+    let before = updates();
+    write_listener(&listener, &ports, &addrs);
+    assert!(
+        wait_until(Duration::from_secs(10), || updates() > before),
+        "LDS update not applied"
+    );
+    // The new listener's filter routes; wait until the newcomer takes a new prefix.
+    let mut seed = 5_000;
+    let joined = wait_until(Duration::from_secs(10), || {
+        seed += 1;
+        complete(seed).expect_pod() == newcomer
+    });
+    assert!(joined, "the added pod never took a new prefix");
+    for g in &groups {
+        let r = complete(*g);
+        assert_eq!(
+            (r.expect_pod(), r.match_percent()),
+            (home[g].clone(), 100),
+            "group {g} after the update"
+        );
+    }
+    drop(dir);
+}

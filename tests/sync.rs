@@ -1393,3 +1393,53 @@ fn singleton_survives_slow_and_garbage_redis_and_reports_liveness() {
         gauge("singleton_age_s")
     );
 }
+
+/// Issue 8: replicas whose endpoint lists come in different orders and differ
+/// by one pod share one table correctly. Pods travel by name, and each
+/// replica's slots are its own: every shared prefix A learned on a pod that B
+/// also routes to goes to that same pod on B, as a full match.
+#[test]
+fn replicas_with_different_endpoint_lists_route_shared_prefixes_to_the_same_pods() {
+    const PERIOD: u64 = 500;
+    let dir = TestDir::new("sync-endpoint-order");
+    let redis = Redis::start(&dir, free_port(), None);
+    let pods = Pods::start(&dir);
+    let all: Vec<String> = (0..4).map(|i| pods.endpoint_of(&pods.name(i))).collect();
+    // B: reversed, and without pod-1.
+    let mut b_list: Vec<String> = all[1..].to_vec();
+    b_list.reverse();
+    let with_endpoints = |list: &[String]| {
+        let mut p = sync_patch(PERIOD, json!({}));
+        merge(&mut p, &json!({ "endpoints": list }));
+        p
+    };
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![
+            Spec::new("a", with_endpoints(&all)),
+            Spec::new("b", with_endpoints(&b_list)),
+        ],
+    );
+    let (a, b) = (&fleet[0], &fleet[1]);
+    let learned = learn(a, 7000..7024);
+    let shared: Vec<&Learned> = learned
+        .iter()
+        .filter(|l| b_list.contains(&pods.endpoint_of(&l.pod)))
+        .collect();
+    assert!(shared.len() >= 10, "too few prefixes on pods B knows");
+    // Past the sync bound, each prompt is asked of B exactly once.
+    thread::sleep(sync_deadline(PERIOD));
+    for l in shared {
+        let r = b.complete(&l.prompt);
+        assert_eq!(
+            (r.expect_pod(), r.match_percent()),
+            (l.pod.clone(), 100),
+            "a prefix A learned on {} went elsewhere on B\n{}\n{}",
+            l.pod,
+            a.sync_stats(),
+            b.sync_stats()
+        );
+    }
+}
