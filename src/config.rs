@@ -11,8 +11,8 @@ use std::fmt;
 use serde::Deserialize;
 
 use crate::fleet::membership::PodNaming;
-use crate::fleet::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
 use crate::fleet::DEFAULT_POOL;
+use crate::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
 use crate::sync::SyncSettings;
 
 /// Raw configuration as written by the operator; every field has a default.

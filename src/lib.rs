@@ -19,6 +19,7 @@ pub mod hashing;
 pub mod liveness;
 pub mod load;
 pub mod policy;
+pub mod registry;
 pub mod request;
 pub mod resp;
 pub mod rng;

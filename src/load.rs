@@ -8,7 +8,7 @@
 //! the sync singleton, holds the in-flight counts other replicas report, so
 //! routing can weigh the fleet's load and not only its own.
 
-use crate::fleet::registry::MAX_SLOTS;
+use crate::registry::MAX_SLOTS;
 use crate::store::{cas_update, SharedStore, StoreError};
 
 const LOCAL_KEY: &str = "load/local";

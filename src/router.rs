@@ -22,10 +22,11 @@ use crate::fleet::{self, FleetView, Members};
 use crate::hashing::BlockHasher;
 use crate::load::InflightCounters;
 use crate::policy::{choose, Choice, PolicyConfig};
+use crate::registry::{NameRegistry, SEEN_EVERY_SECS};
 use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
 use crate::store::{SharedStore, StoreError};
-use crate::table::{ModelRegistry, PrefixTable, TableConfig, WriteOutcome};
+use crate::table::{PrefixTable, TableConfig, WriteOutcome};
 
 /// Most table reads one routing decision may do.
 pub const MAX_PROBES: usize = 64;
@@ -80,7 +81,8 @@ pub struct Router {
     hasher: BlockHasher,
     table: TableConfig,
     policy: PolicyConfig,
-    model_ids: RefCell<HashMap<String, u16>>,
+    /// Model name -> (table id, when it was last marked seen).
+    model_ids: RefCell<HashMap<String, (u16, u32)>>,
     touch_interval_secs: u32,
     /// Rotation among equally loaded pods (see [`choose`]).
     turn: Cell<Option<usize>>,
@@ -152,18 +154,36 @@ impl Router {
         Ok(())
     }
 
-    /// Table id of a model name (cached; ids are never reassigned).
+    /// Table id of a model name, registering it if new. Cached, and marked
+    /// seen in the registry at most once a minute: an id is given to another
+    /// model only after it has not been seen for `retire_secs`, so a cached id
+    /// is always still this model's. `None` when the registry is full.
     pub fn model_id<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         model: &str,
+        now_secs: u32,
     ) -> Result<Option<u16>, StoreError> {
-        if let Some(id) = self.model_ids.borrow().get(model) {
-            return Ok(Some(*id));
+        if let Some((id, seen)) = self.model_ids.borrow().get(model) {
+            if now_secs.saturating_sub(*seen) < SEEN_EVERY_SECS {
+                return Ok(Some(*id));
+            }
         }
-        let id = ModelRegistry::new(store).id_of(model)?;
-        if let Some(id) = id {
-            self.model_ids.borrow_mut().insert(model.to_string(), id);
+        let (ids, _) =
+            NameRegistry::models(store).intern(&[model], now_secs, self.settings.retire_secs())?;
+        let id = ids.first().copied().flatten();
+        let mut cache = self.model_ids.borrow_mut();
+        match id {
+            Some(id) => {
+                // Bounded like the registry itself.
+                if cache.len() >= crate::registry::MAX_SLOTS {
+                    cache.clear();
+                }
+                cache.insert(model.to_string(), (id, now_secs));
+            }
+            None => {
+                cache.remove(model);
+            }
         }
         Ok(id)
     }
@@ -190,7 +210,7 @@ impl Router {
         if pool.is_empty() {
             return Err(RouteError::NoEndpoints);
         }
-        let model = self.model_id(store, &req.model)?;
+        let model = self.model_id(store, &req.model, now_secs)?;
         let hashes = self.hasher.hash(&req.prompt);
         let positions = sampled_positions(hashes.len(), self.settings.dense_prefix_blocks as usize);
         let table = PrefixTable::new(store, self.table);

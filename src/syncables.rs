@@ -23,9 +23,10 @@ use crate::config::Settings;
 use crate::fleet::SharedView;
 use crate::handoff::{DirtySet, Touched};
 use crate::load::InflightCounters;
+use crate::registry::{NameRegistry, MAX_SLOTS};
 use crate::store::SharedStore;
 use crate::sync::{Capabilities, Delta, Rejected, Syncable};
-use crate::table::{ModelRegistry, PrefixTable, Record, TableConfig};
+use crate::table::{PrefixTable, Record, TableConfig};
 
 /// The host's clock: [`PrefixCacheSync`] reads Unix seconds from it,
 /// [`PodLoadSync`] Unix milliseconds.
@@ -51,7 +52,12 @@ pub struct PrefixCacheSync<S: SharedStore> {
     /// Dirty blocks the last `delta()` skipped because they were evicted
     /// locally (per spec their Redis keys just expire): cleared with the push.
     skipped: std::cell::RefCell<Vec<u64>>,
-    models: std::cell::RefCell<Vec<String>>,
+    /// Model names by id, and when they were read (re-read every second:
+    /// an id can name another model once its model retired).
+    models: std::cell::RefCell<(Vec<Option<String>>, u32)>,
+    /// Remote facts dropped because their pod is not a member here or
+    /// their model has no id (counted, exported as `sync.facts_ignored`).
+    ignored: std::cell::Cell<u64>,
 }
 
 impl<S: SharedStore> PrefixCacheSync<S> {
@@ -74,7 +80,8 @@ impl<S: SharedStore> PrefixCacheSync<S> {
             clock,
             dirty: DirtySet::new(max_dirty),
             skipped: std::cell::RefCell::new(Vec::new()),
-            models: std::cell::RefCell::new(Vec::new()),
+            models: std::cell::RefCell::new((Vec::new(), 0)),
+            ignored: std::cell::Cell::new(0),
         }
     }
 
@@ -97,14 +104,21 @@ impl<S: SharedStore> PrefixCacheSync<S> {
         u32::try_from((self.clock)()).unwrap_or(u32::MAX)
     }
 
+    /// Remote facts ignored so far (unknown pod or model).
+    pub fn facts_ignored(&self) -> u64 {
+        self.ignored.get()
+    }
+
     fn model_name(&self, id: u16) -> Option<String> {
-        let idx = usize::from(id);
-        if self.models.borrow().len() <= idx {
-            if let Ok(names) = ModelRegistry::new(&self.store).names() {
-                *self.models.borrow_mut() = names;
+        let now = self.now();
+        let mut models = self.models.borrow_mut();
+        if models.1 != now || models.0.is_empty() {
+            if let Ok(reg) = NameRegistry::models(&self.store).load() {
+                models.0 = reg.slots.into_iter().map(|s| s.map(|s| s.name)).collect();
+                models.1 = now;
             }
         }
-        self.models.borrow().get(idx).cloned()
+        models.0.get(usize::from(id)).cloned().flatten()
     }
 
     /// The payload of `block` as this replica knows it, None if not held.
@@ -156,17 +170,26 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
             .map_err(|_| Rejected(format!("id `{id}` is not a u64")))?;
         let p: BlockPayload =
             serde_json::from_slice(payload).map_err(|e| Rejected(format!("block {id}: {e}")))?;
-        let registry = ModelRegistry::new(&self.store);
         let now = self.now();
+        let retire = self.settings.retire_secs();
         let fleet = self.fleet.borrow();
         let mut facts = Vec::new();
+        let mut ignored = 0u64;
         for (model, pods) in &p.model_to_pods {
-            let Ok(Some(model)) = registry.id_of(model) else {
+            // A model named only in Redis may take at most half the registry:
+            // one hostile value cannot fill it for the models clients use.
+            let id = NameRegistry::models(&self.store)
+                .intern_within(&[model], now, retire, MAX_SLOTS / 2)
+                .ok()
+                .and_then(|(ids, _)| ids.first().copied().flatten());
+            let Some(model) = id else {
+                ignored += pods.len() as u64;
                 continue;
             };
             for (pod, nanos) in pods {
                 // Only pods that are members here now can be routed to.
                 let Some(pod) = fleet.slot_of(pod) else {
+                    ignored += 1;
                     continue;
                 };
                 facts.push(Record {
@@ -180,6 +203,7 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
             }
         }
         drop(fleet);
+        self.ignored.set(self.ignored.get() + ignored);
         PrefixTable::new(&self.store, self.table).upsert(&facts, now);
         Ok(())
     }
@@ -387,7 +411,11 @@ mod tests {
         let s = settings();
         let mut sync =
             PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
-        let model = ModelRegistry::new(&*store).id_of("llama").unwrap().unwrap();
+        let model = NameRegistry::models(&*store)
+            .intern(&["llama"], 1, 100)
+            .unwrap()
+            .0[0]
+            .unwrap();
         let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
         table.record(&[77], model, 0, 990);
         sync.mark(&Touched {
@@ -420,7 +448,11 @@ mod tests {
         let s = settings();
         let mut sync =
             PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
-        let model = ModelRegistry::new(&*store).id_of("m").unwrap().unwrap();
+        let model = NameRegistry::models(&*store)
+            .intern(&["m"], 1, 100)
+            .unwrap()
+            .0[0]
+            .unwrap();
         let forever = format!(r#"{{"model_to_pods":{{"m":{{"a:1":{}}}}}}}"#, u64::MAX);
         sync.apply_remote("9", forever.as_bytes()).unwrap();
         let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
@@ -433,6 +465,35 @@ mod tests {
             .pods_holding(9, model, 1000 + 1200, &mut pods)
             .unwrap();
         assert!(pods.is_empty());
+    }
+
+    #[test]
+    fn hostile_values_naming_many_models_leave_room_for_real_ones() {
+        let store = Rc::new(MemStore::new());
+        let s = settings();
+        let mut sync =
+            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
+        for batch in 0..8 {
+            let models: BTreeMap<String, BTreeMap<String, u64>> = (0..300)
+                .map(|i| {
+                    (
+                        format!("junk-{batch}-{i}"),
+                        BTreeMap::from([("zz:1".to_string(), 1)]),
+                    )
+                })
+                .collect();
+            let payload = serde_json::to_vec(&BlockPayload {
+                model_to_pods: models,
+            })
+            .unwrap();
+            sync.apply_remote(&batch.to_string(), &payload).unwrap();
+        }
+        // Facts for a pod that is not a member are counted, not applied.
+        assert_eq!(sync.facts_ignored(), 8 * 300);
+        let reg = NameRegistry::models(&*store).load().unwrap();
+        assert_eq!(reg.slots.iter().flatten().count(), MAX_SLOTS / 2);
+        let router = crate::router::Router::new((*s).clone());
+        assert!(router.model_id(&*store, "llama", 1000).unwrap().is_some());
     }
 
     #[test]
@@ -520,7 +581,9 @@ mod tests {
         );
         let fleet = view(&store, &s);
         let sync = PrefixCacheSync::new(store.clone(), s, fleet, clock(100), 100);
-        ModelRegistry::new(&*store).id_of("m").unwrap();
+        NameRegistry::models(&*store)
+            .intern(&["m"], 1, 100)
+            .unwrap();
         PrefixTable::new(&*store, TableConfig::new(64, 1200)).record(&[1, 2, 3], 0, 0, 100);
         let ids: Vec<String> = sync.snapshot().into_iter().map(|(id, _)| id).collect();
         assert_eq!(ids, vec!["1", "2", "3"]);

@@ -11,9 +11,9 @@
 //! however many distinct prompts arrive. Writes are read-modify-write under
 //! CAS with bounded retries (see [`crate::store::cas_update`]).
 //!
-//! Model names are interned into a small append-only registry (`ptab/models`)
-//! so a record stores a `u16`; pods are indexes into the configuration's
-//! sorted endpoint list.
+//! A record names its model and pod by `u16` slots of the model and pod
+//! registries ([`crate::registry`]): stable names, bounded, reused only long
+//! after a name was last seen.
 
 use crate::store::{cas_update, SharedStore, StoreError};
 
@@ -22,12 +22,6 @@ use crate::store::{cas_update, SharedStore, StoreError};
 pub const SLOTS_PER_BUCKET: usize = 8;
 const RECORD_LEN: usize = 16;
 const LAYOUT_VERSION: u8 = 1;
-/// Most distinct model names the registry interns; later ones are routed
-/// without prefix learning (counted by the caller).
-pub const MAX_MODELS: usize = 256;
-const MAX_MODEL_NAME: usize = 256;
-const MODELS_KEY: &str = "ptab/models";
-
 /// One (block, model, pod) fact with the time it was last seen, unix seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record {
@@ -286,73 +280,6 @@ pub fn encode_bucket(records: &[Record]) -> Vec<u8> {
     out
 }
 
-/// Append-only registry of model names -> `u16` ids, shared by all VMs.
-/// Ids are never reassigned, so a caller may cache them.
-pub struct ModelRegistry<'s, S: SharedStore + ?Sized> {
-    store: &'s S,
-}
-
-impl<'s, S: SharedStore + ?Sized> ModelRegistry<'s, S> {
-    pub fn new(store: &'s S) -> Self {
-        Self { store }
-    }
-
-    /// All registered names, index = id.
-    pub fn names(&self) -> Result<Vec<String>, StoreError> {
-        let (value, _) = self.store.get(MODELS_KEY)?;
-        Ok(decode_names(value.as_deref().unwrap_or(&[])))
-    }
-
-    /// Id of `name`, registering it if new. `Ok(None)` when the registry is
-    /// full or the name too long.
-    pub fn id_of(&self, name: &str) -> Result<Option<u16>, StoreError> {
-        if name.len() > MAX_MODEL_NAME {
-            return Ok(None);
-        }
-        if let Some(i) = self.names()?.iter().position(|n| n == name) {
-            return Ok(u16::try_from(i).ok());
-        }
-        let mut id = None;
-        cas_update(self.store, MODELS_KEY, 16, |cur| {
-            let mut names = decode_names(cur.unwrap_or(&[]));
-            if let Some(i) = names.iter().position(|n| n == name) {
-                id = u16::try_from(i).ok();
-                return None;
-            }
-            if names.len() >= MAX_MODELS {
-                id = None;
-                return None;
-            }
-            id = u16::try_from(names.len()).ok();
-            names.push(name.to_string());
-            Some(encode_names(&names))
-        })?;
-        Ok(id)
-    }
-}
-
-fn encode_names(names: &[String]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for n in names {
-        out.extend_from_slice(&(n.len() as u16).to_le_bytes());
-        out.extend_from_slice(n.as_bytes());
-    }
-    out
-}
-
-fn decode_names(mut bytes: &[u8]) -> Vec<String> {
-    let mut names = Vec::new();
-    while bytes.len() >= 2 {
-        let len = usize::from(u16::from_le_bytes([bytes[0], bytes[1]]));
-        let Some(name) = bytes.get(2..2 + len) else {
-            break;
-        };
-        names.push(String::from_utf8_lossy(name).into_owned());
-        bytes = &bytes[2 + len..];
-    }
-    names
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -492,20 +419,5 @@ mod tests {
             last_access: 77,
         };
         assert_eq!(decode_bucket(&encode_bucket(&[r])), vec![r]);
-    }
-
-    #[test]
-    fn model_registry_interns_and_bounds() {
-        let s = MemStore::new();
-        let reg = ModelRegistry::new(&s);
-        assert_eq!(reg.id_of("a").unwrap(), Some(0));
-        assert_eq!(reg.id_of("b").unwrap(), Some(1));
-        assert_eq!(reg.id_of("a").unwrap(), Some(0));
-        assert_eq!(reg.names().unwrap(), vec!["a", "b"]);
-        for i in 2..MAX_MODELS {
-            assert!(reg.id_of(&format!("m{i}")).unwrap().is_some());
-        }
-        assert_eq!(reg.id_of("overflow").unwrap(), None);
-        assert_eq!(reg.id_of(&"x".repeat(300)).unwrap(), None);
     }
 }

@@ -1,9 +1,9 @@
 //! The live fleet: which pods exist, by a stable name, which may take
 //! traffic now, and the small slot each is known by in shared data.
 //!
-//! - [`registry`]: stable pod name <-> `u16` slot, shared by every VM and
-//!   surviving config updates, so nothing learned about pod X is ever read
-//!   as pod Y.
+//! - [`crate::registry`]: stable pod name <-> `u16` slot, shared by every VM
+//!   and surviving config updates, so nothing learned about pod X is ever
+//!   read as pod Y.
 //! - [`membership`]: the hosts and health of an Envoy upstream cluster, from
 //!   the admin `/clusters` reply the singleton fetches.
 //! - [`FleetView`]: one VM's picture: members per pool (published by the
@@ -14,7 +14,6 @@
 //! and health cost a request nothing beyond what routing already reads.
 
 pub mod membership;
-pub mod registry;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -22,6 +21,7 @@ use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::registry::NameRegistry;
 use crate::store::{cas_update, SharedStore, StoreError};
 
 /// Shared-data key of the published members (written by the singleton).
@@ -251,7 +251,7 @@ pub fn cluster_members<S: SharedStore + ?Sized>(
     let mut names: Vec<&str> = pools.values().flatten().map(|h| h.name.as_str()).collect();
     names.sort_unstable();
     names.dedup();
-    let (slots, _) = registry::PodRegistry::new(store).intern(&names, now_secs, retire_secs)?;
+    let (slots, _) = NameRegistry::pods(store).intern(&names, now_secs, retire_secs)?;
     let slot_of: HashMap<&str, u16> = names
         .iter()
         .zip(slots)

@@ -305,13 +305,13 @@ impl SyncState {
     fn publish(&mut self) {
         let now = now_millis();
         let rtts = self.engine.drain_rtt_samples();
-        let dropped = self
+        let (dropped, ignored) = self
             .prefix
             .try_borrow()
-            .map(|p| p.dirty_dropped())
-            .unwrap_or(0);
+            .map(|p| (p.dirty_dropped(), p.facts_ignored()))
+            .unwrap_or((0, 0));
         let stats = self.engine.stats();
-        self.metrics.publish(stats, &rtts, dropped);
+        self.metrics.publish(stats, &rtts, dropped, ignored);
         self.beat(now);
     }
 
@@ -352,6 +352,8 @@ struct SyncMetrics {
     rtt_ms: u32,
     dirty_dropped: u32,
     last_dropped: u64,
+    facts_ignored: u32,
+    last_ignored: u64,
 }
 
 impl SyncMetrics {
@@ -391,10 +393,19 @@ impl SyncMetrics {
             rtt_ms: def(MetricType::Histogram, "redis_rtt_ms"),
             dirty_dropped: def(MetricType::Counter, "dirty_dropped"),
             last_dropped: 0,
+            facts_ignored: def(MetricType::Counter, "facts_ignored"),
+            last_ignored: 0,
         }
     }
 
-    fn publish(&mut self, stats: &SyncStats, rtts: &[u64], dropped: u64) {
+    fn publish(&mut self, stats: &SyncStats, rtts: &[u64], dropped: u64, ignored: u64) {
+        if ignored > self.last_ignored {
+            let _ = hostcalls::increment_metric(
+                self.facts_ignored,
+                i64::try_from(ignored - self.last_ignored).unwrap_or(0),
+            );
+            self.last_ignored = ignored;
+        }
         for (id, field, last) in &mut self.counters {
             let v = field(stats);
             if v > *last {

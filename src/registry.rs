@@ -1,28 +1,32 @@
-//! The pod registry: stable pod names -> small slots, in shared data.
+//! Name registries: stable names -> small slots, in shared data. Pods and
+//! models each have one.
 //!
-//! Table records and in-flight counters name a pod by a `u16` slot to stay
-//! small. A slot is *not* a position in some endpoint list (that shifted every
-//! index when a config update added a pod); it is given to a pod name once, in
-//! this registry that every VM of the `vm_id` shares and that survives plugin
-//! config updates. So a slot means the same pod for every worker, the
+//! Table records and in-flight counters name a pod and a model by a `u16`
+//! slot to stay small. A slot is *not* a position in some list (that shifted
+//! every index when a config update added a pod); it is given to a name once,
+//! in a registry that every VM of the `vm_id` shares and that survives plugin
+//! config updates. So a slot means the same pod (model) for every worker, the
 //! singleton, and every configuration that VM ever runs.
 //!
-//! A slot is given to a different pod only when the registry is otherwise full
-//! and its pod has not been a member for `retire_secs`, which callers set
-//! beyond the table's idle expiry: by then every record that named the slot
-//! has expired, locally and in what sync can apply (remote facts are applied
-//! only for current members, with their times clamped to now).
+//! A slot is given to another name only when the registry is otherwise full
+//! and its name has not been seen for `retire_secs`, which callers set beyond
+//! the table's idle expiry: by then every record that named the slot has
+//! expired, locally and in what sync can apply (remote pod facts are applied
+//! only for current members, remote times are clamped to now). So neither a
+//! flood of names nor one hostile Redis value fills a registry for good.
 //!
-//! Layout of the one value (`fleet/pods`): per slot, in slot order,
+//! Layout of one registry value: per slot, in slot order,
 //! `last_seen u32 | len u8 | name bytes` (little endian; `len` 0 = free).
 
 use crate::store::{cas_update, SharedStore, StoreError};
 
-/// Shared-data key of the registry.
-pub const KEY: &str = "fleet/pods";
-/// Most slots (pods ever live at once, plus the recently gone).
+/// Shared-data key of the pod registry.
+pub const PODS_KEY: &str = "fleet/pods";
+/// Shared-data key of the model registry.
+pub const MODELS_KEY: &str = "ptab/models";
+/// Most slots of a registry (names live at once, plus the recently gone).
 pub const MAX_SLOTS: usize = 1024;
-/// Longest pod name kept (a Kubernetes pod name is at most 253 bytes).
+/// Longest name kept (a Kubernetes pod name is at most 253 bytes).
 pub const MAX_NAME: usize = 255;
 /// A member's `last_seen` is rewritten at most this often (bounded writes).
 pub const SEEN_EVERY_SECS: u32 = 60;
@@ -95,13 +99,26 @@ impl Registry {
     }
 
     /// Marks `names` seen at `now`, giving new names a slot. Returns each
-    /// name's slot (None: registry full of pods seen within `retire_secs`,
+    /// name's slot (None: registry full of names seen within `retire_secs`,
     /// or a name that is empty or too long) and whether anything changed.
     pub fn intern(
         &mut self,
         names: &[&str],
         now: u32,
         retire_secs: u32,
+    ) -> (Vec<Option<u16>>, bool) {
+        self.intern_within(names, now, retire_secs, MAX_SLOTS)
+    }
+
+    /// [`Registry::intern`], but a new name gets a slot only while fewer
+    /// than `limit` slots are in use (names from untrusted sources, such as
+    /// another writer's Redis values, may not take the last ones).
+    pub fn intern_within(
+        &mut self,
+        names: &[&str],
+        now: u32,
+        retire_secs: u32,
+        limit: usize,
     ) -> (Vec<Option<u16>>, bool) {
         let mut changed = false;
         let mut out = Vec::with_capacity(names.len());
@@ -118,6 +135,16 @@ impl Registry {
                     }
                 }
                 out.push(Some(slot));
+                continue;
+            }
+            let live = self
+                .slots
+                .iter()
+                .flatten()
+                .filter(|s| now.saturating_sub(s.last_seen) <= retire_secs)
+                .count();
+            if live >= limit.min(MAX_SLOTS) {
+                out.push(None);
                 continue;
             }
             let fresh = Some(Slot {
@@ -162,18 +189,29 @@ impl Registry {
     }
 }
 
-/// The registry in a shared store.
-pub struct PodRegistry<'s, S: SharedStore + ?Sized> {
+/// A registry in a shared store, under one key.
+pub struct NameRegistry<'s, S: SharedStore + ?Sized> {
     store: &'s S,
+    key: &'static str,
 }
 
-impl<'s, S: SharedStore + ?Sized> PodRegistry<'s, S> {
-    pub fn new(store: &'s S) -> Self {
-        Self { store }
+impl<'s, S: SharedStore + ?Sized> NameRegistry<'s, S> {
+    pub fn pods(store: &'s S) -> Self {
+        Self {
+            store,
+            key: PODS_KEY,
+        }
+    }
+
+    pub fn models(store: &'s S) -> Self {
+        Self {
+            store,
+            key: MODELS_KEY,
+        }
     }
 
     pub fn load(&self) -> Result<Registry, StoreError> {
-        let (value, _) = self.store.get(KEY)?;
+        let (value, _) = self.store.get(self.key)?;
         Ok(Registry::decode(value.as_deref().unwrap_or(&[])))
     }
 
@@ -185,10 +223,21 @@ impl<'s, S: SharedStore + ?Sized> PodRegistry<'s, S> {
         now: u32,
         retire_secs: u32,
     ) -> Result<(Vec<Option<u16>>, Registry), StoreError> {
+        self.intern_within(names, now, retire_secs, MAX_SLOTS)
+    }
+
+    /// [`Registry::intern_within`] under CAS.
+    pub fn intern_within(
+        &self,
+        names: &[&str],
+        now: u32,
+        retire_secs: u32,
+        limit: usize,
+    ) -> Result<(Vec<Option<u16>>, Registry), StoreError> {
         let mut result = (Vec::new(), Registry::default());
-        cas_update(self.store, KEY, MAX_ATTEMPTS, |cur| {
+        cas_update(self.store, self.key, MAX_ATTEMPTS, |cur| {
             let mut reg = Registry::decode(cur.unwrap_or(&[]));
-            let (slots, changed) = reg.intern(names, now, retire_secs);
+            let (slots, changed) = reg.intern_within(names, now, retire_secs, limit);
             let bytes = changed.then(|| reg.encode());
             result = (slots, reg);
             bytes
@@ -207,7 +256,7 @@ mod tests {
     #[test]
     fn a_name_keeps_its_slot_whatever_order_it_is_interned_in() {
         let store = MemStore::new();
-        let reg = PodRegistry::new(&store);
+        let reg = NameRegistry::pods(&store);
         let (a, _) = reg
             .intern(&["10.0.0.2:80", "10.0.0.1:80"], 100, 1000)
             .unwrap();
@@ -236,6 +285,19 @@ mod tests {
         assert_eq!(s, vec![Some(7)]);
         assert_eq!(reg.name_of(7), Some("newcomer"));
         assert_eq!(reg.slot_of("pod-7"), None);
+    }
+
+    #[test]
+    fn untrusted_names_never_take_the_last_slots() {
+        let store = MemStore::new();
+        let reg = NameRegistry::models(&store);
+        let junk: Vec<String> = (0..MAX_SLOTS).map(|i| format!("junk-{i}")).collect();
+        let refs: Vec<&str> = junk.iter().map(String::as_str).collect();
+        let (slots, r) = reg.intern_within(&refs, 10, 100, MAX_SLOTS / 2).unwrap();
+        assert_eq!(slots.iter().flatten().count(), MAX_SLOTS / 2);
+        assert_eq!(r.slots.iter().flatten().count(), MAX_SLOTS / 2);
+        // A name a request brings still gets one.
+        assert!(reg.intern(&["llama"], 11, 100).unwrap().0[0].is_some());
     }
 
     #[test]
