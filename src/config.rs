@@ -54,7 +54,10 @@ impl Default for RawConfig {
             imbalance_abs_count: 16,
             stddev_factor: 2.0,
             match_header: String::new(),
-            max_body_bytes: 8 * 1024 * 1024,
+            // Envoy answers 413 to a buffered body above its buffer limit
+            // (1 MiB by default), where plain Envoy would stream it: stay a
+            // frame's worth below that unless the operator raises both.
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             sync: SyncSettings::default(),
         }
     }
@@ -147,6 +150,9 @@ pub struct Settings {
 /// Most endpoints one configuration may name (pod slots are `u16` in the
 /// table and the in-flight counters live in one shared-data value).
 pub const MAX_ENDPOINTS: usize = MAX_SLOTS;
+/// Default `max_body_bytes`: Envoy's default buffer limit (1 MiB) less 64 KiB,
+/// so a body the filter passes through is never one Envoy already refused.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024 - 64 * 1024;
 /// Largest block size accepted; blocks are hashed on the request path.
 pub const MAX_BLOCK_SIZE: usize = 1 << 20;
 

@@ -10,7 +10,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use serde_json::json;
-use support::{completion_body, send, text, Setup, CLIENT_TIMEOUT};
+use support::{chat_body, completion_body, send, text, Setup, CLIENT_TIMEOUT};
 
 fn passthrough_total(stats: &BTreeMap<String, i64>) -> i64 {
     stats
@@ -144,4 +144,34 @@ fn malformed_bodies_still_reach_a_pod() {
             assert!(a > b, "{what}: {name} did not move: {after:?}");
         }
     }
+}
+
+/// Issue 9, item 6: with Envoy's default 1 MiB buffer limit and the filter's
+/// default `max_body_bytes`, a 3.3 MB chat body must get what plain Envoy
+/// gives it (200), not a 413 from buffering it for routing.
+#[test]
+fn a_body_above_envoys_default_buffer_limit_passes_through() {
+    let run = Setup::new("single.yaml")
+        .patch(|config| {
+            config.as_object_mut().unwrap().remove("max_body_bytes");
+        })
+        .edit_yaml(
+            "      per_connection_buffer_limit_bytes: 16777216\n      filter_chains:",
+            "      filter_chains:",
+        )
+        .start();
+    let long = text(61, 3_300_000);
+    let body = chat_body(&[("user", long.as_str())]);
+    let reply = run.post("/v1/chat/completions", &body);
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        &reply.body[..reply.body.len().min(300)]
+    );
+    assert_eq!(
+        run.envoy
+            .router_stat("prefix_router.passthrough.body_too_large"),
+        1
+    );
 }

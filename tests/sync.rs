@@ -1,5 +1,5 @@
 //! Cross-replica sync of the prefix table through a real Redis
-//! (docs: /work/shared/spec/statesync.md): two or three Envoy replicas on
+//! (docs/statesync.md): two or three Envoy replicas on
 //! `envoy/sync.yaml` (own listener, admin and bridge ports; the same four
 //! podsim pods and the same `redis-server`), driven through their listeners
 //! and observed through their `prefix_router.sync.*` stats and Redis itself.
