@@ -38,8 +38,9 @@ wasm-test: ## pure-logic unit tests compiled to wasm32-unknown-unknown, run unde
 	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(TEST_RUNNER) \
 		cargo test --lib --target wasm32-unknown-unknown
 
-integration-test: build ## tests/ against real Envoy, podsim and Redis
+integration-test: build ## tests/ against real Envoy, podsim and Redis; podsim's own server tests
 	ENVOY_BIN=$(ENVOY_BIN) cargo test --test '*'
+	cargo test -p podsim --tests
 
 validate: build ## envoy --mode validate on every envoy/*.yaml (loads the module: needs build)
 	@for f in $(CONFIGS); do \

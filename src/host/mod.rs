@@ -9,6 +9,7 @@ mod filter;
 mod fleet_service;
 mod metrics;
 mod root;
+mod shared;
 mod store;
 mod sync_service;
 
