@@ -92,6 +92,25 @@ impl<S: SharedStore> PrefixCacheSync<S> {
         }
     }
 
+    /// Marks every live block of the table for the next push (Redis
+    /// restarted and may have lost every key). Bounded by the dirty set's
+    /// capacity; returns how many blocks were marked.
+    pub fn mark_all(&mut self) -> usize {
+        let table = PrefixTable::new(&self.store, self.table);
+        let mut blocks: Vec<u64> = table
+            .all_records(self.now())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| r.block)
+            .collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        for b in &blocks {
+            self.dirty.mark(*b);
+        }
+        blocks.len()
+    }
+
     pub fn dirty_len(&self) -> usize {
         self.dirty.len()
     }
@@ -494,6 +513,25 @@ mod tests {
         assert_eq!(reg.slots.iter().flatten().count(), MAX_SLOTS / 2);
         let router = crate::router::Router::new((*s).clone());
         assert!(router.model_id(&*store, "llama", 1000).unwrap().is_some());
+    }
+
+    #[test]
+    fn mark_all_queues_every_live_block_for_the_next_push() {
+        let store = Rc::new(MemStore::new());
+        let s = settings();
+        let mut sync =
+            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
+        let model = NameRegistry::models(&*store)
+            .intern(&["m"], 1, 100)
+            .unwrap()
+            .0[0]
+            .unwrap();
+        let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
+        table.record(&[1, 2, 3], model, 0, 990);
+        table.record(&[3], model, 1, 990);
+        assert_eq!(sync.mark_all(), 3);
+        let ids: Vec<String> = sync.delta().updated.into_iter().map(|(id, _)| id).collect();
+        assert_eq!(ids.len(), 3);
     }
 
     #[test]

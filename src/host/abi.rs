@@ -14,6 +14,8 @@ use std::ptr::null_mut;
 
 use proxy_wasm::types::{BufferType, MapType};
 
+use crate::sync::CallFailed;
+
 /// A host status other than `Ok`/`NotFound` (the raw `WasmResult` code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostStatus(pub u32);
@@ -112,4 +114,25 @@ pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
     let status =
         unsafe { proxy_get_property(encoded.as_ptr(), encoded.len(), &mut data, &mut size) };
     owned(status, data, size)
+}
+
+/// The body of a `dispatch_http_call` reply, or why there is none. A timed-out or
+/// reset call arrives without headers: reading `:status` then returns
+/// BadArgument (the SDK's getter trapped the VM on it), so nothing is read.
+pub fn call_reply(num_headers: usize, body_size: usize) -> Result<Vec<u8>, CallFailed> {
+    if num_headers == 0 {
+        return Err(CallFailed::Timeout);
+    }
+    let status = map_value(MapType::HttpCallResponseHeaders, ":status")
+        .ok()
+        .flatten()
+        .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u32>().ok());
+    match status {
+        Some(200) => Ok(buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default()),
+        Some(code) => Err(CallFailed::Status(code)),
+        None => Err(CallFailed::Status(0)),
+    }
 }

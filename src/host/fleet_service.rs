@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, MapType, MetricType};
+use proxy_wasm::types::MetricType;
 
 use super::abi;
 use super::store::HostStore;
@@ -112,20 +112,13 @@ impl FleetService {
             return false;
         }
         self.call = None;
-        // A timed-out or reset call has no headers: read nothing then.
-        let status = if num_headers > 0 {
-            abi::header_text(MapType::HttpCallResponseHeaders, ":status")
-        } else {
-            String::new()
+        let body = match abi::call_reply(num_headers, body_size) {
+            Ok(body) => body,
+            Err(e) => {
+                self.failed(&format!("admin /clusters: {e}"));
+                return true;
+            }
         };
-        if status != "200" {
-            self.failed(&format!("admin /clusters answered `{status}`"));
-            return true;
-        }
-        let body = abi::buffer(BufferType::HttpCallResponseBody, 0, body_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
         let mut errors = Vec::new();
         for (pool, cluster) in &self.clusters {
             match parse_clusters(&body, cluster, self.settings.membership.pod_name) {

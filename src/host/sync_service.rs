@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, RootContext};
-use proxy_wasm::types::{BufferType, MapType, MetricType};
+use proxy_wasm::types::MetricType;
 
 use super::abi;
 use super::fleet_service::FleetService;
@@ -26,7 +26,7 @@ use crate::config::Settings;
 use crate::fleet::SharedView;
 use crate::handoff::{self, Touched};
 use crate::liveness::{self, Heartbeat};
-use crate::sync::{Call, CallFailed, CallId, SyncEngine, SyncStats};
+use crate::sync::{probe, Call, CallFailed, CallId, SyncEngine, SyncStats};
 use crate::syncables::{PodLoadSync, PrefixCacheSync};
 
 /// How often the engine is ticked: bounds write-through push latency and
@@ -62,7 +62,26 @@ struct SyncState {
     heartbeat: Heartbeat,
     /// Whether the "sync failing" error was logged since the last success.
     failing_logged: bool,
+    /// The Redis probe in flight, if any.
+    probe: Option<Probe>,
+    /// When the last probe was sent (0: never; the first goes at once).
+    last_probe_ms: u64,
+    /// Redis's `run_id` as last probed (a change means it restarted).
+    redis_run_id: Option<String>,
+    probes: u32,
+    redis_restarts: u32,
 }
+
+/// A probe call in flight.
+struct Probe {
+    token: u32,
+    expected: usize,
+}
+
+/// While sync backs off, Redis is probed this often (a cycle starts as soon
+/// as it answers); while healthy, this rarely, to notice restarts.
+const PROBE_FAILING_MS: u64 = 2_000;
+const PROBE_HEALTHY_MS: u64 = 30_000;
 
 impl Context for SyncRoot {
     /// VM shutdown (Envoy drain): end the loop cleanly.
@@ -88,28 +107,15 @@ impl Context for SyncRoot {
         let Some(state) = self.state.as_mut() else {
             return;
         };
+        if state.probe.as_ref().is_some_and(|p| p.token == token_id) {
+            let reply = abi::call_reply(num_headers, body_size);
+            state.on_probe_reply(reply.ok().as_deref(), now_millis());
+            return;
+        }
         let Some(call_id) = state.calls.remove(&token_id) else {
             return;
         };
-        let result = if num_headers == 0 {
-            // Envoy reports a timeout or a reset as a response without
-            // headers; reading `:status` then returns BadArgument (the SDK's
-            // getter trapped the VM on it), so nothing is read.
-            Err(CallFailed::Timeout)
-        } else {
-            let status = abi::map_value(MapType::HttpCallResponseHeaders, ":status")
-                .ok()
-                .flatten()
-                .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u32>().ok());
-            match status {
-                Some(200) => Ok(abi::buffer(BufferType::HttpCallResponseBody, 0, body_size)
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default()),
-                Some(code) => Err(CallFailed::Status(code)),
-                None => Err(CallFailed::Status(0)),
-            }
-        };
+        let result = abi::call_reply(num_headers, body_size);
         let next = state.engine.on_response(
             call_id,
             now_millis(),
@@ -156,8 +162,10 @@ impl RootContext for SyncRoot {
         let Some(state) = self.state.as_mut() else {
             return;
         };
-        let calls = state.engine.tick(now_millis());
+        let now = now_millis();
+        let calls = state.engine.tick(now);
         state.dispatch(calls);
+        state.maybe_probe(now);
         state.publish();
     }
 
@@ -248,6 +256,16 @@ impl SyncState {
                 ..Heartbeat::default()
             },
             failing_logged: false,
+            probe: None,
+            last_probe_ms: 0,
+            redis_run_id: None,
+            probes: hostcalls::define_metric(MetricType::Counter, "prefix_router.sync.probes")
+                .unwrap_or(0),
+            redis_restarts: hostcalls::define_metric(
+                MetricType::Counter,
+                "prefix_router.sync.redis_restarts",
+            )
+            .unwrap_or(0),
             settings,
         })
     }
@@ -266,6 +284,60 @@ impl SyncState {
                 }
             }
         }
+    }
+
+    /// Sends the Redis probe when due: every 2 s while sync backs off, every
+    /// 30 s otherwise.
+    fn maybe_probe(&mut self, now: u64) {
+        let every = if self.engine.failing() {
+            PROBE_FAILING_MS
+        } else {
+            PROBE_HEALTHY_MS
+        };
+        if self.probe.is_some() || now < self.last_probe_ms.saturating_add(every) {
+            return;
+        }
+        self.last_probe_ms = now;
+        let s = &self.settings.sync;
+        let (body, expected) = probe::body(s);
+        let headers = vec![
+            (":method", "POST"),
+            (":path", s.bridge_path.as_str()),
+            (":authority", s.bridge_authority.as_str()),
+            ("content-type", "application/octet-stream"),
+        ];
+        let timeout = Duration::from_millis(PROBE_FAILING_MS);
+        if let Ok(token) =
+            hostcalls::dispatch_http_call(&s.bridge_cluster, headers, Some(&body), vec![], timeout)
+        {
+            self.probe = Some(Probe { token, expected });
+            let _ = hostcalls::increment_metric(self.probes, 1);
+        }
+    }
+
+    /// A probe reply: Redis answers (cut the backoff short), and whether it
+    /// restarted since the last probe (then re-push the whole table: it may
+    /// have come back empty).
+    fn on_probe_reply(&mut self, reply: Option<&[u8]>, now: u64) {
+        let Some(probe) = self.probe.take() else {
+            return;
+        };
+        let Some(run_id) = reply.and_then(|r| probe::run_id(r, probe.expected)) else {
+            return;
+        };
+        if self.redis_run_id.as_ref().is_some_and(|old| *old != run_id) {
+            let marked = self
+                .prefix
+                .try_borrow_mut()
+                .map(|mut p| p.mark_all())
+                .unwrap_or(0);
+            let _ = hostcalls::increment_metric(self.redis_restarts, 1);
+            log::warn!(
+                "prefix_router sync: Redis restarted (run_id changed); re-pushing {marked} blocks"
+            );
+        }
+        self.redis_run_id = Some(run_id);
+        self.engine.retry_now(now);
     }
 
     /// Sends calls; a failed dispatch is fed back at once, which may yield

@@ -10,6 +10,7 @@
 //! - [`syncable`]: the trait components implement (+ optional capabilities).
 //! - [`keys`]: the Redis key layout shared with AIBrix.
 //! - [`schedule`]: startup delay, jitter, backoff.
+//! - [`probe`]: the host's Redis health probe (`INFO server`, restart detection).
 //! - [`engine`]: the state machine; [`error`], [`stats`] its error and
 //!   counters; `cmd` builds the Redis commands it sends and `reply`
 //!   decodes what Redis answers.
@@ -29,6 +30,7 @@ pub mod error;
 pub mod keys;
 #[cfg(any(test, feature = "testkit"))]
 pub mod memredis;
+pub mod probe;
 mod reply;
 pub mod schedule;
 pub mod settings;

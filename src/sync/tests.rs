@@ -340,6 +340,28 @@ fn failures_double_the_wait_to_sixty_seconds_then_success_resets() {
 }
 
 #[test]
+fn retry_now_after_a_failure_starts_the_cycle_without_waiting_the_backoff() {
+    let comp = MapComponent::shared(NS, caps(true, false, false, false));
+    let mut r = MemRedis::new();
+    let mut e = engine(settings(), &[&comp], 1);
+    // Healthy: retry_now changes nothing.
+    let now = run_cycle(&mut e, &mut r, 0);
+    let next = e.next_cycle_ms().unwrap();
+    e.retry_now(now + 1);
+    assert_eq!(e.next_cycle_ms(), Some(next));
+    assert!(!e.failing());
+    // A failed cycle backs off 20 s; Redis answering again cuts that short.
+    let calls = e.tick(next);
+    deliver_with(&mut e, &mut r, next, calls, &mut |_, _| {
+        Some(Err(CallFailed::Status(503)))
+    });
+    assert!(e.failing());
+    assert_eq!(e.next_cycle_ms(), Some(next + 20_000));
+    e.retry_now(next + 2_000);
+    assert!(!e.tick(next + 2_000).is_empty(), "no cycle started at once");
+}
+
+#[test]
 fn op_timeout_abandons_the_cycle_and_ignores_late_replies() {
     let comp = MapComponent::shared(NS, caps(true, true, false, false));
     let mut r = MemRedis::new();

@@ -223,6 +223,21 @@ impl SyncEngine {
         self.next_poll_ms = None;
     }
 
+    /// Whether the last cycle failed (sync is backing off).
+    pub fn failing(&self) -> bool {
+        self.started && !self.stopped && self.stats.cycles_failed > 0 && !self.polls_allowed
+    }
+
+    /// Redis answers again (the host's probe got a reply while backing
+    /// off): start the next cycle at the next tick instead of waiting out
+    /// the backoff (up to 60 s). Does nothing unless sync is failing and no
+    /// run is in progress.
+    pub fn retry_now(&mut self, now_ms: u64) {
+        if self.failing() && self.run.is_none() {
+            self.next_cycle_ms = Some(now_ms);
+        }
+    }
+
     /// Call on every host tick. Abandons a run (cycle or poll) past its
     /// operation timeout, starts a due cycle or else a due poll, and flushes
     /// queued write-through writes.
