@@ -403,6 +403,13 @@ fn kill_under_load(retry: bool) -> (usize, usize) {
         back.iter().any(|s| s.pod == victim),
         "{victim} not used within 5 s of coming back"
     );
+    // Nothing stays counted in flight, on the dead pod or anywhere else.
+    let mut stuck = BTreeMap::new();
+    let idle = wait_until(Duration::from_secs(5), || {
+        stuck = f.envoy.inflight();
+        stuck.values().all(|v| *v == 0)
+    });
+    assert!(idle, "in-flight counts stuck after the outage: {stuck:?}");
     let sent = warm.len() + outage.len() + back.len();
     (failures, sent)
 }
