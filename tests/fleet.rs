@@ -198,6 +198,28 @@ fn drive(
     out
 }
 
+/// The groups whose home was `gone`, each with the one pod it moved to;
+/// panics if one scattered over several pods.
+fn groups_moved_off(
+    late: &[&Sent],
+    home: &BTreeMap<u64, String>,
+    gone: &str,
+) -> BTreeMap<u64, String> {
+    let mut moved: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
+    for s in late {
+        if let Some(g) = s.group.filter(|g| home[g] == gone) {
+            moved.entry(g).or_default().insert(&s.pod);
+        }
+    }
+    moved
+        .into_iter()
+        .map(|(g, pods)| {
+            assert_eq!(pods.len(), 1, "group {g} of {gone} scattered over {pods:?}");
+            (g, pods.into_iter().next().unwrap_or_default().to_string())
+        })
+        .collect()
+}
+
 fn after(sent: &[Sent], t: Duration) -> impl Iterator<Item = &Sent> {
     sent.iter().filter(move |s| s.at >= t)
 }
@@ -271,15 +293,8 @@ fn eds_add_unhealthy_and_remove_are_followed_within_two_seconds() {
         late.iter().all(|s| s.pod != "pod-2"),
         "requests still reached the unhealthy pod-2 {FOLLOW:?} after the update"
     );
-    let mut moved: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
-    for s in &late {
-        if let Some(g) = s.group.filter(|g| home[g] == "pod-2") {
-            moved.entry(g).or_default().insert(&s.pod);
-        }
-    }
-    for (g, pods) in &moved {
-        assert_eq!(pods.len(), 1, "group {g} of pod-2 scattered over {pods:?}");
-    }
+    // Each of pod-2's groups (if it had any) moved to one pod.
+    groups_moved_off(&late, &home, "pod-2");
 
     // Remove pod-3 from the cluster.
     f.set_hosts(&[
@@ -366,23 +381,11 @@ fn kill_under_load(retry: bool) -> (usize, usize) {
     }
     let late: Vec<&Sent> = after(&outage, FOLLOW).collect();
     assert!(late.iter().all(|s| s.pod != victim));
-    let mut moved: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
-    for s in &late {
-        if let Some(g) = s.group.filter(|g| home[g] == victim) {
-            moved.entry(g).or_default().insert(&s.pod);
-        }
-    }
+    let moved = groups_moved_off(&late, &home, &victim);
     assert!(
         !moved.is_empty(),
         "no group of the victim was sent during the outage"
     );
-    for (g, pods) in &moved {
-        assert_eq!(
-            pods.len(),
-            1,
-            "group {g} of {victim} scattered over {pods:?}"
-        );
-    }
 
     // The pod comes back on the same port: used again within 5 s.
     let mut pods = f.pods;
