@@ -26,6 +26,7 @@ use crate::config::Settings;
 use crate::fleet::SharedView;
 use crate::handoff::{self, Touched};
 use crate::liveness::{self, Heartbeat};
+use crate::sync::stats::CounterField;
 use crate::sync::{probe, Call, CallFailed, CallId, SyncEngine, SyncStats};
 use crate::syncables::{PodLoadSync, PrefixCacheSync};
 
@@ -411,15 +412,12 @@ impl SyncState {
     }
 }
 
-/// Reads one engine total.
-type StatField = fn(&SyncStats) -> u64;
-
 /// Envoy stats of the sync singleton. Engine totals are turned into counter
 /// increments against what was last published. The liveness gauges are the
 /// workers' (see [`crate::liveness`]): they must keep moving if this VM dies.
 struct SyncMetrics {
     /// (metric id, engine total, value last published)
-    counters: Vec<(u32, StatField, u64)>,
+    counters: Vec<(u32, CounterField, u64)>,
     backoff_ms: u32,
     rtt_ms: u32,
     dirty_dropped: u32,
@@ -433,31 +431,9 @@ impl SyncMetrics {
         let def = |t, n: &str| {
             hostcalls::define_metric(t, &format!("prefix_router.sync.{n}")).unwrap_or(0)
         };
-        let fields: [(&str, StatField); 21] = [
-            ("cycles_ok", |s| s.cycles_ok),
-            ("cycles_failed", |s| s.cycles_failed),
-            ("cycles_timed_out", |s| s.cycles_timed_out),
-            ("full_scans", |s| s.full_scans),
-            ("incremental_pulls", |s| s.incremental_pulls),
-            ("keys_pulled", |s| s.keys_pulled),
-            ("applied", |s| s.applied),
-            ("rejected", |s| s.rejected),
-            ("stale_deleted", |s| s.stale_deleted),
-            ("pushed", |s| s.pushed),
-            ("truncations", |s| s.truncations),
-            ("calls_sent", |s| s.calls_sent),
-            ("calls_failed", |s| s.calls_failed),
-            ("commands_sent", |s| s.commands_sent),
-            ("bytes_sent", |s| s.bytes_sent),
-            ("write_through_calls", |s| s.write_through_calls),
-            ("polls_ok", |s| s.polls_ok),
-            ("polls_failed", |s| s.polls_failed),
-            ("poll_applied", |s| s.poll_applied),
-            ("mid_pushes", |s| s.mid_pushes),
-            ("mid_pushes_failed", |s| s.mid_pushes_failed),
-        ];
+
         Self {
-            counters: fields
+            counters: SyncStats::COUNTERS
                 .iter()
                 .map(|(n, f)| (def(MetricType::Counter, n), *f, 0))
                 .collect(),
