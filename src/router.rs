@@ -199,8 +199,15 @@ impl Router {
         rng: &mut SplitMix64,
     ) -> Result<Routed, RouteError> {
         if self.fleet.borrow().is_empty() {
-            // Static pools before the first tick built them.
-            self.refresh_static(store, now_secs)?;
+            // Before this VM's first tick: build static pools, or read what
+            // the singleton published (one read, only while nothing is known).
+            if self.all_static() {
+                self.refresh_static(store, now_secs)?;
+            } else if let (Some(bytes), _) = store.get(fleet::MEMBERS_KEY)? {
+                if let Some(members) = Members::decode(&bytes) {
+                    self.set_members(members);
+                }
+            }
         }
         let pool = self
             .fleet
@@ -603,6 +610,30 @@ mod tests {
             let a = r.route(&s, &req("abc"), 100, &mut rng).unwrap();
             assert_ne!(r.fleet().address(a.choice.pod), Some("p:1"));
         }
+    }
+
+    #[test]
+    fn cluster_pools_route_over_published_members_before_the_first_tick() {
+        let r = Router::new(Settings::from_json(br#"{"cluster":"pods"}"#).unwrap());
+        let s = MemStore::new();
+        let mut rng = SplitMix64::new(1);
+        // Nothing published yet: pass through (no endpoints), never a panic.
+        assert_eq!(
+            r.route(&s, &req("abcd"), 100, &mut rng),
+            Err(RouteError::NoEndpoints)
+        );
+        let hosts = std::collections::BTreeMap::from([(
+            String::new(),
+            vec![crate::fleet::membership::Host {
+                name: "pod-a".into(),
+                address: "10.0.0.1:80".into(),
+                healthy: true,
+            }],
+        )]);
+        let members = crate::fleet::cluster_members(&s, &hosts, 100, 1000).unwrap();
+        s.set(fleet::MEMBERS_KEY, &members.encode(), None).unwrap();
+        let a = r.route(&s, &req("abcd"), 100, &mut rng).unwrap();
+        assert_eq!(r.fleet().address(a.choice.pod), Some("10.0.0.1:80"));
     }
 
     #[test]
