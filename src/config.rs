@@ -226,6 +226,15 @@ impl Settings {
         })
     }
 
+    /// The pool serving `model`: its own if it has one, else the default.
+    pub fn pool_key<'a>(&self, model: &'a str) -> &'a str {
+        if !model.is_empty() && self.pools.contains_key(model) {
+            model
+        } else {
+            DEFAULT_POOL
+        }
+    }
+
     /// The static pools (`host:port` lists), by pool key.
     pub fn static_pools(&self) -> BTreeMap<String, Vec<String>> {
         self.pools

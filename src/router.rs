@@ -209,10 +209,10 @@ impl Router {
                 }
             }
         }
-        let pool = self
-            .fleet
-            .borrow()
-            .routable(&req.model, u64::from(now_secs) * 1000);
+        let pool = self.fleet.borrow().routable(
+            self.settings.pool_key(&req.model),
+            u64::from(now_secs) * 1000,
+        );
         let pool = pool.as_slice();
         if pool.is_empty() {
             return Err(RouteError::NoEndpoints);

@@ -158,12 +158,8 @@ impl FleetView {
         self.by_slot.is_empty()
     }
 
-    fn pool(&self, model: &str) -> &[Member] {
-        self.members
-            .pools
-            .get(model)
-            .or_else(|| self.members.pools.get(DEFAULT_POOL))
-            .map_or(&[], Vec::as_slice)
+    fn pool(&self, pool: &str) -> &[Member] {
+        self.members.pools.get(pool).map_or(&[], Vec::as_slice)
     }
 
     fn cooling(&self, slot: u16, now_ms: u64) -> bool {
@@ -172,11 +168,13 @@ impl FleetView {
             .any(|(s, until)| *s == slot && *until > now_ms)
     }
 
-    /// Slots that may take `model`'s request now: healthy and not in
+    /// Slots of `pool` (a pool key: a model with a pool of its own, else
+    /// [`DEFAULT_POOL`]) that may take a request now: healthy and not in
     /// cooldown. If that leaves none, every member of the pool (as Envoy's
     /// panic routing does): routing never stops while the pool has members.
-    pub fn routable(&self, model: &str, now_ms: u64) -> Vec<u16> {
-        let pool = self.pool(model);
+    /// A pool with no members yet has none: its requests pass through.
+    pub fn routable(&self, pool: &str, now_ms: u64) -> Vec<u16> {
+        let pool = self.pool(pool);
         let ok: Vec<u16> = pool
             .iter()
             .filter(|m| m.healthy && !self.cooling(m.slot, now_ms))
@@ -320,18 +318,21 @@ mod tests {
         let m = cluster_members(&store, &hosts([true, false, true]), 10, 100).unwrap();
         let mut view = FleetView::new(m);
         let (p1, p3) = (view.slot_of("p1").unwrap(), view.slot_of("p3").unwrap());
-        assert_eq!(view.routable("any-model", 0), vec![p1, p3]);
+        assert_eq!(view.routable(DEFAULT_POOL, 0), vec![p1, p3]);
+        assert!(view
+            .routable("model-with-a-pool-not-known-yet", 0)
+            .is_empty());
         view.set_down(mark_down(&store, p1, 5_000, 1_000).unwrap());
-        assert_eq!(view.routable("m", 4_999), vec![p3]);
+        assert_eq!(view.routable(DEFAULT_POOL, 4_999), vec![p3]);
         assert_eq!(
-            view.routable("m", 5_000),
+            view.routable(DEFAULT_POOL, 5_000),
             vec![p1, p3],
             "cooldown ends by itself"
         );
         // Everyone unhealthy: route anyway rather than stop.
         let m = cluster_members(&store, &hosts([false, false, false]), 10, 100).unwrap();
         view.set_members(m);
-        assert_eq!(view.routable("m", 0).len(), 3);
+        assert_eq!(view.routable(DEFAULT_POOL, 0).len(), 3);
         assert_eq!(view.address(p3), Some("p3:80"));
     }
 
