@@ -110,9 +110,10 @@ impl Registry {
         self.intern_within(names, now, retire_secs, MAX_SLOTS)
     }
 
-    /// [`Registry::intern`], but a new name gets a slot only while fewer
-    /// than `limit` slots are in use (names from untrusted sources, such as
-    /// another writer's Redis values, may not take the last ones).
+    /// [`Registry::intern`], but a new name (or a retired one coming back)
+    /// gets a slot only while fewer than `limit` slots are live (names from
+    /// untrusted sources, such as another writer's Redis values, may not
+    /// take the last ones).
     pub fn intern_within(
         &mut self,
         names: &[&str],
@@ -128,6 +129,18 @@ impl Registry {
                 continue;
             }
             if let Some(slot) = self.slot_of(name) {
+                // A retired name that comes back is held to `limit` like a
+                // new one: else untrusted names could retire, let others
+                // take the limit, and come back on top of them.
+                let retired = self
+                    .slots
+                    .get(usize::from(slot))
+                    .and_then(Option::as_ref)
+                    .is_some_and(|s| now.saturating_sub(s.last_seen) > retire_secs);
+                if retired && self.live(now, retire_secs) >= limit.min(MAX_SLOTS) {
+                    out.push(None);
+                    continue;
+                }
                 if let Some(Some(s)) = self.slots.get_mut(usize::from(slot)) {
                     if now.saturating_sub(s.last_seen) >= SEEN_EVERY_SECS {
                         s.last_seen = now;
@@ -137,13 +150,7 @@ impl Registry {
                 out.push(Some(slot));
                 continue;
             }
-            let live = self
-                .slots
-                .iter()
-                .flatten()
-                .filter(|s| now.saturating_sub(s.last_seen) <= retire_secs)
-                .count();
-            if live >= limit.min(MAX_SLOTS) {
+            if self.live(now, retire_secs) >= limit.min(MAX_SLOTS) {
                 out.push(None);
                 continue;
             }
@@ -178,6 +185,15 @@ impl Registry {
             }
         }
         (out, changed)
+    }
+
+    /// Slots whose name was seen within `retire_secs`.
+    fn live(&self, now: u32, retire_secs: u32) -> usize {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|s| now.saturating_sub(s.last_seen) <= retire_secs)
+            .count()
     }
 
     /// One past the highest slot in use (sizes per-slot arrays).
@@ -298,6 +314,40 @@ mod tests {
         assert_eq!(r.slots.iter().flatten().count(), MAX_SLOTS / 2);
         // A name a request brings still gets one.
         assert!(reg.intern(&["llama"], 11, 100).unwrap().0[0].is_some());
+    }
+
+    #[test]
+    fn a_retired_untrusted_name_coming_back_counts_against_the_limit() {
+        // Found by tests/fuzz.rs (prefixcache): remote-only models held 513
+        // live slots of a limit of 512.
+        let names = |p: &str| -> Vec<String> { (0..4).map(|i| format!("{p}-{i}")).collect() };
+        let (old, new) = (names("old"), names("new"));
+        let old: Vec<&str> = old.iter().map(String::as_str).collect();
+        let new: Vec<&str> = new.iter().map(String::as_str).collect();
+        let mut reg = Registry::default();
+        reg.intern_within(&old, 1000, 100, 4);
+        // Long after `old` retired, `new` takes the limit (slots are free).
+        let (slots, _) = reg.intern_within(&new, 2000, 100, 4);
+        assert!(slots.iter().all(Option::is_some));
+        // `old` comes back: the limit holds.
+        let (slots, _) = reg.intern_within(&old, 2001, 100, 4);
+        assert_eq!(slots, vec![None; 4]);
+        let live = reg
+            .slots
+            .iter()
+            .flatten()
+            .filter(|s| 2001 - s.last_seen <= 100)
+            .count();
+        assert_eq!(live, 4);
+        // Within the limit a retired name comes back to its own slot, and
+        // a trusted caller is not held to it.
+        let (slots, _) = reg.intern_within(&old[..1], 2200, 100, 4);
+        assert_eq!(slots, vec![Some(0)]);
+        assert!(reg
+            .intern(&old[1..], 2201, 100)
+            .0
+            .iter()
+            .all(Option::is_some));
     }
 
     #[test]
