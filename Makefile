@@ -13,7 +13,7 @@ ENVOY_BIN   ?= $(CURDIR)/.venv/bin/envoy
 TEST_RUNNER := $(CURDIR)/.tools/bin/wasm-bindgen-test-runner
 CONFIGS     := $(wildcard envoy/*.yaml)
 
-.PHONY: help setup build lint unit-test wasm-test integration-test validate test run bench bench-iperf bench-real clean distclean
+.PHONY: help setup build lint unit-test wasm-test integration-test validate test run bench bench-iperf bench-real fuzz clean distclean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -75,6 +75,19 @@ bench-real: setup build ## real LLM: 2 llama-servers (Gemma 3 270M, CPU) behind 
 	scripts/bench/setup-real-llm.sh
 	scripts/bench/setup-peers.sh
 	$(BENCH) real
+
+FUZZ_ITERS ?= 1000000
+FUZZ_SEED  ?= $(shell date +%s)
+
+# make test runs tests/fuzz.rs with 10^4 inputs per target and a fixed seed
+# (it is one of tests/*.rs). This is the long run: release with overflow
+# checks and unwinding (each failing input is reported), no LTO (fast build).
+fuzz: ## fuzz every parser of untrusted bytes: $(FUZZ_ITERS) inputs per target (FUZZ_SEED=... replays)
+	CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+	CARGO_PROFILE_RELEASE_OVERFLOW_CHECKS=true CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true \
+	CARGO_PROFILE_RELEASE_PANIC=unwind \
+	FUZZ_ITERS=$(FUZZ_ITERS) FUZZ_SEED=$(FUZZ_SEED) \
+		cargo test --release --test fuzz -- --nocapture
 
 clean: ## remove build output (keeps .venv and .tools)
 	cargo clean

@@ -161,10 +161,11 @@ impl Settings {
     /// is refused because a router without endpoints cannot route.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
         let raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
-            err(
-                locate_bad_field(bytes).unwrap_or_else(|| "<root>".into()),
-                e.to_string(),
-            )
+            let why = e.to_string();
+            let field = locate_bad_field(bytes)
+                .or_else(|| field_in_message(&why))
+                .unwrap_or_else(|| "<root>".into());
+            err(field, why)
         })?;
         Self::from_raw(raw)
     }
@@ -363,14 +364,58 @@ fn static_pool(field: &str, list: &[String]) -> Result<PoolSource, ConfigError> 
 /// serde_json's errors carry a line and column, not a field path; find the
 /// top-level field that fails on its own so the log line can name it.
 fn locate_bad_field(bytes: &[u8]) -> Option<String> {
-    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes).ok()?;
-    map.into_iter().find_map(|(key, value)| {
+    let entries = serde_json::from_slice::<Entries>(bytes).ok()?.0;
+    let alone = entries.iter().find_map(|(key, value)| {
         let mut single = serde_json::Map::new();
-        single.insert(key.clone(), value);
+        single.insert(key.clone(), value.clone());
         serde_json::from_value::<RawConfig>(serde_json::Value::Object(single))
             .is_err()
-            .then_some(key)
+            .then(|| key.clone())
+    });
+    // Every field is fine alone: a key given twice is what fails.
+    alone.or_else(|| {
+        entries
+            .iter()
+            .enumerate()
+            .find(|(i, (k, _))| entries[..*i].iter().any(|(p, _)| p == k))
+            .map(|(_, (k, _))| k.clone())
     })
+}
+
+/// A JSON object's top-level entries in order, keys given twice kept
+/// (serde_json's `Map` keeps only the last).
+struct Entries(Vec<(String, serde_json::Value)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Entries, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, serde_json::Value>()? {
+                    out.push(entry);
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// The field serde names in its message (`duplicate field `x``, `unknown
+/// field `x``): the fallback when no top-level field fails on its own, e.g. a
+/// key given twice (serde_json's map keeps only the last one).
+fn field_in_message(msg: &str) -> Option<String> {
+    let (_, rest) = msg.split_once(" field `")?;
+    let (name, _) = rest.split_once('`')?;
+    (!name.is_empty()).then(|| name.to_string())
 }
 
 fn is_header_name(s: &str) -> bool {
@@ -492,6 +537,19 @@ mod tests {
             let e = parse(cfg).unwrap_err();
             assert_eq!(e.field, field, "{cfg}: {e}");
         }
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused_by_name() {
+        let e = parse(r#"{"endpoints":["a:1"],"block_size":4,"block_size":8}"#).unwrap_err();
+        assert_eq!(e.field, "block_size");
+        // The first of the two is bad on its own.
+        let e =
+            parse(r#"{"endpoints":["a:1"],"membership":{"nope":1},"membership":{}}"#).unwrap_err();
+        assert_eq!(e.field, "membership");
+        // Both are fine alone: the repeated key is named.
+        let e = parse(r#"{"endpoints":["a:1"],"cluster":"c","cluster":"c"}"#).unwrap_err();
+        assert_eq!(e.field, "cluster");
     }
 
     #[test]
