@@ -10,7 +10,7 @@
 //! below); Envoy's view of the pod (connect failures, retries) is read from
 //! its admin after the run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -51,9 +51,82 @@ pub struct Timeline {
     pub kill_ms: f64,
     /// The restarted pod accepts connections.
     pub back_ms: f64,
+    /// Envoy's health check marked the pod failed (admin `/clusters`).
+    pub envoy_down_ms: Option<f64>,
+    /// The filter's singleton published it as not healthy.
+    pub filter_down_ms: Option<f64>,
+    /// Envoy marked the returned pod healthy again.
+    pub envoy_up_ms: Option<f64>,
+    /// The filter's singleton published it as healthy again.
+    pub filter_up_ms: Option<f64>,
 }
 
-/// Sends `requests` (see [`drive`]) while `outage` happens to `pods`.
+/// What to watch, through an Envoy's admin, while the pod is gone and back.
+#[derive(Clone, Copy, Debug)]
+pub struct Watch {
+    pub admin: u16,
+    /// The pod's port (its host in cluster `pods` is `127.0.0.1:<port>`).
+    pub pod_port: u16,
+    /// With the filter: how many pods are healthy when all are
+    /// (`prefix_router.membership.healthy`).
+    pub filter_all: Option<i64>,
+}
+
+impl Watch {
+    /// Is the pod healthy in Envoy's eyes (None: the admin did not say)?
+    fn envoy_healthy(&self) -> Option<bool> {
+        let url = format!("http://127.0.0.1:{}/clusters", self.admin);
+        let body = support::get(&url).ok()?.body;
+        let key = format!("pods::127.0.0.1:{}::health_flags::", self.pod_port);
+        let flags = body.lines().find_map(|l| l.strip_prefix(&key))?;
+        Some(flags.trim() == "healthy")
+    }
+
+    /// Does the filter count every pod healthy (None: no filter, or no answer)?
+    fn filter_healthy(&self) -> Option<bool> {
+        let all = self.filter_all?;
+        let url = format!(
+            "http://127.0.0.1:{}/stats?filter=prefix_router%5C.membership%5C.healthy",
+            self.admin
+        );
+        let body = support::get(&url).ok()?.body;
+        let v: i64 = body
+            .lines()
+            .next()?
+            .rsplit(' ')
+            .next()?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(v >= all)
+    }
+
+    /// Polls every 20 ms until Envoy and the filter both see the pod as
+    /// `healthy` (or are not watched), at most until `deadline`; returns when
+    /// each did, by `ms()`.
+    fn until(
+        &self,
+        healthy: bool,
+        deadline: Instant,
+        ms: impl Fn() -> f64,
+    ) -> (Option<f64>, Option<f64>) {
+        let (mut envoy, mut filter) = (None, None);
+        let watch_filter = self.filter_all.is_some();
+        while Instant::now() < deadline && (envoy.is_none() || (watch_filter && filter.is_none())) {
+            if envoy.is_none() && self.envoy_healthy() == Some(healthy) {
+                envoy = Some(ms());
+            }
+            if watch_filter && filter.is_none() && self.filter_healthy() == Some(healthy) {
+                filter = Some(ms());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        (envoy, filter)
+    }
+}
+
+/// Sends `requests` (see [`drive`]) while `outage` happens to `pods`; with
+/// `watch`, also when Envoy and the filter noticed.
 #[allow(clippy::too_many_arguments)]
 pub fn drive_with_outage(
     rt: &tokio::runtime::Runtime,
@@ -65,28 +138,30 @@ pub fn drive_with_outage(
     pods: &mut PodSet,
     dir: &TestDir,
     outage: &Outage,
+    watch: Option<Watch>,
 ) -> (Vec<Outcome>, Timeline) {
     thread::scope(|s| {
         let t0 = Instant::now();
         let ms = move || t0.elapsed().as_secs_f64() * 1000.0;
         let faults = s.spawn(move || {
+            let mut t = Timeline::default();
             thread::sleep(outage.kill_at.saturating_sub(t0.elapsed()));
             pods.kill(outage.pod);
-            let kill_ms = ms();
-            eprintln!(
-                "  [{label}] {:.1} s: {} killed",
-                kill_ms / 1000.0,
-                pods.pods[outage.pod].name
-            );
+            t.kill_ms = ms();
+            let name = pods.pods[outage.pod].name.clone();
+            eprintln!("  [{label}] {:.1} s: {name} killed", t.kill_ms / 1000.0);
+            if let Some(w) = &watch {
+                (t.envoy_down_ms, t.filter_down_ms) = w.until(false, t0 + outage.return_at, ms);
+            }
             thread::sleep(outage.return_at.saturating_sub(t0.elapsed()));
             pods.restart(dir, outage.pod);
-            let back_ms = ms();
-            eprintln!(
-                "  [{label}] {:.1} s: {} back",
-                back_ms / 1000.0,
-                pods.pods[outage.pod].name
-            );
-            Timeline { kill_ms, back_ms }
+            t.back_ms = ms();
+            eprintln!("  [{label}] {:.1} s: {name} back", t.back_ms / 1000.0);
+            if let Some(w) = &watch {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                (t.envoy_up_ms, t.filter_up_ms) = w.until(true, deadline, ms);
+            }
+            t
         });
         let outcomes = rt.block_on(drive(urls, requests, pacing, label, fresh_connections));
         let timeline = faults.join().expect("the pod kill/restart thread panicked");
@@ -136,6 +211,13 @@ pub struct OutageFacts {
     pub served_after_return: usize,
     /// From the return to the send of the first such request, ms.
     pub first_after_return_ms: Option<f64>,
+    /// Prefix groups whose home before the kill was the pod (the pod that
+    /// served most of their requests) and that were sent between
+    /// [`NOTICE_MS`] after the kill and the return.
+    pub groups_moved: usize,
+    /// How many pods served each of those groups in that time, on average:
+    /// 1.0 = each moved to one other pod, more = scattered.
+    pub pods_per_moved_group: Option<f64>,
     /// Envoy's counters for the pod's address (`/clusters`; the address is
     /// the same before and after the restart) and its cluster's retries.
     pub upstream: BTreeMap<String, i64>,
@@ -143,8 +225,14 @@ pub struct OutageFacts {
 
 impl OutageFacts {
     /// The facts of `outcomes`, where pod `pod` left and returned as
-    /// `timeline` says.
-    pub fn of(outcomes: &[Outcome], pod: &str, timeline: Timeline) -> OutageFacts {
+    /// `timeline` says; `families[i]` is the prefix group of request `i`
+    /// (None: shares nothing).
+    pub fn of(
+        outcomes: &[Outcome],
+        families: &[Option<usize>],
+        pod: &str,
+        timeline: Timeline,
+    ) -> OutageFacts {
         let t = timeline;
         let sent_in = |from: f64, to: f64| {
             outcomes
@@ -155,7 +243,15 @@ impl OutageFacts {
         let back: Vec<&Outcome> = sent_in(t.back_ms, f64::INFINITY)
             .filter(|o| o.ok() && o.pod.as_deref() == Some(pod))
             .collect();
+        let (groups_moved, pods_per_moved_group) = moved_groups(
+            sent_in(f64::NEG_INFINITY, t.kill_ms),
+            sent_in(t.kill_ms + NOTICE_MS, t.back_ms),
+            families,
+            pod,
+        );
         OutageFacts {
+            groups_moved,
+            pods_per_moved_group,
             pod: pod.to_string(),
             timeline,
             before: Phase::of(sent_in(f64::NEG_INFINITY, t.kill_ms)),
@@ -169,6 +265,38 @@ impl OutageFacts {
             upstream: BTreeMap::new(),
         }
     }
+}
+
+/// The groups at home on `pod` in `before` that were sent in `outage`, and
+/// the mean number of pods that served each of them there.
+fn moved_groups<'a>(
+    before: impl Iterator<Item = &'a Outcome>,
+    outage: impl Iterator<Item = &'a Outcome>,
+    families: &[Option<usize>],
+    pod: &str,
+) -> (usize, Option<f64>) {
+    let family = |o: &Outcome| families.get(o.index).copied().flatten();
+    let mut served: BTreeMap<usize, BTreeMap<&str, usize>> = BTreeMap::new();
+    for o in before.filter(|o| o.ok()) {
+        if let (Some(g), Some(p)) = (family(o), o.pod.as_deref()) {
+            *served.entry(g).or_default().entry(p).or_default() += 1;
+        }
+    }
+    let home = |g: usize| {
+        let counts = served.get(&g)?;
+        counts.iter().max_by_key(|(_, n)| **n).map(|(p, _)| *p)
+    };
+    let mut pods_of: BTreeMap<usize, BTreeSet<&str>> = BTreeMap::new();
+    for o in outage.filter(|o| o.ok()) {
+        if let (Some(g), Some(p)) = (family(o), o.pod.as_deref()) {
+            if home(g) == Some(pod) {
+                pods_of.entry(g).or_default().insert(p);
+            }
+        }
+    }
+    let n = pods_of.len();
+    let total: usize = pods_of.values().map(BTreeSet::len).sum();
+    (n, (n > 0).then(|| total as f64 / n as f64))
 }
 
 /// Envoy's counters for the host `127.0.0.1:<port>` of cluster `pods`
@@ -247,6 +375,7 @@ mod tests {
         let t = Timeline {
             kill_ms: 1000.0,
             back_ms: 5000.0,
+            ..Timeline::default()
         };
         let outcomes = vec![
             o(0, 0.0, "pod-1", true),
@@ -258,7 +387,8 @@ mod tests {
             o(6, 5700.0, "pod-2", true),
             o(7, 6000.0, "pod-2", true),
         ];
-        let f = OutageFacts::of(&outcomes, "pod-2", t);
+        let families = vec![None; outcomes.len()];
+        let f = OutageFacts::of(&outcomes, &families, "pod-2", t);
         assert_eq!((f.before.sent, f.before.errors), (2, 1));
         assert_eq!(f.before.hit_rate, Some(1.0));
         assert_eq!((f.outage.sent, f.outage.errors), (3, 2));
@@ -270,11 +400,50 @@ mod tests {
         );
         assert_eq!(f.served_after_return, 2);
         assert_eq!(f.first_after_return_ms, Some(700.0));
-        let none = OutageFacts::of(&outcomes[..5], "pod-2", t);
+        let none = OutageFacts::of(&outcomes[..5], &families, "pod-2", t);
         assert_eq!(
             (none.served_after_return, none.first_after_return_ms),
             (0, None)
         );
+    }
+
+    #[test]
+    fn moved_groups_are_counted_with_their_pods() {
+        let t = Timeline {
+            kill_ms: 1000.0,
+            back_ms: 9000.0,
+            ..Timeline::default()
+        };
+        // Group 0 at home on pod-2, group 1 on pod-1; after the kill group 0
+        // goes to pod-3 and pod-4 (scattered), group 1 stays.
+        let outcomes = vec![
+            o(0, 0.0, "pod-2", true),
+            o(1, 100.0, "pod-2", true),
+            o(2, 200.0, "pod-3", true),
+            o(3, 300.0, "pod-1", true),
+            o(4, 1500.0, "pod-1", true), // within NOTICE_MS: not counted
+            o(5, 3100.0, "pod-3", true),
+            o(6, 3200.0, "pod-4", true),
+            o(7, 3300.0, "pod-1", true),
+            o(8, 9500.0, "pod-2", true), // after the return
+        ];
+        let families = vec![
+            Some(0),
+            Some(0),
+            Some(0),
+            Some(1),
+            Some(0),
+            Some(0),
+            Some(0),
+            Some(1),
+            Some(0),
+        ];
+        let f = OutageFacts::of(&outcomes, &families, "pod-2", t);
+        assert_eq!((f.groups_moved, f.pods_per_moved_group), (1, Some(2.0)));
+        let f = OutageFacts::of(&outcomes, &families, "pod-1", t);
+        assert_eq!((f.groups_moved, f.pods_per_moved_group), (1, Some(1.0)));
+        let f = OutageFacts::of(&outcomes, &families, "pod-4", t);
+        assert_eq!((f.groups_moved, f.pods_per_moved_group), (0, None));
     }
 
     #[test]

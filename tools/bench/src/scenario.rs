@@ -365,8 +365,13 @@ fn warm_up_sync(envoys: &[Envoy], timeout: Duration) -> Result<(), String> {
     Ok(())
 }
 
+/// The filter's worker tick (src/host/root.rs): how often a worker VM
+/// reads the membership the singleton publishes.
+const WORKER_TICK: Duration = Duration::from_millis(250);
+
 /// Waits until Envoy's health checks pass on all `n` hosts of cluster
-/// `pods` and, with the filter, until its singleton has published them.
+/// `pods` and, with the filter, until its singleton has published them and
+/// the workers have had time to read them.
 fn wait_all_healthy(e: &Envoy, n: usize, filter: bool) -> Result<(), String> {
     let n = n as i64;
     let envoy_sees = || {
@@ -377,6 +382,12 @@ fn wait_all_healthy(e: &Envoy, n: usize, filter: bool) -> Result<(), String> {
     };
     let filter_sees = || !filter || e.router_stat("prefix_router.membership.healthy") == n;
     if support::wait_until(Duration::from_secs(20), || envoy_sees() && filter_sees()) {
+        if filter {
+            // The singleton has published the members; each worker reads
+            // them on its next tick (every 250 ms). Until then it passes
+            // requests through (`passthrough.no_endpoints`).
+            std::thread::sleep(WORKER_TICK * 2 + Duration::from_millis(100));
+        }
         Ok(())
     } else {
         Err(format!(

@@ -29,6 +29,7 @@
 //! that never hits the cache keeps the pods `--load` (75 %) busy, from the pod
 //! model's service time of the workload's mean prompt.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -129,9 +130,11 @@ pub struct CompareArgs {
     pub output_tokens: u32,
     pub sessions: usize,
     pub turns: usize,
-    /// live-fleet: length of the run, s, and its Poisson rate, req/s.
+    /// live-fleet: length of the run, s, its Poisson rate, req/s, and its
+    /// prefix groups.
     pub live_secs: f64,
     pub live_rate: f64,
+    pub live_groups: usize,
     pub pod: PodModel,
     pub sync_period_ms: u64,
     /// Every request on a new connection (no keep-alive).
@@ -163,6 +166,7 @@ impl CompareArgs {
             turns: 8,
             live_secs: 45.0,
             live_rate: 20.0,
+            live_groups: 16,
             pod: PodModel {
                 slots: 4,
                 prefill_us_per_token: 50.0,
@@ -255,6 +259,11 @@ pub struct CompareCli {
     /// live-fleet: Poisson rate, req/s (not derived from --load).
     #[arg(long, default_value_t = 20.0)]
     pub live_rate: f64,
+    /// live-fleet: prefix groups (fewer than --groups: the pods' caches hold
+    /// them with the fresh prompts, so misses come from routing, not from
+    /// cache pressure).
+    #[arg(long, default_value_t = 16)]
+    pub live_groups: usize,
     /// podsim --slots.
     #[arg(long, default_value_t = 4)]
     pub slots: u32,
@@ -310,6 +319,7 @@ impl CompareCli {
             turns: self.turns,
             live_secs: self.live_secs,
             live_rate: self.live_rate,
+            live_groups: self.live_groups,
             pod: PodModel {
                 slots: self.slots,
                 prefill_us_per_token: self.prefill_us,
@@ -500,8 +510,9 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
             let total = ((args.live_rate * args.live_secs).round() as usize).max(4);
             let fresh_count = total / 4;
             let shared_count = total - fresh_count;
-            let ppg = shared_count.div_ceil(args.groups.max(1));
-            let mut shared = shared_prefix(&gsp(args.groups, ppg, Order::Shuffled));
+            let groups = args.live_groups.max(1);
+            let ppg = shared_count.div_ceil(groups);
+            let mut shared = shared_prefix(&gsp(groups, ppg, Order::Shuffled));
             shared.truncate(shared_count);
             // Not the shared-prefix seed: its first prompt would start with
             // group 0's system prompt.
@@ -528,7 +539,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                      at {:.0} s; Envoy on EDS-fed pods with a /health check every 1 s and one \
                      retry on connect-failure/refused-stream/reset",
                     args.live_rate,
-                    args.groups,
+                    groups,
                     args.system_tokens,
                     args.question_tokens,
                     args.system_tokens + args.question_tokens,
@@ -582,6 +593,8 @@ pub struct FilterCounters {
     pub cas_exhausted: i64,
     /// Pods taken out after a failed request (`fleet.passive_cooldowns`).
     pub passive_cooldowns: i64,
+    /// `passthrough` by reason (`no_endpoints`, ...), the non-zero ones.
+    pub passthrough_reasons: BTreeMap<String, i64>,
 }
 
 /// One router on one workload.
@@ -665,6 +678,14 @@ pub fn run_one(
     // Counters before the traffic (warm-up requests), subtracted below.
     let before = gateway.filter_stats();
     let meter = LoadMeter::start();
+    // With an outage: when Envoy's health check and the filter notice it.
+    let watch = built.outage.as_ref().and_then(|o| {
+        gateway.envoys.first().map(|e| outage::Watch {
+            admin: e.admin,
+            pod_port: pods.pods[o.pod].port,
+            filter_all: router.is_filter().then_some(args.pods as i64),
+        })
+    });
     let (outcomes, timeline) = match &built.outage {
         Some(o) => outage::drive_with_outage(
             rt,
@@ -676,6 +697,7 @@ pub fn run_one(
             &mut pods,
             &dir,
             o,
+            watch,
         ),
         None => (
             rt.block_on(drive(
@@ -691,7 +713,8 @@ pub fn run_one(
     result.load = Some(meter.finish());
     if let Some(o) = &built.outage {
         let pod = &pods.pods[o.pod];
-        let mut facts = OutageFacts::of(&outcomes, &pod.name, timeline);
+        let families: Vec<Option<usize>> = built.requests.iter().map(|r| r.family).collect();
+        let mut facts = OutageFacts::of(&outcomes, &families, &pod.name, timeline);
         if let Some(e) = gateway.envoys.first() {
             facts.upstream = outage::upstream_counters(e, pod.port);
         }
@@ -713,6 +736,7 @@ pub fn run_one(
             sync_cycles_failed: sum("sync.cycles_failed"),
             cas_exhausted: sum("table.cas_exhausted"),
             passive_cooldowns: sum("fleet.passive_cooldowns"),
+            passthrough_reasons: passthrough_reasons(&fs, &before),
         });
     }
     // (A pod restarted in a live-fleet run counts only since its return.)
@@ -728,13 +752,31 @@ pub fn run_one(
 }
 
 /// Requests the filter passed through unrouted, over replicas.
-fn passthrough(stats: &[std::collections::BTreeMap<String, i64>]) -> i64 {
+fn passthrough(stats: &[BTreeMap<String, i64>]) -> i64 {
     stats
         .iter()
         .flat_map(|s| s.iter())
         .filter(|(k, _)| k.starts_with("prefix_router.passthrough."))
         .map(|(_, v)| *v)
         .sum()
+}
+
+/// Requests passed through unrouted per reason, over replicas, `after` -
+/// `before`; reasons with none left out.
+fn passthrough_reasons(
+    after: &[BTreeMap<String, i64>],
+    before: &[BTreeMap<String, i64>],
+) -> BTreeMap<String, i64> {
+    let mut out: BTreeMap<String, i64> = BTreeMap::new();
+    for (stats, sign) in [(after, 1), (before, -1)] {
+        for (k, v) in stats.iter().flat_map(|s| s.iter()) {
+            if let Some(reason) = k.strip_prefix("prefix_router.passthrough.") {
+                *out.entry(reason.to_string()).or_default() += sign * v;
+            }
+        }
+    }
+    out.retain(|_, v| *v != 0);
+    out
 }
 
 fn first_line(s: &str) -> &str {
@@ -809,7 +851,9 @@ pub fn table(w: &WorkloadResult, pods: &[String]) -> Table {
 }
 
 /// The table of the live-fleet workload: errors by when they were sent,
-/// hit rate by phase, what the returned pod served, Envoy's view of it.
+/// hit rate by phase, when Envoy's health check and the filter noticed the
+/// pod gone and back, where its groups went, what it served after its
+/// return, and Envoy's connect failures to it and retries.
 pub fn live_table(w: &WorkloadResult, pods: &[String]) -> Table {
     let victim = format!("pod-{}", LIVE_FLEET_POD + 1);
     let mut t = Table::new(
@@ -823,9 +867,11 @@ pub fn live_table(w: &WorkloadResult, pods: &[String]) -> Table {
             ">2 s after",
             "hit rate",
             "before/outage/after",
-            "TTFT p50",
-            "p90 ms",
+            "TTFT p50 ms",
             "requests per pod",
+            "seen down s (Envoy/filter)",
+            &format!("{victim}'s groups: pods each"),
+            "seen back s (Envoy/filter)",
             &format!("{victim} after return"),
             "first after (s)",
             &format!("{victim} connect fails"),
@@ -833,6 +879,7 @@ pub fn live_table(w: &WorkloadResult, pods: &[String]) -> Table {
         ],
     );
     let h = |v: Option<f64>| v.map_or("-".into(), |h| num(h, 2));
+    let after = |at: Option<f64>, from: f64| at.map_or("-".into(), |v| num((v - from) / 1000.0, 2));
     for r in &w.results {
         let (Some(s), Some(l)) = (&r.stats, &r.live) else {
             t.row(&[r.router.key(), "skipped (see notes)"]);
@@ -843,6 +890,14 @@ pub fn live_table(w: &WorkloadResult, pods: &[String]) -> Table {
                 "-".to_string()
             } else {
                 l.upstream.get(k).copied().unwrap_or(0).to_string()
+            }
+        };
+        let tl = &l.timeline;
+        let seen = |envoy: Option<f64>, filter: Option<f64>, from: f64| {
+            if r.router.is_filter() {
+                format!("{}/{}", after(envoy, from), after(filter, from))
+            } else {
+                after(envoy, from)
             }
         };
         t.row(&[
@@ -860,8 +915,12 @@ pub fn live_table(w: &WorkloadResult, pods: &[String]) -> Table {
                 h(l.after.hit_rate)
             ),
             ms(&s.ttft_ms, |x| x.p50),
-            ms(&s.ttft_ms, |x| x.p90),
             s.pod_counts_label(pods),
+            seen(tl.envoy_down_ms, tl.filter_down_ms, tl.kill_ms),
+            l.pods_per_moved_group.map_or("-".into(), |v| {
+                format!("{} ({})", num(v, 2), l.groups_moved)
+            }),
+            seen(tl.envoy_up_ms, tl.filter_up_ms, tl.back_ms),
             l.served_after_return.to_string(),
             l.first_after_return_ms
                 .map_or("never".into(), |v| num(v / 1000.0, 1)),
@@ -1444,7 +1503,7 @@ mod tests {
     #[test]
     fn live_fleet_mixes_groups_and_fresh_prompts_and_schedules_the_outage() {
         let mut args = CompareArgs::defaults();
-        args.groups = 4;
+        args.live_groups = 4;
         args.system_tokens = 64;
         args.question_tokens = 8;
         args.live_secs = 6.0;
