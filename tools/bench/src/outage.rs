@@ -218,6 +218,13 @@ pub struct OutageFacts {
     /// How many pods served each of those groups in that time, on average:
     /// 1.0 = each moved to one other pod, more = scattered.
     pub pods_per_moved_group: Option<f64>,
+    /// Of the groups at home on the pod before the kill, how many it served
+    /// again after its return (its cache is cold then: their records in a
+    /// router's table are stale).
+    pub old_groups_back: usize,
+    /// Requests of those groups it served after its return that missed
+    /// (less than half the prompt cached).
+    pub old_group_misses_after_return: usize,
     /// Envoy's counters for the pod's address (`/clusters`; the address is
     /// the same before and after the restart) and its cluster's retries.
     pub upstream: BTreeMap<String, i64>,
@@ -249,7 +256,29 @@ impl OutageFacts {
             families,
             pod,
         );
+        let homes = homes(sent_in(f64::NEG_INFINITY, t.kill_ms), families);
+        let old_back: Vec<&Outcome> = back
+            .iter()
+            .copied()
+            .filter(|o| {
+                families
+                    .get(o.index)
+                    .copied()
+                    .flatten()
+                    .and_then(|g| homes.get(&g))
+                    == Some(&pod)
+            })
+            .collect();
+        let old_groups: BTreeSet<Option<usize>> = old_back
+            .iter()
+            .map(|o| families.get(o.index).copied().flatten())
+            .collect();
         OutageFacts {
+            old_groups_back: old_groups.len(),
+            old_group_misses_after_return: old_back
+                .iter()
+                .filter(|o| o.cached_tokens.unwrap_or(0) * 2 < o.prompt_tokens.unwrap_or(0))
+                .count(),
             groups_moved,
             pods_per_moved_group,
             pod: pod.to_string(),
@@ -267,6 +296,27 @@ impl OutageFacts {
     }
 }
 
+/// Each group's home in `outcomes`: the pod that served most of its ok
+/// requests.
+fn homes<'a>(
+    outcomes: impl Iterator<Item = &'a Outcome>,
+    families: &[Option<usize>],
+) -> BTreeMap<usize, &'a str> {
+    let mut served: BTreeMap<usize, BTreeMap<&str, usize>> = BTreeMap::new();
+    for o in outcomes.filter(|o| o.ok()) {
+        if let (Some(g), Some(p)) = (families.get(o.index).copied().flatten(), o.pod.as_deref()) {
+            *served.entry(g).or_default().entry(p).or_default() += 1;
+        }
+    }
+    served
+        .into_iter()
+        .filter_map(|(g, counts)| {
+            let (p, _) = counts.into_iter().max_by_key(|(_, n)| *n)?;
+            Some((g, p))
+        })
+        .collect()
+}
+
 /// The groups at home on `pod` in `before` that were sent in `outage`, and
 /// the mean number of pods that served each of them there.
 fn moved_groups<'a>(
@@ -276,16 +326,8 @@ fn moved_groups<'a>(
     pod: &str,
 ) -> (usize, Option<f64>) {
     let family = |o: &Outcome| families.get(o.index).copied().flatten();
-    let mut served: BTreeMap<usize, BTreeMap<&str, usize>> = BTreeMap::new();
-    for o in before.filter(|o| o.ok()) {
-        if let (Some(g), Some(p)) = (family(o), o.pod.as_deref()) {
-            *served.entry(g).or_default().entry(p).or_default() += 1;
-        }
-    }
-    let home = |g: usize| {
-        let counts = served.get(&g)?;
-        counts.iter().max_by_key(|(_, n)| **n).map(|(p, _)| *p)
-    };
+    let homes = homes(before, families);
+    let home = |g: usize| homes.get(&g).copied();
     let mut pods_of: BTreeMap<usize, BTreeSet<&str>> = BTreeMap::new();
     for o in outage.filter(|o| o.ok()) {
         if let (Some(g), Some(p)) = (family(o), o.pod.as_deref()) {
@@ -440,6 +482,8 @@ mod tests {
         ];
         let f = OutageFacts::of(&outcomes, &families, "pod-2", t);
         assert_eq!((f.groups_moved, f.pods_per_moved_group), (1, Some(2.0)));
+        // #8: group 0 back on pod-2 after its return, a miss (cold cache).
+        assert_eq!((f.old_groups_back, f.old_group_misses_after_return), (1, 1));
         let f = OutageFacts::of(&outcomes, &families, "pod-1", t);
         assert_eq!((f.groups_moved, f.pods_per_moved_group), (1, Some(1.0)));
         let f = OutageFacts::of(&outcomes, &families, "pod-4", t);

@@ -853,7 +853,9 @@ pub fn table(w: &WorkloadResult, pods: &[String]) -> Table {
 /// The table of the live-fleet workload: errors by when they were sent,
 /// hit rate by phase, when Envoy's health check and the filter noticed the
 /// pod gone and back, where its groups went, what it served after its
-/// return, and Envoy's connect failures to it and retries.
+/// return (and how much of that were its old groups, whose records in the
+/// filter's table outlive its cache), and Envoy's connect failures to it and
+/// retries.
 pub fn live_table(w: &WorkloadResult, pods: &[String]) -> Table {
     let victim = format!("pod-{}", LIVE_FLEET_POD + 1);
     let mut t = Table::new(
@@ -873,6 +875,7 @@ pub fn live_table(w: &WorkloadResult, pods: &[String]) -> Table {
             &format!("{victim}'s groups: pods each"),
             "seen back s (Envoy/filter)",
             &format!("{victim} after return"),
+            "of its old groups (misses)",
             "first after (s)",
             &format!("{victim} connect fails"),
             "retries",
@@ -922,6 +925,10 @@ pub fn live_table(w: &WorkloadResult, pods: &[String]) -> Table {
             }),
             seen(tl.envoy_up_ms, tl.filter_up_ms, tl.back_ms),
             l.served_after_return.to_string(),
+            format!(
+                "{} ({})",
+                l.old_groups_back, l.old_group_misses_after_return
+            ),
             l.first_after_return_ms
                 .map_or("never".into(), |v| num(v / 1000.0, 1)),
             up("cx_connect_fail"),
@@ -1075,14 +1082,18 @@ fn live_targets(w: &WorkloadResult) -> Vec<Target> {
     let f = get(Router::Filter);
     let rr = get(Router::RoundRobin);
     let f3 = |v: Option<f64>| v.map_or("-".into(), |v| num(v, 3));
-    let errs =
-        |x: Option<(&Stats, &OutageFacts)>| x.map_or("-".into(), |(s, _)| s.errors.to_string());
+    let errs = |x: Option<(&Stats, &OutageFacts)>| {
+        x.map_or("-".into(), |(_, l)| l.errors_after_kill.to_string())
+    };
     let hit = |x: Option<(&Stats, &OutageFacts)>| x.and_then(|(s, _)| s.hit_rate);
     vec![
+        // Requests in flight on the pod when it dies fail under any router
+        // (their replies have started): compare what was sent after.
         target(
-            "live fleet: filter client errors <= round robin's",
+            "live fleet: filter errors among requests sent after the kill <= round robin's",
             format!("{} vs {}", errs(f), errs(rr)),
-            f.zip(rr).map(|((a, _), (b, _))| a.errors <= b.errors),
+            f.zip(rr)
+                .map(|((_, a), (_, b))| a.errors_after_kill <= b.errors_after_kill),
         ),
         target(
             "live fleet: filter hit rate > round robin's",
