@@ -113,6 +113,7 @@ pub async fn drive(
                 };
                 let mut o = runner.send(i % targets, i, &requests[i]).await;
                 o.start_ms = t0.duration_since(started).as_secs_f64() * 1000.0;
+                o.family = requests[i].family;
                 progress.record(&o);
                 o
             }

@@ -24,6 +24,7 @@ pub mod commands;
 pub mod drive;
 pub mod fleet;
 pub mod metrics;
+pub mod outage;
 pub mod peer;
 pub mod percentiles;
 pub mod procstat;

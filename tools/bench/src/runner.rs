@@ -39,6 +39,10 @@ pub enum Pacing {
 pub struct Outcome {
     /// Position in the workload.
     pub index: usize,
+    /// The request's prefix group or session ([`Request::family`]; set by
+    /// [`crate::drive::drive`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub family: Option<usize>,
     /// Index of the target (base URL) it was sent to.
     pub target: usize,
     /// When it was sent, ms after the run started.

@@ -7,6 +7,12 @@
 //!
 //! Envoy configs name four pods; with fewer backends the unused endpoints are
 //! removed from the rendered config and from the plugin JSON.
+//!
+//! On a live fleet ([`GatewayOptions::eds`]) the Envoy routers run on the
+//! EDS-fed configs instead: round robin on `envoy/plain-eds.yaml`, the filter
+//! on `envoy/eds.yaml` (membership and health from Envoy's admin), both with
+//! the same active health check and retry policy. The EDS file they read
+//! (`envoy/eds/pods.yaml`) is rendered onto the backends like the config.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -90,6 +96,32 @@ impl Router {
         matches!(self, Router::Sglang | Router::Vllm)
     }
 
+    /// One line of what runs, on the static pods or, with `opts.eds`, on
+    /// the live fleet.
+    pub fn describe_with(self, opts: &GatewayOptions) -> String {
+        match (opts.eds, self) {
+            (true, Router::RoundRobin) => {
+                "Envoy, envoy/plain-eds.yaml (EDS-fed pods, /health check, \
+                 retry; round robin, no filter)"
+                    .into()
+            }
+            (true, Router::Filter) => "one Envoy with the filter, envoy/eds.yaml (EDS-fed pods, \
+                 members and health from Envoy's admin, passive cooldown, /health check, retry)"
+                .into(),
+            _ => self.describe(opts.sync_period_ms),
+        }
+    }
+
+    /// Whether the router runs on a live fleet ([`GatewayOptions::eds`]):
+    /// the peers (their own worker list) and the single Envoys, which have
+    /// EDS-fed configs; the 3-Envoy fleets have none yet.
+    pub fn has_eds_variant(self) -> bool {
+        matches!(
+            self,
+            Router::RoundRobin | Router::Filter | Router::Sglang | Router::Vllm
+        )
+    }
+
     /// Uses the filter (has filter stats).
     pub fn is_filter(self) -> bool {
         matches!(
@@ -137,6 +169,11 @@ pub struct GatewayOptions {
     /// Off = a cold fleet on an empty Redis, whose replicas cannot poll
     /// until the first cycle after the first write (see the README notes).
     pub warm_sync: bool,
+    /// A live fleet: the Envoy routers' `pods` cluster is fed by EDS from a
+    /// file, with an active health check and route retries
+    /// (`plain-eds.yaml`, `eds.yaml`); the gateway starts once Envoy (and the
+    /// filter's membership) sees every backend healthy.
+    pub eds: bool,
 }
 
 impl Default for GatewayOptions {
@@ -146,6 +183,7 @@ impl Default for GatewayOptions {
             single_concurrency: 2,
             replica_concurrency: 1,
             warm_sync: true,
+            eds: false,
         }
     }
 }
@@ -173,6 +211,9 @@ impl Gateway {
             redis: None,
             peer: None,
         };
+        if opts.eds && !router.has_eds_variant() {
+            return Err(format!("{} has no live-fleet (EDS) variant", router.key()));
+        }
         let sync = |write_through| SyncPatch {
             period_ms: opts.sync_period_ms,
             write_through,
@@ -184,7 +225,11 @@ impl Gateway {
                 gw.envoys.push(start_envoy(
                     dir,
                     "plain",
-                    "plain.yaml",
+                    if opts.eds {
+                        "plain-eds.yaml"
+                    } else {
+                        "plain.yaml"
+                    },
                     backends,
                     0,
                     opts.single_concurrency,
@@ -195,7 +240,7 @@ impl Gateway {
                 gw.envoys.push(start_envoy(
                     dir,
                     "filter",
-                    "single.yaml",
+                    if opts.eds { "eds.yaml" } else { "single.yaml" },
                     backends,
                     0,
                     opts.single_concurrency,
@@ -257,6 +302,11 @@ impl Gateway {
                 gw.peer = Some(Peer::start(kind, "cache_aware", &workers, dir)?);
             }
         }
+        if opts.eds {
+            for e in &gw.envoys {
+                wait_all_healthy(e, backends.len(), router.is_filter())?;
+            }
+        }
         Ok(gw)
     }
 
@@ -315,6 +365,39 @@ fn warm_up_sync(envoys: &[Envoy], timeout: Duration) -> Result<(), String> {
     Ok(())
 }
 
+/// The filter's worker tick (src/host/root.rs): how often a worker VM
+/// reads the membership the singleton publishes.
+const WORKER_TICK: Duration = Duration::from_millis(250);
+
+/// Waits until Envoy's health checks pass on all `n` hosts of cluster
+/// `pods` and, with the filter, until its singleton has published them and
+/// the workers have had time to read them.
+fn wait_all_healthy(e: &Envoy, n: usize, filter: bool) -> Result<(), String> {
+    let n = n as i64;
+    let envoy_sees = || {
+        e.stats_matching(r"^cluster\.pods\.membership_healthy$")
+            .values()
+            .sum::<i64>()
+            == n
+    };
+    let filter_sees = || !filter || e.router_stat("prefix_router.membership.healthy") == n;
+    if support::wait_until(Duration::from_secs(20), || envoy_sees() && filter_sees()) {
+        if filter {
+            // The singleton has published the members; each worker reads
+            // them on its next tick (every 250 ms). Until then it passes
+            // requests through (`passthrough.no_endpoints`).
+            std::thread::sleep(WORKER_TICK * 2 + Duration::from_millis(100));
+        }
+        Ok(())
+    } else {
+        Err(format!(
+            "not all {n} pods healthy after 20 s (Envoy: {}, filter: {})",
+            envoy_sees(),
+            filter_sees()
+        ))
+    }
+}
+
 /// Sums the same stat over replicas.
 pub fn sum_stat(stats: &[BTreeMap<String, i64>], name: &str) -> i64 {
     stats.iter().filter_map(|s| s.get(name)).sum()
@@ -354,14 +437,16 @@ pub fn start_envoy(
             redis_port
         },
     };
-    let rendered = support::render_config(dir, template, &ports, &mut |c: &mut Value| {
+    let mut plugin = |c: &mut Value| {
         if c.get("endpoints").is_some() {
             c["endpoints"] = json!(endpoints);
         }
         patch(c);
-    });
+    };
+    let rendered = support::render_config(dir, template, &ports, &mut plugin);
     let text = std::fs::read_to_string(&rendered).map_err(|e| e.to_string())?;
     let text = drop_endpoints(&text, &unused);
+    let text = render_sources(&text, dir, name, &ports, &unused, &mut plugin)?;
     let config = dir.join(&format!("{name}.envoy.yaml"));
     std::fs::write(&config, text).map_err(|e| e.to_string())?;
     if rendered != config {
@@ -373,6 +458,48 @@ pub fn start_envoy(
     };
     Envoy::start(&config, &ports, dir.join(&format!("{name}.log")), &options)
         .map_err(|e| format!("Envoy {name}: {e}"))
+}
+
+/// Renders every file a config reads through `path_config_source` from
+/// `envoy/` (eds.yaml's EDS file, lds.yaml's listener) as the config itself
+/// is rendered (ports, module path, plugin JSON, unused endpoints dropped)
+/// into `dir` as `<name>.<path with - for />`, and points the config at it.
+fn render_sources(
+    yaml: &str,
+    dir: &TestDir,
+    name: &str,
+    ports: &Ports,
+    unused: &[u16],
+    plugin: &mut dyn FnMut(&mut Value),
+) -> Result<String, String> {
+    let mut out = yaml.to_string();
+    for rel in config_sources(yaml) {
+        let Some(file) = rel.strip_prefix("envoy/") else {
+            continue;
+        };
+        let text = support::substitute_ports(&support::envoy_template(file), ports).replace(
+            support::WASM_REL_PATH,
+            &support::wasm_module().display().to_string(),
+        );
+        let text = drop_endpoints(&support::patch_plugin_json(&text, plugin), unused);
+        let path = dir.join(&format!("{name}.{}", file.replace('/', "-")));
+        std::fs::write(&path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
+        out = out.replace(
+            &format!("path: {rel} "),
+            &format!("path: {} ", path.display()),
+        );
+    }
+    Ok(out)
+}
+
+/// The paths of `path_config_source: { path: <path> }` in a config.
+pub fn config_sources(yaml: &str) -> Vec<String> {
+    const KEY: &str = "path_config_source: { path: ";
+    yaml.lines()
+        .filter_map(|l| l.split_once(KEY))
+        .filter_map(|(_, rest)| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
 }
 
 /// Removes the cluster endpoint lines of the given ports from a rendered
@@ -434,16 +561,34 @@ impl PodModel {
 /// Fresh podsim pods `pod-1..pod-n` (cold caches).
 pub struct PodSet {
     pub pods: Vec<Pod>,
+    /// The podsim flags, for a restart.
+    args: Vec<String>,
 }
 
 impl PodSet {
     pub fn start(dir: &TestDir, n: usize, model: &PodModel) -> PodSet {
         let args = model.args();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let flags: Vec<&str> = args.iter().map(String::as_str).collect();
         let pods = (1..=n)
-            .map(|i| Pod::start_with(dir, &format!("pod-{i}"), support::free_port(), &args))
+            .map(|i| Pod::start_with(dir, &format!("pod-{i}"), support::free_port(), &flags))
             .collect();
-        PodSet { pods }
+        PodSet { pods, args }
+    }
+
+    /// Kills pod `i` (SIGKILL: in-flight requests are cut off).
+    pub fn kill(&mut self, i: usize) {
+        self.pods[i].kill();
+    }
+
+    /// Starts pod `i` again, same name, port and flags, cold cache (killing
+    /// it first if it still runs); returns when it accepts connections.
+    pub fn restart(&mut self, dir: &TestDir, i: usize) {
+        self.pods[i].kill();
+        let (name, port) = (self.pods[i].name.clone(), self.pods[i].port);
+        // Its ready file from the first start would count as ready at once.
+        let _ = std::fs::remove_file(dir.join(&format!("{name}.ready")));
+        let flags: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.pods[i] = Pod::start_with(dir, &name, port, &flags);
     }
 
     pub fn ports(&self) -> Vec<u16> {
@@ -503,6 +648,23 @@ mod tests {
             out.contains("b: { port_value: 4002 }"),
             "only endpoint lines go"
         );
+    }
+
+    #[test]
+    fn config_sources_are_found() {
+        let yaml = "a: 1\n          path_config_source: { path: envoy/eds/pods.yaml }\nb: 2\n";
+        assert_eq!(
+            config_sources(yaml),
+            vec!["envoy/eds/pods.yaml".to_string()]
+        );
+        assert!(config_sources("a: 1\n").is_empty());
+        let eds = support::envoy_template("eds.yaml");
+        assert_eq!(
+            config_sources(&eds),
+            vec!["envoy/eds/pods.yaml".to_string()]
+        );
+        let plain = support::envoy_template("plain-eds.yaml");
+        assert_eq!(config_sources(&plain), config_sources(&eds));
     }
 
     #[test]

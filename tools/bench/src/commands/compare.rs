@@ -15,15 +15,24 @@
 //!   prefix new in the first wave, reused in the second), one request at a
 //!   time: where do new prefixes go when every pod is idle?
 //! - `chat`: multi-turn sessions resending a growing history, Poisson;
-//! - `no-sharing`: unique prompts, the control, Poisson.
+//! - `no-sharing`: unique prompts, the control, Poisson;
+//! - `live-fleet`: a pod leaves and returns mid-run (killed at 1/3 of the
+//!   run, restarted on its port at 2/3) under a steady shared-prefix load
+//!   with fresh prompts mixed in (Poisson, `--live-rate` for `--live-secs`);
+//!   the Envoys run on EDS-fed pods with a health check and retries
+//!   (`plain-eds.yaml`, the filter on `eds.yaml`; see [`crate::outage`]).
+//!   Errors, hit rate before/during/after the outage and what the returned
+//!   pod served are reported beside round robin's. The 3-Envoy fleets have no
+//!   EDS variant and are skipped.
 //!
 //! The default Poisson rate is derived, not tuned: the rate at which a router
 //! that never hits the cache keeps the pods `--load` (75 %) busy, from the pod
 //! model's service time of the workload's mean prompt.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -31,6 +40,7 @@ use serde_json::{json, Value};
 use crate::chart::{self, Panel};
 use crate::drive::drive;
 use crate::metrics::{spread_label, Stats};
+use crate::outage::{self, Outage, OutageFacts, Timeline};
 use crate::peer::peers_installed;
 use crate::percentiles::Summary;
 use crate::procstat::{Load, LoadMeter};
@@ -54,14 +64,16 @@ pub enum WorkloadKind {
     Concurrency1,
     Chat,
     NoSharing,
+    LiveFleet,
 }
 
 impl WorkloadKind {
-    pub const ALL: [WorkloadKind; 4] = [
+    pub const ALL: [WorkloadKind; 5] = [
         WorkloadKind::SharedPrefix,
         WorkloadKind::Concurrency1,
         WorkloadKind::Chat,
         WorkloadKind::NoSharing,
+        WorkloadKind::LiveFleet,
     ];
 
     pub fn key(self) -> &'static str {
@@ -70,6 +82,7 @@ impl WorkloadKind {
             WorkloadKind::Concurrency1 => "concurrency-1",
             WorkloadKind::Chat => "chat",
             WorkloadKind::NoSharing => "no-sharing",
+            WorkloadKind::LiveFleet => "live-fleet",
         }
     }
 }
@@ -87,7 +100,7 @@ pub fn parse_workloads(s: &str) -> Result<Vec<WorkloadKind>, String> {
                 .find(|w| w.key() == p.trim())
                 .ok_or_else(|| {
                     format!(
-                        "unknown workload {p:?}; one of: all, shared-prefix, concurrency-1, chat, no-sharing"
+                        "unknown workload {p:?}; one of: all, shared-prefix, concurrency-1, chat, no-sharing, live-fleet"
                     )
                 })
         })
@@ -117,6 +130,11 @@ pub struct CompareArgs {
     pub output_tokens: u32,
     pub sessions: usize,
     pub turns: usize,
+    /// live-fleet: length of the run, s, its Poisson rate, req/s, and its
+    /// prefix groups.
+    pub live_secs: f64,
+    pub live_rate: f64,
+    pub live_groups: usize,
     pub pod: PodModel,
     pub sync_period_ms: u64,
     /// Every request on a new connection (no keep-alive).
@@ -146,6 +164,9 @@ impl CompareArgs {
             output_tokens: 32,
             sessions: 32,
             turns: 8,
+            live_secs: 45.0,
+            live_rate: 20.0,
+            live_groups: 16,
             pod: PodModel {
                 slots: 4,
                 prefill_us_per_token: 50.0,
@@ -232,6 +253,17 @@ pub struct CompareCli {
     pub sessions: usize,
     #[arg(long, default_value_t = 8)]
     pub turns: usize,
+    /// live-fleet: seconds of traffic (pod-2 killed at 1/3, back at 2/3).
+    #[arg(long, default_value_t = 45.0)]
+    pub live_secs: f64,
+    /// live-fleet: Poisson rate, req/s (not derived from --load).
+    #[arg(long, default_value_t = 20.0)]
+    pub live_rate: f64,
+    /// live-fleet: prefix groups (fewer than --groups: the pods' caches hold
+    /// them with the fresh prompts, so misses come from routing, not from
+    /// cache pressure).
+    #[arg(long, default_value_t = 16)]
+    pub live_groups: usize,
     /// podsim --slots.
     #[arg(long, default_value_t = 4)]
     pub slots: u32,
@@ -285,6 +317,9 @@ impl CompareCli {
             output_tokens: self.output_tokens,
             sessions: self.sessions,
             turns: self.turns,
+            live_secs: self.live_secs,
+            live_rate: self.live_rate,
+            live_groups: self.live_groups,
             pod: PodModel {
                 slots: self.slots,
                 prefill_us_per_token: self.prefill_us,
@@ -320,6 +355,8 @@ pub struct Built {
     pub description: String,
     /// Mean prompt, tokens (podsim's 4 bytes per token).
     pub mean_prompt_tokens: f64,
+    /// A pod that leaves and returns during the run (live-fleet).
+    pub outage: Option<Outage>,
 }
 
 fn body(args: &CompareArgs) -> BodyOptions {
@@ -400,6 +437,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 mean_prompt_tokens: mean_tokens(&requests),
                 requests,
                 pacing,
+                outage: None,
             }
         }
         WorkloadKind::Concurrency1 => {
@@ -414,6 +452,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 mean_prompt_tokens: mean_tokens(&requests),
                 requests,
                 pacing: Pacing::Closed { concurrency: 1 },
+                outage: None,
             }
         }
         WorkloadKind::Chat => {
@@ -441,6 +480,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 mean_prompt_tokens: mean_tokens(&requests),
                 requests,
                 pacing,
+                outage: None,
             }
         }
         WorkloadKind::NoSharing => {
@@ -463,7 +503,79 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 mean_prompt_tokens: mean_tokens(&requests),
                 requests,
                 pacing,
+                outage: None,
             }
+        }
+        WorkloadKind::LiveFleet => {
+            let total = ((args.live_rate * args.live_secs).round() as usize).max(4);
+            let fresh_count = total / 4;
+            let shared_count = total - fresh_count;
+            let groups = args.live_groups.max(1);
+            let ppg = shared_count.div_ceil(groups);
+            let mut shared = shared_prefix(&gsp(groups, ppg, Order::Shuffled));
+            shared.truncate(shared_count);
+            // Not the shared-prefix seed: its first prompt would start with
+            // group 0's system prompt.
+            let fresh = no_sharing(&NoSharing {
+                count: fresh_count,
+                prompt_len: (args.system_tokens + args.question_tokens) * BYTES_PER_TOKEN,
+                api: Api::Completions,
+                body: body(args),
+                seed: args.seed ^ 0x11FE_F1EE_7000_0000,
+            });
+            let requests = interleave_every_fourth(shared, fresh);
+            let secs = args.live_secs;
+            let outage = Outage {
+                pod: LIVE_FLEET_POD,
+                kill_at: Duration::from_secs_f64(secs / 3.0),
+                return_at: Duration::from_secs_f64(secs * 2.0 / 3.0),
+            };
+            Built {
+                kind,
+                description: format!(
+                    "{total} requests, Poisson {} req/s (~{secs:.0} s): 3 in 4 from {} shared-prefix \
+                     groups ({}-token system prompt + {}-token question, shuffled), 1 in 4 a fresh \
+                     {}-token prompt; pod-{} killed at {:.0} s, restarted on its port (cold cache) \
+                     at {:.0} s; Envoy on EDS-fed pods with a /health check every 1 s and one \
+                     retry on connect-failure/refused-stream/reset",
+                    args.live_rate,
+                    groups,
+                    args.system_tokens,
+                    args.question_tokens,
+                    args.system_tokens + args.question_tokens,
+                    LIVE_FLEET_POD + 1,
+                    outage.kill_at.as_secs_f64(),
+                    outage.return_at.as_secs_f64(),
+                ),
+                mean_prompt_tokens: mean_tokens(&requests),
+                requests,
+                pacing: Pacing::Poisson {
+                    rate_per_sec: args.live_rate,
+                    seed: args.seed,
+                },
+                outage: Some(outage),
+            }
+        }
+    }
+}
+
+/// live-fleet: the pod that leaves and returns (index: `pod-2`).
+pub const LIVE_FLEET_POD: usize = 1;
+
+/// `shared` with one of `fresh` at every fourth position (3, 7, ...), the
+/// rest of either appended.
+fn interleave_every_fourth(shared: Vec<Request>, fresh: Vec<Request>) -> Vec<Request> {
+    let mut out = Vec::with_capacity(shared.len() + fresh.len());
+    let (mut shared, mut fresh) = (shared.into_iter(), fresh.into_iter());
+    loop {
+        let next = if out.len() % 4 == 3 {
+            fresh.next().or_else(|| shared.next())
+        } else {
+            shared.next().or_else(|| fresh.next())
+        };
+        match next {
+            Some(r) => out.push(r),
+            None => return out,
         }
     }
 }
@@ -479,6 +591,10 @@ pub struct FilterCounters {
     pub sync_poll_applied: i64,
     pub sync_cycles_failed: i64,
     pub cas_exhausted: i64,
+    /// Pods taken out after a failed request (`fleet.passive_cooldowns`).
+    pub passive_cooldowns: i64,
+    /// `passthrough` by reason (`no_endpoints`, ...), the non-zero ones.
+    pub passthrough_reasons: BTreeMap<String, i64>,
 }
 
 /// One router on one workload.
@@ -497,6 +613,9 @@ pub struct RunResult {
     pub pod_evicted_blocks: f64,
     pub load: Option<Load>,
     pub wall_s: f64,
+    /// live-fleet: what the run shows about the pod that left and returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<OutageFacts>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub outcomes: Vec<Outcome>,
 }
@@ -510,9 +629,14 @@ pub fn run_one(
     opts: &GatewayOptions,
 ) -> RunResult {
     let wall = Instant::now();
+    // A live fleet runs the Envoys on EDS-fed pods.
+    let opts = &GatewayOptions {
+        eds: built.outage.is_some(),
+        ..opts.clone()
+    };
     let mut result = RunResult {
         router,
-        description: router.describe(opts.sync_period_ms),
+        description: router.describe_with(opts),
         skipped: None,
         stats: None,
         filter: None,
@@ -521,6 +645,7 @@ pub fn run_one(
         pod_evicted_blocks: 0.0,
         load: None,
         wall_s: 0.0,
+        live: None,
         outcomes: Vec::new(),
     };
     if router.is_peer() && !peers_installed() {
@@ -528,8 +653,18 @@ pub fn run_one(
             Some("peers venv missing: run scripts/bench/setup-peers.sh (make bench does)".into());
         return result;
     }
+    if let Some(o) = &built.outage {
+        if !router.has_eds_variant() {
+            result.skipped = Some("no live-fleet variant (no EDS-fed sync config yet)".into());
+            return result;
+        }
+        if o.pod >= args.pods {
+            result.skipped = Some(format!("live-fleet needs at least {} pods", o.pod + 1));
+            return result;
+        }
+    }
     let dir = TestDir::new(&format!("cmp-{}-{}", built.kind.key(), router.key()));
-    let pods = PodSet::start(&dir, args.pods, &args.pod_model());
+    let mut pods = PodSet::start(&dir, args.pods, &args.pod_model());
     let gateway = match Gateway::start(router, &pods.ports(), &dir, opts) {
         Ok(g) => g,
         Err(e) => {
@@ -543,14 +678,48 @@ pub fn run_one(
     // Counters before the traffic (warm-up requests), subtracted below.
     let before = gateway.filter_stats();
     let meter = LoadMeter::start();
-    let outcomes = rt.block_on(drive(
-        &urls,
-        &built.requests,
-        built.pacing,
-        &label,
-        args.fresh_connections,
-    ));
+    // With an outage: when Envoy's health check and the filter notice it.
+    let watch = built.outage.as_ref().and_then(|o| {
+        gateway.envoys.first().map(|e| outage::Watch {
+            admin: e.admin,
+            pod_port: pods.pods[o.pod].port,
+            filter_all: router.is_filter().then_some(args.pods as i64),
+        })
+    });
+    let (outcomes, timeline) = match &built.outage {
+        Some(o) => outage::drive_with_outage(
+            rt,
+            &urls,
+            &built.requests,
+            built.pacing,
+            &label,
+            args.fresh_connections,
+            &mut pods,
+            &dir,
+            o,
+            watch,
+        ),
+        None => (
+            rt.block_on(drive(
+                &urls,
+                &built.requests,
+                built.pacing,
+                &label,
+                args.fresh_connections,
+            )),
+            Timeline::default(),
+        ),
+    };
     result.load = Some(meter.finish());
+    if let Some(o) = &built.outage {
+        let pod = &pods.pods[o.pod];
+        let families: Vec<Option<usize>> = built.requests.iter().map(|r| r.family).collect();
+        let mut facts = OutageFacts::of(&outcomes, &families, &pod.name, timeline);
+        if let Some(e) = gateway.envoys.first() {
+            facts.upstream = outage::upstream_counters(e, pod.port);
+        }
+        result.live = Some(facts);
+    }
     let fs = gateway.filter_stats();
     if router.is_filter() {
         let sum = |n: &str| {
@@ -566,8 +735,11 @@ pub fn run_one(
             sync_poll_applied: sum("sync.poll_applied"),
             sync_cycles_failed: sum("sync.cycles_failed"),
             cas_exhausted: sum("table.cas_exhausted"),
+            passive_cooldowns: sum("fleet.passive_cooldowns"),
+            passthrough_reasons: passthrough_reasons(&fs, &before),
         });
     }
+    // (A pod restarted in a live-fleet run counts only since its return.)
     result.pod_hit_tokens = pods.metric_sum("vllm:prefix_cache_hits_total");
     result.pod_query_tokens = pods.metric_sum("vllm:prefix_cache_queries_total");
     result.pod_evicted_blocks = pods.metric_sum("podsim_kv_evicted_blocks_total");
@@ -580,13 +752,31 @@ pub fn run_one(
 }
 
 /// Requests the filter passed through unrouted, over replicas.
-fn passthrough(stats: &[std::collections::BTreeMap<String, i64>]) -> i64 {
+fn passthrough(stats: &[BTreeMap<String, i64>]) -> i64 {
     stats
         .iter()
         .flat_map(|s| s.iter())
         .filter(|(k, _)| k.starts_with("prefix_router.passthrough."))
         .map(|(_, v)| *v)
         .sum()
+}
+
+/// Requests passed through unrouted per reason, over replicas, `after` -
+/// `before`; reasons with none left out.
+fn passthrough_reasons(
+    after: &[BTreeMap<String, i64>],
+    before: &[BTreeMap<String, i64>],
+) -> BTreeMap<String, i64> {
+    let mut out: BTreeMap<String, i64> = BTreeMap::new();
+    for (stats, sign) in [(after, 1), (before, -1)] {
+        for (k, v) in stats.iter().flat_map(|s| s.iter()) {
+            if let Some(reason) = k.strip_prefix("prefix_router.passthrough.") {
+                *out.entry(reason.to_string()).or_default() += sign * v;
+            }
+        }
+    }
+    out.retain(|_, v| *v != 0);
+    out
 }
 
 fn first_line(s: &str) -> &str {
@@ -655,6 +845,94 @@ pub fn table(w: &WorkloadResult, pods: &[String]) -> Table {
             r.filter.as_ref().map_or("-".into(), |f| {
                 format!("{}/{}/{}", f.prefix_match, f.no_match, f.load_guard)
             }),
+        ]);
+    }
+    t
+}
+
+/// The table of the live-fleet workload: errors by when they were sent,
+/// hit rate by phase, when Envoy's health check and the filter noticed the
+/// pod gone and back, where its groups went, what it served after its
+/// return (and how much of that were its old groups, whose records in the
+/// filter's table outlive its cache), and Envoy's connect failures to it and
+/// retries.
+pub fn live_table(w: &WorkloadResult, pods: &[String]) -> Table {
+    let victim = format!("pod-{}", LIVE_FLEET_POD + 1);
+    let mut t = Table::new(
+        &format!("{}: {}", w.workload.key(), w.description),
+        &[
+            "router",
+            "ok/sent",
+            "err",
+            "in flight at kill",
+            "after kill",
+            ">2 s after",
+            "hit rate",
+            "before/outage/after",
+            "TTFT p50 ms",
+            "requests per pod",
+            "seen down s (Envoy/filter)",
+            &format!("{victim}'s groups: pods each"),
+            "seen back s (Envoy/filter)",
+            &format!("{victim} after return"),
+            "of its old groups (misses)",
+            "first after (s)",
+            &format!("{victim} connect fails"),
+            "retries",
+        ],
+    );
+    let h = |v: Option<f64>| v.map_or("-".into(), |h| num(h, 2));
+    let after = |at: Option<f64>, from: f64| at.map_or("-".into(), |v| num((v - from) / 1000.0, 2));
+    for r in &w.results {
+        let (Some(s), Some(l)) = (&r.stats, &r.live) else {
+            t.row(&[r.router.key(), "skipped (see notes)"]);
+            continue;
+        };
+        let up = |k: &str| {
+            if r.router.is_peer() {
+                "-".to_string()
+            } else {
+                l.upstream.get(k).copied().unwrap_or(0).to_string()
+            }
+        };
+        let tl = &l.timeline;
+        let seen = |envoy: Option<f64>, filter: Option<f64>, from: f64| {
+            if r.router.is_filter() {
+                format!("{}/{}", after(envoy, from), after(filter, from))
+            } else {
+                after(envoy, from)
+            }
+        };
+        t.row(&[
+            r.router.key().to_string(),
+            format!("{}/{}", s.ok, s.sent),
+            s.errors.to_string(),
+            l.errors_in_flight.to_string(),
+            l.errors_after_kill.to_string(),
+            l.errors_late.to_string(),
+            s.hit_rate.map_or("-".into(), |h| num(h, 3)),
+            format!(
+                "{}/{}/{}",
+                h(l.before.hit_rate),
+                h(l.outage.hit_rate),
+                h(l.after.hit_rate)
+            ),
+            ms(&s.ttft_ms, |x| x.p50),
+            s.pod_counts_label(pods),
+            seen(tl.envoy_down_ms, tl.filter_down_ms, tl.kill_ms),
+            l.pods_per_moved_group.map_or("-".into(), |v| {
+                format!("{} ({})", num(v, 2), l.groups_moved)
+            }),
+            seen(tl.envoy_up_ms, tl.filter_up_ms, tl.back_ms),
+            l.served_after_return.to_string(),
+            format!(
+                "{} ({})",
+                l.old_groups_back, l.old_group_misses_after_return
+            ),
+            l.first_after_return_ms
+                .map_or("never".into(), |v| num(v / 1000.0, 1)),
+            up("cx_connect_fail"),
+            up("upstream_rq_retry"),
         ]);
     }
     t
@@ -764,6 +1042,9 @@ pub fn targets(results: &[WorkloadResult]) -> Vec<Target> {
             ));
         }
     }
+    if let Some(w) = find(WorkloadKind::LiveFleet) {
+        out.extend(live_targets(w));
+    }
     if let Some(w) = find(WorkloadKind::Concurrency1) {
         let s = w.get(Router::Filter);
         out.push(target(
@@ -786,6 +1067,58 @@ pub fn targets(results: &[WorkloadResult]) -> Vec<Target> {
         });
     }
     out
+}
+
+/// The live-fleet checks: the filter fails no more than round robin, hits
+/// more, fails nothing once the pod could be known gone, and uses the pod
+/// again soon after it returns (the issue's 2 s and 5 s bounds).
+fn live_targets(w: &WorkloadResult) -> Vec<Target> {
+    let get = |r: Router| {
+        w.results
+            .iter()
+            .find(|x| x.router == r)
+            .and_then(|x| Some((x.stats.as_ref()?, x.live.as_ref()?)))
+    };
+    let f = get(Router::Filter);
+    let rr = get(Router::RoundRobin);
+    let f3 = |v: Option<f64>| v.map_or("-".into(), |v| num(v, 3));
+    let errs = |x: Option<(&Stats, &OutageFacts)>| {
+        x.map_or("-".into(), |(_, l)| l.errors_after_kill.to_string())
+    };
+    let hit = |x: Option<(&Stats, &OutageFacts)>| x.and_then(|(s, _)| s.hit_rate);
+    vec![
+        // Requests in flight on the pod when it dies fail under any router
+        // (their replies have started): compare what was sent after.
+        target(
+            "live fleet: filter errors among requests sent after the kill <= round robin's",
+            format!("{} vs {}", errs(f), errs(rr)),
+            f.zip(rr)
+                .map(|((_, a), (_, b))| a.errors_after_kill <= b.errors_after_kill),
+        ),
+        target(
+            "live fleet: filter hit rate > round robin's",
+            format!("{} vs {}", f3(hit(f)), f3(hit(rr))),
+            hit(f).zip(hit(rr)).map(|(a, b)| a > b),
+        ),
+        target(
+            "live fleet: filter, no failed request sent > 2 s after the kill",
+            f.map_or("-".into(), |(_, l)| format!("{} failed", l.errors_late)),
+            f.map(|(_, l)| l.errors_late == 0),
+        ),
+        target(
+            "live fleet: filter uses the returned pod within 5 s",
+            f.map_or("-".into(), |(_, l)| {
+                l.first_after_return_ms.map_or("never".into(), |v| {
+                    format!(
+                        "after {} s, {} requests",
+                        num(v / 1000.0, 1),
+                        l.served_after_return
+                    )
+                })
+            }),
+            f.map(|(_, l)| l.first_after_return_ms.is_some_and(|v| v <= 5000.0)),
+        ),
+    ]
 }
 
 fn pair(a: Option<Summary>, b: Option<Summary>) -> String {
@@ -994,7 +1327,11 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
         for &router in &args.routers {
             w.results.push(run_one(rt, &built, router, args, &opts));
         }
-        let t = table(&w, &pod_names).render();
+        let t = if kind == WorkloadKind::LiveFleet {
+            live_table(&w, &pod_names).render()
+        } else {
+            table(&w, &pod_names).render()
+        };
         print!("{t}");
         text.push_str(&t);
         results.push(w);
@@ -1113,6 +1450,7 @@ mod tests {
             pod_evicted_blocks: 0.0,
             load: None,
             wall_s: 0.0,
+            live: None,
             outcomes: Vec::new(),
         }
     }
@@ -1171,6 +1509,41 @@ mod tests {
         assert_eq!(v("concurrency 1: filter"), "PASS", "3/2 = 1.5");
         let all = t.iter().find(|x| x.name.contains("every router")).unwrap();
         assert!(all.detail.contains("sglang inf"), "{}", all.detail);
+    }
+
+    #[test]
+    fn live_fleet_mixes_groups_and_fresh_prompts_and_schedules_the_outage() {
+        let mut args = CompareArgs::defaults();
+        args.live_groups = 4;
+        args.system_tokens = 64;
+        args.question_tokens = 8;
+        args.live_secs = 6.0;
+        args.live_rate = 10.0;
+        let b = build(WorkloadKind::LiveFleet, &args);
+        assert_eq!(b.requests.len(), 60);
+        let fresh: Vec<usize> = (0..60)
+            .filter(|&i| b.requests[i].family.is_none())
+            .collect();
+        assert_eq!(fresh.len(), 15);
+        assert!(fresh.iter().all(|i| i % 4 == 3), "{fresh:?}");
+        // A fresh prompt shares no block-sized prefix with any group.
+        let prompt = |r: &Request| {
+            let v: Value = serde_json::from_str(&r.body).unwrap();
+            v["prompt"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v["messages"][0]["content"].as_str().unwrap().to_string())
+        };
+        for f in fresh.iter().map(|&i| prompt(&b.requests[i])) {
+            for g in b.requests.iter().filter(|r| r.family.is_some()) {
+                assert_ne!(f[..128], prompt(g)[..128]);
+            }
+        }
+        let o = b.outage.unwrap();
+        assert_eq!(o.pod, LIVE_FLEET_POD);
+        assert_eq!((o.kill_at.as_secs(), o.return_at.as_secs()), (2, 4));
+        assert!(matches!(b.pacing, Pacing::Poisson { rate_per_sec, .. } if rate_per_sec == 10.0));
+        assert!(build(WorkloadKind::SharedPrefix, &args).outage.is_none());
     }
 
     #[test]

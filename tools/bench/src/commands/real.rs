@@ -233,6 +233,7 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: RealCli) {
             pod_evicted_blocks: 0.0,
             load: None,
             wall_s: 0.0,
+            live: None,
             outcomes: Vec::new(),
         };
         if router.is_peer() && !peers_installed() {
