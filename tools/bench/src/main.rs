@@ -38,22 +38,24 @@ enum Command {
         #[arg(long, default_value_t = 2.5)]
         rate: f64,
     },
-    /// Benchmark: latency and CPU the filter adds (single.yaml vs plain.yaml).
+    /// Benchmark: latency and CPU the filter adds above the reference filter
+    /// (reference.yaml: pause, read the body, set one header) and plain Envoy.
     Overhead {
-        /// 8 KB requests per side (after warmup).
-        #[arg(long, default_value_t = 2000)]
+        /// 8 KB requests per side, each of the matched and new-prefix
+        /// workloads (after warmup).
+        #[arg(long, default_value_t = 5000)]
         requests: usize,
-        /// Rotating rounds of the 8 KB requests (short rounds cancel drift).
-        #[arg(long, default_value_t = 100)]
+        /// Rotating rounds of each 8 KB workload (short rounds cancel drift).
+        #[arg(long, default_value_t = 250)]
         rounds: usize,
-        /// 8 KB warmup requests per side.
+        /// 8 KB warmup requests per side and workload.
         #[arg(long, default_value_t = 200)]
         warmup: usize,
         /// Large requests per side, for the CPU measurement.
-        #[arg(long, default_value_t = 120)]
+        #[arg(long, default_value_t = 200)]
         big_requests: usize,
         /// Rotating rounds of the large requests.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 10)]
         big_rounds: usize,
         /// Size of the large prompts, KiB.
         #[arg(long, default_value_t = 400)]
