@@ -14,6 +14,7 @@
 
 pub mod config;
 pub mod fleet;
+pub mod foreign;
 pub mod handoff;
 pub mod hashing;
 pub mod liveness;

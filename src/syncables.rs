@@ -9,10 +9,14 @@
 //!   per pod, so routing weighs the fleet's load and not only its own.
 //!
 //! Pods travel by their stable name, never by slot. Remote facts are applied
-//! only for pods that are members here now (a slot is given to another pod
-//! only long after its pod left, see [`crate::fleet::registry`]), and their
-//! times are clamped to now, so a hostile or skewed writer cannot pin a fact
-//! beyond its idle expiry.
+//! to routing only for pods that are members here now (a slot is given to
+//! another pod only long after its pod left, see [`crate::registry`]), and
+//! their times are clamped to now, so a hostile or skewed writer cannot pin a
+//! fact beyond its idle expiry. Facts for other pods (another gateway's, e.g.
+//! an AIBrix gateway's) are kept, bounded, as [`ForeignFacts`] and carried in
+//! every value this replica writes: it never erases another writer's data,
+//! and a key naming a pod it does not know is never deleted as stale (it
+//! leaves by TTL).
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
@@ -21,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
 use crate::fleet::SharedView;
+use crate::foreign::ForeignFacts;
 use crate::handoff::{DirtySet, Touched};
 use crate::load::InflightCounters;
 use crate::registry::{NameRegistry, MAX_SLOTS};
@@ -55,9 +60,12 @@ pub struct PrefixCacheSync<S: SharedStore> {
     /// Model names by id, and when they were read (re-read every second:
     /// an id can name another model once its model retired).
     models: std::cell::RefCell<(Vec<Option<String>>, u32)>,
-    /// Remote facts dropped because their pod is not a member here or
-    /// their model has no id (counted, exported as `sync.facts_ignored`).
+    /// Remote facts not applied to routing because their pod is not a
+    /// member here or their model has no id (counted, exported as
+    /// `sync.facts_ignored`); they are kept in `foreign` when it has room.
     ignored: std::cell::Cell<u64>,
+    /// Other writers' entries, carried in what this replica pushes.
+    foreign: std::cell::RefCell<ForeignFacts>,
 }
 
 impl<S: SharedStore> PrefixCacheSync<S> {
@@ -68,6 +76,7 @@ impl<S: SharedStore> PrefixCacheSync<S> {
         clock: Clock,
         max_dirty: usize,
     ) -> Self {
+        let foreign_cap = settings.sync.foreign_max_entries;
         Self {
             fleet,
             namespace: settings.sync.namespaces.prefixcache.clone(),
@@ -82,7 +91,14 @@ impl<S: SharedStore> PrefixCacheSync<S> {
             skipped: std::cell::RefCell::new(Vec::new()),
             models: std::cell::RefCell::new((Vec::new(), 0)),
             ignored: std::cell::Cell::new(0),
+            foreign: std::cell::RefCell::new(ForeignFacts::new(foreign_cap)),
         }
+    }
+
+    /// Other writers' entries held, and how many were dropped at the caps.
+    pub fn foreign_stats(&self) -> (usize, u64) {
+        let f = self.foreign.borrow();
+        (f.len(), f.dropped())
     }
 
     /// Marks blocks a worker recorded, for the next push.
@@ -144,10 +160,12 @@ impl<S: SharedStore> PrefixCacheSync<S> {
     pub fn payload(&self, block: u64) -> Option<Vec<u8>> {
         let table = PrefixTable::new(&self.store, self.table);
         let records = table.block_records(block, self.now()).ok()?;
-        self.encode(&records)
+        self.encode(block, &records)
     }
 
-    fn encode(&self, records: &[Record]) -> Option<Vec<u8>> {
+    /// The value of `block`: this replica's records plus the other writers'
+    /// entries it pulled. None when this replica holds nothing of it.
+    fn encode(&self, block: u64, records: &[Record]) -> Option<Vec<u8>> {
         let mut p = BlockPayload::default();
         let fleet = self.fleet.borrow();
         for r in records {
@@ -161,6 +179,15 @@ impl<S: SharedStore> PrefixCacheSync<S> {
         }
         if p.model_to_pods.is_empty() {
             return None;
+        }
+        for e in self.foreign.borrow().of(block) {
+            let t = p
+                .model_to_pods
+                .entry(e.model.to_string())
+                .or_default()
+                .entry(e.pod.to_string())
+                .or_insert(0);
+            *t = (*t).max(e.nanos);
         }
         serde_json::to_vec(&p).ok()
     }
@@ -179,7 +206,7 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
         }
         by_block
             .into_iter()
-            .filter_map(|(b, rs)| Some((b.to_string(), self.encode(&rs)?)))
+            .filter_map(|(b, rs)| Some((b.to_string(), self.encode(b, &rs)?)))
             .collect()
     }
 
@@ -194,6 +221,8 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
         let fleet = self.fleet.borrow();
         let mut facts = Vec::new();
         let mut ignored = 0u64;
+        let mut foreign = self.foreign.borrow_mut();
+        let now_nanos = u64::from(now) * NANOS;
         for (model, pods) in &p.model_to_pods {
             // A model named only in Redis may take at most half the registry:
             // one hostile value cannot fill it for the models clients use.
@@ -201,19 +230,24 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
                 .intern_within(&[model], now, retire, MAX_SLOTS / 2)
                 .ok()
                 .and_then(|(ids, _)| ids.first().copied().flatten());
-            let Some(model) = id else {
+            let Some(model_id) = id else {
                 ignored += pods.len() as u64;
+                for (pod, nanos) in pods {
+                    foreign.merge(block, model, pod, (*nanos).min(now_nanos));
+                }
                 continue;
             };
-            for (pod, nanos) in pods {
-                // Only pods that are members here now can be routed to.
-                let Some(pod) = fleet.slot_of(pod) else {
+            for (pod_name, nanos) in pods {
+                // Only pods that are members here now can be routed to;
+                // the others' entries are kept to be carried back.
+                let Some(pod) = fleet.slot_of(pod_name) else {
                     ignored += 1;
+                    foreign.merge(block, model, pod_name, (*nanos).min(now_nanos));
                     continue;
                 };
                 facts.push(Record {
                     block,
-                    model,
+                    model: model_id,
                     pod,
                     // A time from the future would never idle out and win
                     // every merge: nobody saw the pod later than now.
@@ -222,6 +256,7 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
             }
         }
         drop(fleet);
+        drop(foreign);
         self.ignored.set(self.ignored.get() + ignored);
         PrefixTable::new(&self.store, self.table).upsert(&facts, now);
         Ok(())
@@ -236,6 +271,13 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
     }
 
     fn delta(&self) -> Delta {
+        // Other writers' entries idle past the table's expiry are dropped
+        // (AIBrix's own gateways forget theirs after 20 minutes).
+        let horizon = u64::from(
+            self.now()
+                .saturating_sub(self.settings.table_idle_expiry_secs),
+        ) * NANOS;
+        self.foreign.borrow_mut().sweep(horizon);
         let mut updated = Vec::new();
         let mut skipped = Vec::new();
         for b in self.dirty.blocks() {
@@ -261,18 +303,22 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
         self.dirty.clear(&done);
     }
 
-    /// Stale: every pod's last access is past the idle expiry; such a key
-    /// could only resurrect dead facts, so the pull deletes it.
+    /// Stale: every pod is one of this replica's members and its last
+    /// access is past the idle expiry; such a key could only resurrect dead
+    /// facts, so the pull deletes it. A key naming any pod this replica does
+    /// not know is another writer's too: it is never deleted, it leaves by
+    /// TTL.
     fn is_stale(&self, _id: &str, payload: &[u8]) -> bool {
         let Ok(p) = serde_json::from_slice::<BlockPayload>(payload) else {
             return false;
         };
         let horizon =
             (self.clock)().saturating_sub(u64::from(self.settings.table_idle_expiry_secs));
+        let fleet = self.fleet.borrow();
         p.model_to_pods
             .values()
-            .flat_map(|pods| pods.values())
-            .all(|nanos| nanos / NANOS < horizon)
+            .flat_map(|pods| pods.iter())
+            .all(|(pod, nanos)| nanos / NANOS < horizon && fleet.slot_of(pod).is_some())
     }
 }
 
@@ -459,6 +505,110 @@ mod tests {
         assert_eq!(pods, vec![(0, 990), (1, 995)]);
         let recs = table.block_records(77, 1000).unwrap();
         assert!(recs.iter().any(|r| r.pod == 0 && r.last_access == 990));
+    }
+
+    /// Records block 77 for `llama` on a:1 at 990 and marks it dirty.
+    fn local_fact(store: &Rc<MemStore>, s: &Settings, sync: &mut PrefixCacheSync<Rc<MemStore>>) {
+        let model = NameRegistry::models(&**store)
+            .intern(&["llama"], 1, 100)
+            .unwrap()
+            .0[0]
+            .unwrap();
+        let table = PrefixTable::new(&**store, TableConfig::new(s.table_capacity_blocks, 1200));
+        table.record(&[77], model, 0, 990);
+        sync.mark(&Touched {
+            model,
+            pod: 0,
+            time: 990,
+            blocks: vec![77],
+        });
+    }
+
+    #[test]
+    fn other_writers_pods_and_models_are_carried_in_what_it_pushes() {
+        let store = Rc::new(MemStore::new());
+        let s = settings();
+        let mut sync =
+            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
+        local_fact(&store, &s, &mut sync);
+        // Another gateway's pod on our model, one on a model we never saw,
+        // and an older time for our own pod (ours, newer, wins).
+        sync.apply_remote(
+            "77",
+            br#"{"model_to_pods":{"llama":{"a:1":5000000000,"vllm-x":980123456789},"qwen":{"vllm-y":970000000001}}}"#,
+        )
+        .unwrap();
+        // An older time for vllm-x from a later pull does not win.
+        sync.apply_remote("77", br#"{"model_to_pods":{"llama":{"vllm-x":1}}}"#)
+            .unwrap();
+        let delta = sync.delta();
+        assert_eq!(
+            String::from_utf8(delta.updated[0].1.clone()).unwrap(),
+            r#"{"model_to_pods":{"llama":{"a:1":990000000000,"vllm-x":980123456789},"qwen":{"vllm-y":970000000001}}}"#
+        );
+        assert_eq!(sync.foreign_stats(), (2, 0));
+        // Full re-push (snapshot) carries them too.
+        let snap = sync.snapshot();
+        assert!(String::from_utf8(snap[0].1.clone()).unwrap().contains("vllm-y"));
+    }
+
+    #[test]
+    fn foreign_entries_idle_out_and_are_bounded() {
+        let store = Rc::new(MemStore::new());
+        let s = Rc::new(
+            Settings::from_json(
+                br#"{"endpoints":["a:1","b:1"],"sync":{"foreign_max_entries":100}}"#,
+            )
+            .unwrap(),
+        );
+        let now = Rc::new(Cell::new(1000u64));
+        let n = now.clone();
+        let mut sync = PrefixCacheSync::new(
+            store.clone(),
+            s.clone(),
+            view(&store, &s),
+            Rc::new(move || n.get()),
+            100,
+        );
+        // One value naming 5,000 pods: kept to the per-block cap, counted.
+        let pods: BTreeMap<String, u64> = (0..5000)
+            .map(|i| (format!("vllm-{i}"), 999 * NANOS))
+            .collect();
+        let payload = serde_json::to_vec(&BlockPayload {
+            model_to_pods: BTreeMap::from([("llama".to_string(), pods)]),
+        })
+        .unwrap();
+        sync.apply_remote("1", &payload).unwrap();
+        let (held, dropped) = sync.foreign_stats();
+        assert_eq!(held, crate::foreign::MAX_PER_BLOCK);
+        assert_eq!(dropped, 5000 - crate::foreign::MAX_PER_BLOCK as u64);
+        // Many blocks: the store's cap holds.
+        for b in 2..50u64 {
+            sync.apply_remote(&b.to_string(), &payload).unwrap();
+        }
+        assert_eq!(sync.foreign_stats().0, 100);
+        // Past the idle expiry they are swept.
+        now.set(1000 + 1200 + 1);
+        let _ = sync.delta();
+        assert_eq!(sync.foreign_stats().0, 0);
+    }
+
+    #[test]
+    fn a_key_naming_a_pod_it_does_not_know_is_never_stale() {
+        let store = Rc::new(MemStore::new());
+        let s = settings();
+        let sync =
+            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(100_000), 100);
+        // Old, and only our pods: stale.
+        assert!(sync.is_stale("1", br#"{"model_to_pods":{"m":{"a:1":1000000000}}}"#));
+        // Old, but another writer's pod: it leaves by TTL, not by us.
+        assert!(!sync.is_stale("1", br#"{"model_to_pods":{"m":{"vllm-a":1000000000}}}"#));
+        assert!(!sync.is_stale(
+            "1",
+            br#"{"model_to_pods":{"m":{"a:1":1000000000,"vllm-a":1000000000}}}"#
+        ));
+        // Fresh: never stale.
+        assert!(!sync.is_stale("1", br#"{"model_to_pods":{"m":{"a:1":99999000000000}}}"#));
     }
 
     #[test]

@@ -378,13 +378,21 @@ impl SyncState {
     fn publish(&mut self) {
         let now = now_millis();
         let rtts = self.engine.drain_rtt_samples();
-        let (dropped, ignored) = self
+        let prefix = self
             .prefix
             .try_borrow()
-            .map(|p| (p.dirty_dropped(), p.facts_ignored()))
-            .unwrap_or((0, 0));
+            .map(|p| {
+                let (held, dropped) = p.foreign_stats();
+                PrefixCounts {
+                    dirty_dropped: p.dirty_dropped(),
+                    facts_ignored: p.facts_ignored(),
+                    foreign_entries: held as u64,
+                    foreign_dropped: dropped,
+                }
+            })
+            .unwrap_or_default();
         let stats = self.engine.stats();
-        self.metrics.publish(stats, &rtts, dropped, ignored);
+        self.metrics.publish(stats, &rtts, &prefix);
         self.beat(now);
     }
 
@@ -412,6 +420,15 @@ impl SyncState {
     }
 }
 
+/// The prefix-cache syncable's own counts (not engine stats).
+#[derive(Default)]
+struct PrefixCounts {
+    dirty_dropped: u64,
+    facts_ignored: u64,
+    foreign_entries: u64,
+    foreign_dropped: u64,
+}
+
 /// Envoy stats of the sync singleton. Engine totals are turned into counter
 /// increments against what was last published. The liveness gauges are the
 /// workers' (see [`crate::liveness`]): they must keep moving if this VM dies.
@@ -424,6 +441,9 @@ struct SyncMetrics {
     last_dropped: u64,
     facts_ignored: u32,
     last_ignored: u64,
+    foreign_entries: u32,
+    foreign_dropped: u32,
+    last_foreign_dropped: u64,
 }
 
 impl SyncMetrics {
@@ -443,17 +463,27 @@ impl SyncMetrics {
             last_dropped: 0,
             facts_ignored: def(MetricType::Counter, "facts_ignored"),
             last_ignored: 0,
+            foreign_entries: def(MetricType::Gauge, "foreign_entries"),
+            foreign_dropped: def(MetricType::Counter, "foreign_dropped"),
+            last_foreign_dropped: 0,
         }
     }
 
-    fn publish(&mut self, stats: &SyncStats, rtts: &[u64], dropped: u64, ignored: u64) {
-        if ignored > self.last_ignored {
-            let _ = hostcalls::increment_metric(
-                self.facts_ignored,
-                i64::try_from(ignored - self.last_ignored).unwrap_or(0),
-            );
-            self.last_ignored = ignored;
-        }
+    fn publish(&mut self, stats: &SyncStats, rtts: &[u64], prefix: &PrefixCounts) {
+        let bump = |id: u32, now: u64, last: &mut u64| {
+            if now > *last {
+                let _ = hostcalls::increment_metric(id, i64::try_from(now - *last).unwrap_or(0));
+                *last = now;
+            }
+        };
+        bump(self.facts_ignored, prefix.facts_ignored, &mut self.last_ignored);
+        bump(self.dirty_dropped, prefix.dirty_dropped, &mut self.last_dropped);
+        bump(
+            self.foreign_dropped,
+            prefix.foreign_dropped,
+            &mut self.last_foreign_dropped,
+        );
+        let _ = hostcalls::record_metric(self.foreign_entries, prefix.foreign_entries);
         for (id, field, last) in &mut self.counters {
             let v = field(stats);
             if v > *last {
@@ -461,13 +491,6 @@ impl SyncMetrics {
                     hostcalls::increment_metric(*id, i64::try_from(v - *last).unwrap_or(i64::MAX));
                 *last = v;
             }
-        }
-        if dropped > self.last_dropped {
-            let _ = hostcalls::increment_metric(
-                self.dirty_dropped,
-                i64::try_from(dropped - self.last_dropped).unwrap_or(0),
-            );
-            self.last_dropped = dropped;
         }
         let _ = hostcalls::record_metric(self.backoff_ms, stats.backoff_ms);
         for rtt in rtts {

@@ -96,6 +96,10 @@ pub struct SyncSettings {
     pub auth_password: Option<String>,
     /// Budget for the replies of one call (Redis truncates beyond ~64 KiB).
     pub max_reply_bytes: usize,
+    /// Most entries of other writers (pods this replica does not route to,
+    /// models it has no slot for) kept from pulls and carried in its pushes,
+    /// so it never erases them (see [`crate::foreign`]).
+    pub foreign_max_entries: usize,
 }
 
 impl Default for SyncSettings {
@@ -122,6 +126,7 @@ impl Default for SyncSettings {
             auth_username: None,
             auth_password: None,
             max_reply_bytes: 48 * 1024,
+            foreign_max_entries: 65_536,
         }
     }
 }
@@ -144,6 +149,7 @@ impl fmt::Debug for SyncSettings {
             .field("change_log_max_entries", &self.change_log_max_entries)
             .field("log_read_count", &self.log_read_count)
             .field("poll_ms", &self.poll_ms)
+            .field("foreign_max_entries", &self.foreign_max_entries)
             .field("max_inflight_calls", &self.max_inflight_calls)
             .field("bridge_cluster", &self.bridge_cluster)
             .field("bridge_authority", &self.bridge_authority)
@@ -249,6 +255,7 @@ impl SyncSettings {
             range("poll_ms", self.poll_ms, 10, self.period_ms)?;
         }
         range("max_inflight_calls", self.max_inflight_calls, 1, 64)?;
+        range("foreign_max_entries", self.foreign_max_entries, 0, 1_000_000)?;
         range(
             "max_reply_bytes",
             self.max_reply_bytes,
