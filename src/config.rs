@@ -19,6 +19,7 @@ use crate::sync::SyncSettings;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawConfig {
+    pub compat: Compat,
     pub endpoints: Vec<String>,
     pub model_endpoints: BTreeMap<String, Vec<String>>,
     pub cluster: String,
@@ -40,6 +41,7 @@ pub struct RawConfig {
 impl Default for RawConfig {
     fn default() -> Self {
         Self {
+            compat: Compat::None,
             endpoints: Vec::new(),
             model_endpoints: BTreeMap::new(),
             cluster: String::new(),
@@ -90,6 +92,27 @@ impl Default for MembershipSettings {
     }
 }
 
+/// Interoperation with another gateway sharing the Redis namespace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compat {
+    /// This filter's own prompt layout and sync (change log, sampled blocks).
+    #[default]
+    None,
+    /// A fleet mixed with AIBrix's Go gateways: prompts rendered as AIBrix
+    /// renders them, every block of the first `dense_prefix_blocks` recorded
+    /// (AIBrix's lookup stops at the first missing block), pods named by EDS
+    /// hostname (the Kubernetes pod name), a full scan every cycle (AIBrix
+    /// writes no change log), `block_size` 4 unless stated.
+    Aibrix,
+}
+
+/// Blocks recorded one by one in AIBrix mode unless `dense_prefix_blocks`
+/// is stated: 16 KiB of prompt at AIBrix's default 4-byte blocks.
+pub const AIBRIX_DENSE_BLOCKS: u32 = 4096;
+/// AIBrix's default block size (`AIBRIX_PREFIX_CACHE_BLOCK_SIZE`).
+pub const AIBRIX_BLOCK_SIZE: usize = 4;
+
 /// Where one pool's members come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PoolSource {
@@ -130,6 +153,8 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 /// job, and pods are named by stable names, never by a position in a list.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// Interoperation mode (see [`Compat`]).
+    pub compat: Compat,
     /// Pool key (`""` = default pool, else a model) -> source.
     pub pools: BTreeMap<String, PoolSource>,
     pub membership: MembershipSettings,
@@ -160,13 +185,17 @@ impl Settings {
     /// Parses and validates the plugin configuration. An empty configuration
     /// is refused because a router without endpoints cannot route.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
+        let mut raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
             let why = e.to_string();
             let field = locate_bad_field(bytes)
                 .or_else(|| field_in_message(&why))
                 .unwrap_or_else(|| "<root>".into());
             err(field, why)
         })?;
+        if raw.compat == Compat::Aibrix {
+            let given = given_fields(bytes);
+            apply_aibrix(&mut raw, &|f: &str| given.iter().any(|g| g == f))?;
+        }
         Self::from_raw(raw)
     }
 
@@ -211,6 +240,7 @@ impl Settings {
             .validate()
             .map_err(|e| err(format!("sync.{}", e.field), e.reason))?;
         Ok(Self {
+            compat: raw.compat,
             block_size: raw.block_size,
             hash_seed: raw.hash_seed,
             table_capacity_blocks: raw.table_capacity_blocks,
@@ -225,6 +255,14 @@ impl Settings {
             membership: raw.membership,
             passive_cooldown_ms: raw.passive_cooldown_ms,
         })
+    }
+
+    /// How prompts become hashed bytes in this mode.
+    pub fn render(&self) -> crate::request::Render {
+        match self.compat {
+            Compat::None => crate::request::Render::Native,
+            Compat::Aibrix => crate::request::Render::Aibrix,
+        }
     }
 
     /// The pool serving `model`: its own if it has one, else the default.
@@ -272,6 +310,61 @@ impl Settings {
             .max(ttl)
             .saturating_add(2 * SEEN_EVERY_SECS)
     }
+}
+
+/// The fields the operator wrote, as paths (`block_size`, `sync.poll_ms`).
+fn given_fields(bytes: &[u8]) -> Vec<String> {
+    let Ok(serde_json::Value::Object(top)) = serde_json::from_slice(bytes) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (k, v) in &top {
+        out.push(k.clone());
+        if let serde_json::Value::Object(inner) = v {
+            out.extend(inner.keys().map(|i| format!("{k}.{i}")));
+        }
+    }
+    out
+}
+
+/// AIBrix mode: its defaults where the operator stated nothing, and a refusal
+/// naming the field where a stated value cannot interoperate.
+fn apply_aibrix(raw: &mut RawConfig, given: &dyn Fn(&str) -> bool) -> Result<(), ConfigError> {
+    const WHY: &str = "with `compat: aibrix`";
+    if !given("block_size") {
+        raw.block_size = AIBRIX_BLOCK_SIZE;
+    }
+    if !given("dense_prefix_blocks") {
+        raw.dense_prefix_blocks = AIBRIX_DENSE_BLOCKS;
+    }
+    if raw.sync.full_scan_every > 1 && given("sync.full_scan_every") {
+        return Err(err(
+            "sync.full_scan_every",
+            format!(
+                "must be 0 or 1 {WHY}: AIBrix gateways write no change log, every pull must scan"
+            ),
+        ));
+    }
+    raw.sync.full_scan_every = 1;
+    if given("membership.pod_name") && raw.membership.pod_name != PodNaming::Hostname {
+        return Err(err(
+            "membership.pod_name",
+            format!("must be `hostname` {WHY}: AIBrix names pods by their Kubernetes pod name"),
+        ));
+    }
+    raw.membership.pod_name = PodNaming::Hostname;
+    if !raw.endpoints.is_empty() || !raw.model_endpoints.is_empty() {
+        let field = if raw.endpoints.is_empty() {
+            "model_endpoints"
+        } else {
+            "endpoints"
+        };
+        return Err(err(
+            field,
+            format!("static `host:port` pools cannot be used {WHY}: AIBrix names pods by their Kubernetes pod name; use `cluster` (EDS endpoints with `hostname`)"),
+        ));
+    }
+    Ok(())
 }
 
 /// Each pool's source; a pool names either a list or a cluster, never both,
@@ -443,6 +536,47 @@ mod tests {
 
     fn parse(s: &str) -> Result<Settings, ConfigError> {
         Settings::from_json(s.as_bytes())
+    }
+
+    #[test]
+    fn aibrix_compat_sets_its_defaults_and_refuses_what_cannot_interoperate() {
+        let s = parse(r#"{"compat":"aibrix","cluster":"pods"}"#).unwrap();
+        assert_eq!(s.compat, Compat::Aibrix);
+        assert_eq!(s.block_size, AIBRIX_BLOCK_SIZE);
+        assert_eq!(s.dense_prefix_blocks, AIBRIX_DENSE_BLOCKS);
+        assert_eq!(s.sync.full_scan_every, 1);
+        assert_eq!(s.membership.pod_name, PodNaming::Hostname);
+        assert_eq!(s.render(), crate::request::Render::Aibrix);
+        // Stated values win where they can interoperate.
+        let s = parse(
+            r#"{"compat":"aibrix","cluster":"pods","block_size":16,"dense_prefix_blocks":100,"sync":{"full_scan_every":1}}"#,
+        )
+        .unwrap();
+        assert_eq!((s.block_size, s.dense_prefix_blocks), (16, 100));
+        for (json, field) in [
+            (r#"{"compat":"aibrix","endpoints":["a:1"]}"#, "endpoints"),
+            (
+                r#"{"compat":"aibrix","cluster":"p","model_endpoints":{"m":["a:1"]}}"#,
+                "model_endpoints",
+            ),
+            (
+                r#"{"compat":"aibrix","cluster":"p","membership":{"pod_name":"address"}}"#,
+                "membership.pod_name",
+            ),
+            (
+                r#"{"compat":"aibrix","cluster":"p","sync":{"full_scan_every":6}}"#,
+                "sync.full_scan_every",
+            ),
+            (r#"{"compat":"sglang","cluster":"p"}"#, "compat"),
+        ] {
+            assert_eq!(parse(json).unwrap_err().field, field, "{json}");
+        }
+        // Without compat nothing changes.
+        let s = parse(r#"{"cluster":"pods"}"#).unwrap();
+        assert_eq!(
+            (s.compat, s.block_size, s.dense_prefix_blocks),
+            (Compat::None, 128, 32)
+        );
     }
 
     #[test]

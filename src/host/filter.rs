@@ -12,7 +12,7 @@ use proxy_wasm::types::{Action, BufferType, MapType};
 use super::abi;
 use super::shared::FilterShared;
 use super::store::HostStore;
-use crate::request::{classify, parse_body, ApiKind, PassReason};
+use crate::request::{classify, parse_body_as, ApiKind, PassReason};
 
 /// Header read by Envoy's `override_host` LB policy (Gateway API Inference
 /// Extension endpoint-picker protocol).
@@ -69,7 +69,7 @@ impl PrefixFilter {
     }
 
     fn route_body(&mut self, kind: ApiKind, body: &[u8]) -> Result<(), PassReason> {
-        let req = parse_body(kind, body)?;
+        let req = parse_body_as(kind, body, self.shared.router.settings().render())?;
         let started = hostcalls::get_current_time().ok();
         let routed = self.shared.route(&HostStore, &req).map_err(|e| {
             log::warn!("prefix_router: routing failed, passing through: {e}");
