@@ -24,6 +24,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+pub mod aibrix;
 
 /// Reserved placeholder port numbers used in `envoy/*.yaml` (docs/CONTRACTS.md).
 pub const PLACEHOLDER_LISTENER: u16 = 18080;
