@@ -549,7 +549,9 @@ mod tests {
         assert_eq!(sync.foreign_stats(), (2, 0));
         // Full re-push (snapshot) carries them too.
         let snap = sync.snapshot();
-        assert!(String::from_utf8(snap[0].1.clone()).unwrap().contains("vllm-y"));
+        assert!(String::from_utf8(snap[0].1.clone())
+            .unwrap()
+            .contains("vllm-y"));
     }
 
     #[test]
@@ -597,8 +599,13 @@ mod tests {
     fn a_key_naming_a_pod_it_does_not_know_is_never_stale() {
         let store = Rc::new(MemStore::new());
         let s = settings();
-        let sync =
-            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(100_000), 100);
+        let sync = PrefixCacheSync::new(
+            store.clone(),
+            s.clone(),
+            view(&store, &s),
+            clock(100_000),
+            100,
+        );
         // Old, and only our pods: stale.
         assert!(sync.is_stale("1", br#"{"model_to_pods":{"m":{"a:1":1000000000}}}"#));
         // Old, but another writer's pod: it leaves by TTL, not by us.

@@ -476,8 +476,16 @@ impl SyncMetrics {
                 *last = now;
             }
         };
-        bump(self.facts_ignored, prefix.facts_ignored, &mut self.last_ignored);
-        bump(self.dirty_dropped, prefix.dirty_dropped, &mut self.last_dropped);
+        bump(
+            self.facts_ignored,
+            prefix.facts_ignored,
+            &mut self.last_ignored,
+        );
+        bump(
+            self.dirty_dropped,
+            prefix.dirty_dropped,
+            &mut self.last_dropped,
+        );
         bump(
             self.foreign_dropped,
             prefix.foreign_dropped,

@@ -255,7 +255,12 @@ impl SyncSettings {
             range("poll_ms", self.poll_ms, 10, self.period_ms)?;
         }
         range("max_inflight_calls", self.max_inflight_calls, 1, 64)?;
-        range("foreign_max_entries", self.foreign_max_entries, 0, 1_000_000)?;
+        range(
+            "foreign_max_entries",
+            self.foreign_max_entries,
+            0,
+            1_000_000,
+        )?;
         range(
             "max_reply_bytes",
             self.max_reply_bytes,
