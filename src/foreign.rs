@@ -7,7 +7,8 @@
 //! whole value, so what it pulled from others is carried in what it pushes
 //! back. Bounded: at most [`MAX_PER_BLOCK`] entries per block (the newest
 //! win) and `capacity` entries in all (further ones are dropped and
-//! counted); names longer than [`MAX_NAME_LEN`] are dropped; entries idle
+//! counted); empty names and names longer than [`MAX_NAME_LEN`] are
+//! dropped; entries idle
 //! past `horizon_secs` are swept. Lives in the sync singleton's VM memory
 //! only: workers never read it.
 
@@ -58,7 +59,8 @@ impl ForeignFacts {
         self.len == 0
     }
 
-    /// Entries dropped so far (a full store, a full block, a too long name).
+    /// Entries dropped so far (a full store, a full block, an empty or too long
+    /// name).
     pub fn dropped(&self) -> u64 {
         self.dropped
     }
@@ -79,7 +81,8 @@ impl ForeignFacts {
 
     /// Merges one pulled entry: the newer time per (model, pod) wins.
     pub fn merge(&mut self, block: u64, model: &str, pod: &str, nanos: u64) {
-        if model.len() > MAX_NAME_LEN || pod.len() > MAX_NAME_LEN {
+        let bad = |n: &str| n.is_empty() || n.len() > MAX_NAME_LEN;
+        if bad(model) || bad(pod) {
             self.dropped += 1;
             return;
         }
@@ -167,6 +170,10 @@ mod tests {
         assert!(f.of(7).iter().all(|e| e.nanos >= 10));
         f.merge(7, &"x".repeat(MAX_NAME_LEN + 1), "p", 100);
         assert_eq!(f.dropped(), 11);
+        f.merge(8, "m", "", 100);
+        f.merge(8, "", "p", 100);
+        assert_eq!(f.dropped(), 13, "empty names are junk, not a pod");
+        assert!(f.of(8).is_empty());
     }
 
     #[test]

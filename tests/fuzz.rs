@@ -1857,12 +1857,17 @@ fn prefixcache_apply_remote_and_is_stale() {
             st.sync.is_stale(&id, payload)
         })?;
         if let Ok(p) = &parsed {
+            // Stale only when every pod is a member here and past the idle
+            // horizon: a key naming a pod this replica does not route to is
+            // another writer's, and leaves by TTL (never erased).
             let horizon = st.now.get().saturating_sub(1200);
+            let fleet = st.fleet.borrow();
             let want = p
                 .model_to_pods
                 .values()
-                .flat_map(|pods| pods.values())
-                .all(|n| n / 1_000_000_000 < horizon);
+                .flat_map(|pods| pods.iter())
+                .all(|(pod, n)| n / 1_000_000_000 < horizon && fleet.slot_of(pod).is_some());
+            drop(fleet);
             if stale != want {
                 return Err(format!("is_stale = {stale}, want {want}"));
             }
@@ -1920,11 +1925,18 @@ fn prefixcache_apply_remote_and_is_stale() {
             for (id, bytes) in st.sync.snapshot() {
                 let p: BlockPayload = serde_json::from_slice(&bytes)
                     .map_err(|e| format!("snapshot payload of {id} unreadable: {e}"))?;
+                // Member pods, plus other writers' entries carried back:
+                // named (1..=253 bytes), at most 32 per block.
+                let fleet = st.fleet.borrow();
+                let foreign: Vec<&String> = p
+                    .model_to_pods
+                    .values()
+                    .flat_map(|m| m.keys())
+                    .filter(|pod| fleet.slot_of(pod).is_none())
+                    .collect();
                 if id.parse::<u64>().is_err()
-                    || p.model_to_pods
-                        .values()
-                        .flat_map(|m| m.keys())
-                        .any(|pod| st.fleet.borrow().slot_of(pod).is_none())
+                    || foreign.len() > 32
+                    || foreign.iter().any(|pod| pod.is_empty() || pod.len() > 253)
                 {
                     return Err(format!("snapshot entry {id}: {p:?}"));
                 }
