@@ -45,7 +45,9 @@ fn load_guard_moves_traffic_from_busy_pod() {
     let body = |i: u64| completion_body(&json!(format!("{prefix}{}", text(5000 + i, 200))));
     let hot = run.post("/v1/completions", &body(0)).expect_pod();
     let hot_port = run.pod_named(&hot).port;
-    let guard_before = run.envoy.router_stat("prefix_router.routed.load_guard");
+    let guard_before = run
+        .envoy
+        .settled_router_stat("prefix_router.routed.load_guard");
 
     // Pile slow requests for the hot prefix on until the guard sends one elsewhere.
     let mut holders = Vec::new();
@@ -57,7 +59,10 @@ fn load_guard_moves_traffic_from_busy_pod() {
             landed,
             "slow request {i} never showed in the in-flight gauges"
         );
-        if run.envoy.router_stat("prefix_router.routed.load_guard") > guard_before {
+        let guard = run
+            .envoy
+            .router_stat_reaching("prefix_router.routed.load_guard", guard_before + 1);
+        if guard > guard_before {
             guarded = true;
             break;
         }
@@ -74,14 +79,20 @@ fn load_guard_moves_traffic_from_busy_pod() {
     );
 
     // While the hot pod is busy, the next request for its prefix goes elsewhere.
-    let guard_mid = run.envoy.router_stat("prefix_router.routed.load_guard");
+    let guard_mid = run
+        .envoy
+        .settled_router_stat("prefix_router.routed.load_guard");
     let probe = run.post("/v1/completions", &body(100));
     assert_ne!(
         probe.expect_pod(),
         hot,
         "busy pod still took the hot prefix"
     );
-    assert!(run.envoy.router_stat("prefix_router.routed.load_guard") > guard_mid);
+    assert!(
+        run.envoy
+            .router_stat_reaching("prefix_router.routed.load_guard", guard_mid + 1)
+            > guard_mid
+    );
 
     for holder in holders {
         let reply = holder.join().expect("holder thread");

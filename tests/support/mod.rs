@@ -351,6 +351,9 @@ pub fn render_config(
 // ---------------------------------------------------------------------------
 
 /// Waits until `ready` returns true, or `deadline` passes (then false).
+/// How often a worker VM flushes the request path's stats to Envoy (its tick).
+pub const STATS_FLUSH: Duration = Duration::from_millis(250);
+
 pub fn wait_until(timeout: Duration, mut ready: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
@@ -551,6 +554,31 @@ impl Envoy {
     /// 0 when the stat does not exist yet.
     pub fn router_stat(&self, name: &str) -> i64 {
         self.router_stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// The filter's stats once every worker VM has flushed what it counted
+    /// so far: the request path's stats reach Envoy on the worker's tick
+    /// ([`STATS_FLUSH`]), so a read right after traffic can miss the last
+    /// tick's counts. Waits three ticks.
+    pub fn settled_router_stats(&self) -> BTreeMap<String, i64> {
+        thread::sleep(STATS_FLUSH * 3);
+        self.router_stats()
+    }
+
+    /// One stat as [`Envoy::settled_router_stats`] reads it.
+    pub fn settled_router_stat(&self, name: &str) -> i64 {
+        self.settled_router_stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// Waits (at most 5 s) until stat `name` reaches `min`; returns its
+    /// value then (below `min` if it never did).
+    pub fn router_stat_reaching(&self, name: &str, min: i64) -> i64 {
+        let mut last = 0;
+        wait_until(Duration::from_secs(5), || {
+            last = self.router_stat(name);
+            last >= min
+        });
+        last
     }
 
     /// The `prefix_router.inflight.*` gauges, keyed by the full stat name.
