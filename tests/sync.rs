@@ -1301,7 +1301,13 @@ fn blocks_routed_before_the_first_sync_tick_still_reach_redis() {
         keys.len(),
         a.sync_stats()
     );
-    assert_eq!(a.stat("handoff_dropped"), 0, "{}", a.sync_stats());
+    assert_eq!(
+        a.envoy
+            .settled_router_stat("prefix_router.sync.handoff_dropped"),
+        0,
+        "{}",
+        a.sync_stats()
+    );
 }
 
 /// Sends `n` fresh completions to `r`, one every 50 ms, and returns how many
