@@ -174,22 +174,22 @@ impl Stream {
     }
 
     /// The stream is done (Envoy calls this before the access log).
-    pub fn on_done<H: Host>(&mut self, w: &Worker, host: &H) {
-        self.release(w, host);
+    pub fn on_done(&mut self, w: &Worker) {
+        self.release(w);
     }
 
     /// The access-log phase: the stream's final properties are readable.
     pub fn on_log<H: Host>(&mut self, w: &Worker, host: &H) {
-        self.release(w, host);
+        self.release(w);
         // Passive health: did the pod fail this request?
         if let Some((pod, address)) = self.sent_to.take() {
             w.observe_outcome(host, pod, &address);
         }
     }
 
-    fn release<H: Host>(&mut self, w: &Worker, host: &H) {
+    fn release(&mut self, w: &Worker) {
         if let Some(pod) = self.inflight_pod.take() {
-            w.release(host, pod);
+            w.release(pod);
         }
     }
 

@@ -27,7 +27,7 @@ use crate::config::Settings;
 use crate::fleet::SharedView;
 use crate::foreign::ForeignFacts;
 use crate::handoff::{DirtySet, Touched};
-use crate::load::InflightCounters;
+use crate::load;
 use crate::registry::{NameRegistry, MAX_SLOTS};
 use crate::store::SharedStore;
 use crate::sync::{Capabilities, Delta, Rejected, Syncable};
@@ -364,10 +364,6 @@ impl<S: SharedStore> PodLoadSync<S> {
             remote: HashMap::new(),
         }
     }
-
-    fn counters(&self) -> InflightCounters<'_, S> {
-        InflightCounters::new(&self.store, self.fleet.borrow().bound())
-    }
 }
 
 impl<S: SharedStore> Syncable for PodLoadSync<S> {
@@ -376,7 +372,7 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
     }
 
     fn snapshot(&self) -> Vec<(String, Vec<u8>)> {
-        let Ok(local) = self.counters().local() else {
+        let Ok(local) = load::replica_total(&self.store, (self.clock_ms)()) else {
             return Vec::new();
         };
         let fleet = self.fleet.borrow();
@@ -435,7 +431,7 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
                 *t = t.saturating_add(*c);
             }
         }
-        if let Err(e) = self.counters().set_remote(&total) {
+        if let Err(e) = load::set_remote(&self.store, &total) {
             log::warn!("prefix_router: publishing fleet load failed: {e}");
         }
     }
@@ -798,7 +794,10 @@ mod tests {
             Rc::new(move || n.get()),
             30_000,
         );
-        InflightCounters::new(&*store, 2).add(1, 2).unwrap();
+        // One worker VM with 2 requests in flight on b:1.
+        let mut vm = load::VmLoad::new(1);
+        vm.add(1, 2);
+        vm.refresh(&*store, 10_000, false).unwrap();
         let snap = me.snapshot();
         assert_eq!(snap[0].0, "r1");
         assert_eq!(
@@ -812,18 +811,13 @@ mod tests {
         me.apply_remote("r3", br#"{"inflight":{"a:1":4,"gone:1":9},"at_ms":9000}"#)
             .unwrap();
         me.on_sync_end();
-        assert_eq!(
-            InflightCounters::new(&*store, 2).fleet().unwrap(),
-            vec![7, 3]
-        );
+        // The others' reports only (this replica's own counts are its VMs').
+        assert_eq!(load::remote(&*store).unwrap(), vec![7, 1]);
         now.set(100_000);
         assert!(me.is_stale("r2", br#"{"inflight":{},"at_ms":1}"#));
         assert!(!me.is_stale("r1", br#"{"inflight":{},"at_ms":1}"#));
         me.on_sync_start();
         me.on_sync_end();
-        assert_eq!(
-            InflightCounters::new(&*store, 2).fleet().unwrap(),
-            vec![0, 2]
-        );
+        assert_eq!(load::remote(&*store).unwrap(), vec![0, 0]);
     }
 }

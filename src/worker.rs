@@ -10,7 +10,6 @@ use crate::config::Settings;
 use crate::fleet::{self, Members};
 use crate::handoff::{self, Touched};
 use crate::liveness::{self, Heartbeat};
-use crate::load::InflightCounters;
 use crate::meter::{Count, Meter, MetricSink};
 use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
@@ -74,8 +73,9 @@ impl Worker {
     pub fn new(settings: Settings, sink: &impl MetricSink, vm_id: String, seed: u64) -> Self {
         Self {
             meter: Meter::define(&settings, sink),
-            router: Router::new(settings),
-            rng: RefCell::new(SplitMix64::new(seed)),
+            // The in-flight key's token: any value unique per VM.
+            router: Router::new(settings).with_vm_token(SplitMix64::new(seed).next_u64()),
+            rng: RefCell::new(SplitMix64::new(seed ^ 0x5eed)),
             queue: Cell::new(None),
             queue_looked_at: Cell::new(None),
             vm_id,
@@ -113,10 +113,7 @@ impl Worker {
         if let Ok(r) = &routed {
             let m = &self.meter;
             m.inc(Count::Routed(r.choice.reason));
-            m.add(
-                Count::CasRetries,
-                u64::from(r.write.cas_retries + r.load_retries),
-            );
+            m.add(Count::CasRetries, u64::from(r.write.cas_retries));
             m.add(Count::CasExhausted, u64::from(r.write.failed_buckets));
             m.add(Count::TableEvictions, u64::from(r.write.evictions));
             m.add(Count::SlotsUsed, u64::from(r.write.new_slots));
@@ -142,11 +139,9 @@ impl Worker {
         routed
     }
 
-    /// Releases one in-flight request on `pod`.
-    pub fn release<H: Host>(&self, host: &H, pod: u16) {
-        if let Err(e) = self.router.release(host, pod) {
-            log::warn!("prefix_router: in-flight release failed: {e}");
-        }
+    /// Releases one in-flight request on `pod` (in VM memory: no hostcall).
+    pub fn release(&self, pod: u16) {
+        self.router.release(pod);
     }
 
     /// A pod for a request the filter does not route (pass-through), chosen
@@ -197,15 +192,16 @@ impl Worker {
         }
     }
 
-    /// The worker's tick: refreshes the fleet view, publishes the in-flight
-    /// gauges and flushes the stats; with sync on, reports the singleton's
-    /// liveness once a second.
+    /// The worker's tick: refreshes the fleet view, exchanges in-flight
+    /// counts with the other VMs (and sets the in-flight gauges), flushes
+    /// the stats; with sync on, reports the singleton's liveness once a
+    /// second.
     pub fn on_tick<H: Host>(&self, host: &H) {
         let tick = self.ticks.get();
         self.ticks.set(tick.wrapping_add(1));
         let now_nanos = host.now_nanos();
         self.refresh_fleet(host, tick, secs(now_nanos));
-        self.publish_inflight(host);
+        self.exchange_load(host, now_nanos / 1_000_000);
         if tick % LIVENESS_TICKS == 0 && self.settings().sync.enabled {
             self.report_liveness(host, now_nanos / 1_000_000);
         }
@@ -238,14 +234,18 @@ impl Worker {
         }
     }
 
-    /// Sets `prefix_router.inflight.<pod>` for every member from the shared
-    /// counts (the same value on every VM; a write only when it changed).
-    fn publish_inflight<H: Host>(&self, host: &H) {
-        let fleet = self.router.fleet();
-        let Ok(counts) = InflightCounters::new(host, fleet.bound()).local() else {
-            return;
+    /// Publishes this VM's in-flight counts and reads the others' (see
+    /// [`crate::load`]); sets `prefix_router.inflight.<pod>` for every
+    /// member to this replica's count (a write only when it changed).
+    fn exchange_load<H: Host>(&self, host: &H, now_ms: u64) {
+        let counts = match self.router.refresh_load(host, now_ms) {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!("prefix_router: in-flight exchange failed: {e}");
+                return;
+            }
         };
-        for (slot, _, address) in fleet.all() {
+        for (slot, _, address) in self.router.fleet().all() {
             let n = counts.get(usize::from(slot)).copied().unwrap_or(0);
             self.meter.inflight(host, address, n);
         }

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::config::Settings;
-use crate::load::InflightCounters;
 use crate::meter::{MetricKind, MetricSink};
 use crate::store::{MemStore, SharedStore, StoreError, Versioned};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -210,7 +209,7 @@ fn run(w: &Worker, host: &TestHost, body: &[u8]) -> (Verdict, Verdict) {
     let a = s.on_request_headers(w, host, false);
     let b = s.on_request_body(w, host, body.len(), true);
     s.on_response_headers(w, host);
-    s.on_done(w, host);
+    s.on_done(w);
     s.on_log(w, host);
     (a, b)
 }
@@ -362,7 +361,8 @@ fn a_body_ended_by_trailers_is_routed() {
 fn in_flight_is_released_exactly_once_however_the_stream_ends() {
     let host = TestHost::default();
     let w = worker_on(&host, "");
-    let counts = || InflightCounters::new(&host.store, 2).local().unwrap();
+    // This VM's counts, as its next tick publishes them.
+    let counts = || w.router.refresh_load(&host.store, 0).unwrap();
     let body = chat("release ", 1000, "hi");
     // Ends normally: on_done then on_log.
     run(&w, &host, &body);
@@ -377,20 +377,29 @@ fn in_flight_is_released_exactly_once_however_the_stream_ends() {
         if end == 0 {
             s.on_log(&w, &host);
         } else {
-            s.on_done(&w, &host);
+            s.on_done(&w);
         }
-        s.on_done(&w, &host);
+        s.on_done(&w);
         s.on_log(&w, &host);
         assert_eq!(counts(), vec![0, 0], "end {end}");
     }
     // Aborted before the body: nothing was counted, nothing is released.
-    InflightCounters::new(&host.store, 2).add(1, 1).unwrap();
+    host.request("POST", CHAT, &body);
+    let mut open = Stream::default();
+    open.on_request_headers(&w, &host, false);
+    open.on_request_body(&w, &host, body.len(), true);
     host.request("POST", CHAT, &body);
     let mut s = Stream::default();
     s.on_request_headers(&w, &host, false);
-    s.on_done(&w, &host);
+    s.on_done(&w);
     s.on_log(&w, &host);
-    assert_eq!(counts(), vec![0, 1], "another stream's count is untouched");
+    assert_eq!(
+        counts().iter().sum::<u32>(),
+        1,
+        "another stream's count is untouched"
+    );
+    open.on_log(&w, &host);
+    assert_eq!(counts(), vec![0, 0]);
 }
 
 #[test]
@@ -416,21 +425,25 @@ fn stats_reach_envoy_on_the_tick() {
     }
 }
 
-/// The hostcalls of one routed request, by kind of request. The issue's
-/// floors (12 matched, 16 new 8 KB, 24 new 400 KiB) are not met yet for new
-/// prefixes: the table writes one bucket per sampled block under CAS. What
-/// is asserted is what the code holds today, so a regression fails here.
+/// The hostcalls of one routed request, by kind of request. A matched
+/// 8 KB request is held to the issue's budget of 12. New prefixes are not
+/// yet: the table writes one bucket per sampled block under CAS (a get and
+/// a set each), about 80 buckets for 8 KB; the bounds below are today's
+/// counts plus a little, so a regression fails here.
 #[test]
 fn hostcall_budget_of_one_routed_request() {
     let host = TestHost::default();
     let w = worker_on(&host, "");
     let sys = "You are a careful assistant. Answer briefly and cite sources. ";
     let (new_8k, new_calls) = calls_of(&w, &host, &chat(sys, 8 * 1024, "first"));
-    let (matched_8k, matched_calls) = calls_of(&w, &host, &chat(sys, 8 * 1024, "second"));
+    // The first match of a prefix gallops; from then on the VM's hint
+    // confirms it in three reads (a system prompt repeats all day).
+    let (first_match, _) = calls_of(&w, &host, &chat(sys, 8 * 1024, "second"));
+    let (matched_8k, matched_calls) = calls_of(&w, &host, &chat(sys, 8 * 1024, "third"));
     let (new_400k, _) = calls_of(&w, &host, &chat("long context ", 400 * 1024, "q"));
     eprintln!(
-        "hostcalls per request: matched 8 KB {matched_8k} {matched_calls:?}; new 8 KB \
-         {new_8k} {new_calls:?}; new 400 KiB {new_400k}"
+        "hostcalls per request: matched 8 KB {matched_8k} {matched_calls:?} (first match \
+         {first_match}); new 8 KB {new_8k} {new_calls:?}; new 400 KiB {new_400k}"
     );
     assert!(
         matched_8k <= MATCHED_8K_BUDGET,
@@ -443,9 +456,9 @@ fn hostcall_budget_of_one_routed_request() {
     assert!(!matched_calls.contains_key("record_metric"));
 }
 
-const MATCHED_8K_BUDGET: u32 = 40;
-const NEW_8K_BUDGET: u32 = 400;
-const NEW_400K_BUDGET: u32 = 400;
+const MATCHED_8K_BUDGET: u32 = 12;
+const NEW_8K_BUDGET: u32 = 180;
+const NEW_400K_BUDGET: u32 = 360;
 
 #[test]
 fn header_maps_decode_and_malformed_ones_never_panic() {
