@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 pub mod aibrix;
+pub mod redis;
 
 /// Reserved placeholder port numbers used in `envoy/*.yaml` (docs/CONTRACTS.md).
 pub const PLACEHOLDER_LISTENER: u16 = 18080;
@@ -351,6 +352,37 @@ pub fn render_config(
 // ---------------------------------------------------------------------------
 
 /// Waits until `ready` returns true, or `deadline` passes (then false).
+/// One endpoint of an EDS file: its hostname (the pod name), its port on
+/// 127.0.0.1 and Envoy's health status for it (`HEALTHY`, `UNHEALTHY`, ...).
+pub type EdsHost = (String, u16, &'static str);
+
+/// Writes the `pods` cluster's EDS file by rename (Envoy's file watch
+/// follows moves, and never sees a half-written file).
+pub fn write_eds(path: &Path, hosts: &[EdsHost]) {
+    let endpoints: Vec<_> = hosts
+        .iter()
+        .map(|(name, port, health)| {
+            serde_json::json!({
+                "endpoint": {
+                    "hostname": name,
+                    "address": { "socket_address": { "address": "127.0.0.1", "port_value": port } }
+                },
+                "health_status": health
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "resources": [{
+            "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+            "cluster_name": "pods",
+            "endpoints": [{ "lb_endpoints": endpoints }]
+        }]
+    });
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, serde_json::to_string_pretty(&doc).expect("EDS json")).expect("write EDS");
+    fs::rename(&tmp, path).expect("rename EDS");
+}
+
 /// How often a worker VM flushes the request path's stats to Envoy (its tick).
 pub const STATS_FLUSH: Duration = Duration::from_millis(250);
 
