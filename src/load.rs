@@ -82,7 +82,8 @@ pub struct VmLoad {
 }
 
 impl VmLoad {
-    /// `token` tells this VM's key from another's (any value unique per VM).
+    /// `token` tells this VM's key from another's: it must be unique among
+    /// the VMs sharing the store (see [`crate::worker::vm_number`]).
     pub fn new(token: u64) -> Self {
         Self {
             token,

@@ -46,6 +46,25 @@ pub trait Host: SharedStore + MetricSink {
     fn enqueue(&self, queue: u32, message: &[u8]) -> bool;
 }
 
+/// Key of the VM counter ([`vm_number`]).
+const VM_COUNTER_KEY: &str = "vm/next";
+
+/// A number (from 1) that no other VM sharing this store got: a counter in
+/// shared data, incremented under CAS. None if the store fails.
+pub fn vm_number<S: SharedStore + ?Sized>(store: &S) -> Option<u64> {
+    let mut got = None;
+    crate::store::cas_update(store, VM_COUNTER_KEY, 64, |cur| {
+        let n = cur
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map_or(0, u64::from_le_bytes)
+            .wrapping_add(1);
+        got = Some(n);
+        Some(n.to_le_bytes().to_vec())
+    })
+    .ok()?;
+    got
+}
+
 /// Seconds of a unix-nanos time, as the table keeps them.
 pub fn secs(nanos: u64) -> u32 {
     u32::try_from(nanos / 1_000_000_000).unwrap_or(u32::MAX)
@@ -70,12 +89,16 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(settings: Settings, sink: &impl MetricSink, vm_id: String, seed: u64) -> Self {
+    /// `seed` is mixed with a number no other VM of this Envoy got (see
+    /// [`vm_number`]): every worker VM is the same module with the same
+    /// memory layout, and they may be configured within one clock tick.
+    pub fn new<H: Host>(settings: Settings, host: &H, vm_id: String, seed: u64) -> Self {
+        let number = vm_number(host).unwrap_or_else(|| SplitMix64::new(seed).next_u64());
+        let mut mix = SplitMix64::new(seed ^ number.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         Self {
-            meter: Meter::define(&settings, sink),
-            // The in-flight key's token: any value unique per VM.
-            router: Router::new(settings).with_vm_token(SplitMix64::new(seed).next_u64()),
-            rng: RefCell::new(SplitMix64::new(seed ^ 0x5eed)),
+            meter: Meter::define(&settings, host),
+            router: Router::new(settings).with_vm_token(number),
+            rng: RefCell::new(SplitMix64::new(mix.next_u64())),
             queue: Cell::new(None),
             queue_looked_at: Cell::new(None),
             vm_id,

@@ -35,7 +35,8 @@ impl RootContext for FilterRoot {
                 "prefix_router: no tick ({status:?}): the fleet view will not refresh and stats will not be flushed"
             );
         }
-        // Per-VM seed: the clock plus this context's address (std::process::id panics on WASI).
+        // Per-VM seed: the clock plus this context's address (std::process::id
+        // panics on WASI); the worker mixes in a number unique per VM.
         let seed = now_nanos() ^ (self as *const Self as u64).rotate_left(32);
         self.worker = Some(Rc::new(Worker::new(
             settings,

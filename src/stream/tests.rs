@@ -461,6 +461,21 @@ const NEW_8K_BUDGET: u32 = 180;
 const NEW_400K_BUDGET: u32 = 360;
 
 #[test]
+fn every_vm_gets_its_own_number() {
+    let host = TestHost::default();
+    let n: Vec<u64> = (0..5)
+        .map(|_| crate::worker::vm_number(&host).unwrap())
+        .collect();
+    assert_eq!(n, vec![1, 2, 3, 4, 5]);
+    host.store.interfere_next(3);
+    assert_eq!(
+        crate::worker::vm_number(&host),
+        Some(6),
+        "a lost race is retried"
+    );
+}
+
+#[test]
 fn header_maps_decode_and_malformed_ones_never_panic() {
     let pairs = vec![
         (":method".to_string(), b"POST".to_vec()),

@@ -605,8 +605,13 @@ impl Envoy {
     /// Waits (at most 5 s) until stat `name` reaches `min`; returns its
     /// value then (below `min` if it never did).
     pub fn router_stat_reaching(&self, name: &str, min: i64) -> i64 {
+        self.router_stat_within(name, min, Duration::from_secs(5))
+    }
+
+    /// [`Envoy::router_stat_reaching`] with its own deadline.
+    pub fn router_stat_within(&self, name: &str, min: i64, timeout: Duration) -> i64 {
         let mut last = 0;
-        wait_until(Duration::from_secs(5), || {
+        wait_until(timeout, || {
             last = self.router_stat(name);
             last >= min
         });
