@@ -187,6 +187,8 @@ fn stats_are_exported_for_prometheus() {
     let prompt = text(50, 2048);
     run.complete(&json!(prompt)).expect_pod();
     run.complete(&json!(prompt)).expect_pod();
+    // The request path's stats reach Envoy on the workers' tick.
+    std::thread::sleep(support::STATS_FLUSH * 3);
     let reply = send(
         "GET",
         &run.envoy.admin_url("/stats/prometheus"),
