@@ -34,6 +34,7 @@ pub struct RawConfig {
     pub imbalance_abs_count: u32,
     pub stddev_factor: f64,
     pub match_header: String,
+    pub original_dst_header: bool,
     pub max_body_bytes: usize,
     pub sync: SyncSettings,
 }
@@ -56,6 +57,7 @@ impl Default for RawConfig {
             imbalance_abs_count: 16,
             stddev_factor: 2.0,
             match_header: String::new(),
+            original_dst_header: false,
             // Envoy answers 413 to a buffered body above its buffer limit
             // (1 MiB by default), where plain Envoy would stream it: stay a
             // frame's worth below that unless the operator raises both.
@@ -168,6 +170,11 @@ pub struct Settings {
     pub imbalance_abs_count: u32,
     pub stddev_factor: f64,
     pub match_header: Option<String>,
+    /// Also name the pod in `x-envoy-original-dst-host` (for an
+    /// `ORIGINAL_DST` cluster with `use_http_header`), and give requests the
+    /// filter does not route a random pod there (that cluster has no
+    /// fallback of its own). Off: one header call less per request.
+    pub original_dst_header: bool,
     pub max_body_bytes: usize,
     pub sync: SyncSettings,
 }
@@ -249,6 +256,7 @@ impl Settings {
             imbalance_abs_count: raw.imbalance_abs_count,
             stddev_factor: raw.stddev_factor,
             match_header: (!raw.match_header.is_empty()).then_some(raw.match_header),
+            original_dst_header: raw.original_dst_header,
             max_body_bytes: raw.max_body_bytes,
             sync: raw.sync,
             pools,

@@ -10,7 +10,10 @@
 //! Request path: [`request`] turns a body into prompt bytes, [`hashing`] cuts
 //! them into chained block hashes, [`table`] answers which pods hold how much of
 //! the chain, [`policy`] picks a pod under the load guard, and [`router`] ties
-//! the steps together over the [`store::SharedStore`] trait.
+//! the steps together over the [`store::SharedStore`] trait. [`stream`] is
+//! one HTTP stream's callbacks and [`worker`] one worker VM's shared state
+//! and tick, both over the [`worker::Host`] trait; [`meter`] keeps their
+//! stats in VM memory until the tick flushes them.
 
 pub mod config;
 pub mod fleet;
@@ -19,6 +22,7 @@ pub mod handoff;
 pub mod hashing;
 pub mod liveness;
 pub mod load;
+pub mod meter;
 pub mod policy;
 pub mod registry;
 pub mod request;
@@ -26,9 +30,11 @@ pub mod resp;
 pub mod rng;
 pub mod router;
 pub mod store;
+pub mod stream;
 pub mod sync;
 pub mod syncables;
 pub mod table;
+pub mod worker;
 
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
 mod host;

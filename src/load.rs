@@ -1,96 +1,255 @@
-//! In-flight requests per endpoint, in shared data so every worker sees the
-//! load that all workers put on a pod.
+//! In-flight requests per pod: what the load guard weighs.
 //!
-//! One key holds a `u32` per pod slot (little endian, index = the pod's
-//! registry slot, see [`crate::fleet::registry`]); VMs whose views of the
-//! fleet differ never truncate each other's counts. A request is counted when its endpoint is picked and released exactly
-//! once when its stream ends, however it ends. A second key, written only by
-//! the sync singleton, holds the in-flight counts other replicas report, so
-//! routing can weigh the fleet's load and not only its own.
+//! Each worker VM counts its own streams in memory ([`VmLoad`]): exact, and
+//! no hostcall per request (a shared counter under CAS cost four: a get and
+//! a set when a request is routed, again when it ends). On its tick (250 ms)
+//! the VM publishes its counts to a key of its own, `load/vm/<i>`, and reads
+//! the other VMs' keys and the other replicas' total (`load/remote`, written
+//! by the sync singleton). Routing then weighs its own counts exactly and
+//! the others' as of their last tick.
+//!
+//! A published value carries the VM's token and the time it was written. A
+//! VM that dies or is reloaded stops writing; once its value is older than
+//! [`VM_STALE_MS`] nobody counts it any more, and its key can be claimed by
+//! a new VM, so its pods never look loaded for good. Keys are claimed lowest
+//! index first (at most [`MAX_VMS`]); a reader stops at the first key never
+//! written.
+//!
+//! Counts are a `u32` per pod slot (index = the pod's registry slot, see
+//! [`crate::fleet::registry`]), little endian.
 
 use crate::registry::MAX_SLOTS;
-use crate::store::{cas_update, SharedStore, StoreError};
+use crate::store::{SharedStore, StoreError};
 
-const LOCAL_KEY: &str = "load/local";
+/// Key holding the other replicas' total, per slot (sync singleton only).
 const REMOTE_KEY: &str = "load/remote";
-const MAX_ATTEMPTS: u32 = 32;
+const VM_KEY_PREFIX: &str = "load/vm/";
+/// Most worker VMs whose counts are kept (keys `load/vm/0..MAX_VMS`).
+pub const MAX_VMS: usize = 64;
+/// A VM's counts stop counting this long after its last publish (20 ticks).
+pub const VM_STALE_MS: u64 = 5_000;
+/// Token and time before the counts.
+const HEADER: usize = 16;
 
-/// In-flight counters per pod slot.
-pub struct InflightCounters<'s, S: SharedStore + ?Sized> {
-    store: &'s S,
-    /// Reads return at least this many counts (missing ones are 0).
-    min_len: usize,
+fn vm_key(i: usize) -> String {
+    format!("{VM_KEY_PREFIX}{i}")
 }
 
-impl<'s, S: SharedStore + ?Sized> InflightCounters<'s, S> {
-    pub fn new(store: &'s S, min_len: usize) -> Self {
+/// One VM's published counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Published {
+    token: u64,
+    at_ms: u64,
+    counts: Vec<u32>,
+}
+
+impl Published {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER + 4 * self.counts.len());
+        out.extend_from_slice(&self.token.to_le_bytes());
+        out.extend_from_slice(&self.at_ms.to_le_bytes());
+        out.extend(self.counts.iter().flat_map(|c| c.to_le_bytes()));
+        out
+    }
+
+    /// None for an empty or malformed value.
+    fn decode(bytes: &[u8]) -> Option<Published> {
+        let token = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
+        let at_ms = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
+        Some(Published {
+            token,
+            at_ms,
+            counts: decode_counts(&bytes[HEADER..]),
+        })
+    }
+
+    fn live(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.at_ms) <= VM_STALE_MS
+    }
+}
+
+/// One worker VM's in-flight counts and its picture of everyone else's.
+#[derive(Debug)]
+pub struct VmLoad {
+    token: u64,
+    /// The `load/vm/<i>` key this VM holds, once claimed.
+    key: Option<usize>,
+    own: Vec<u32>,
+    /// Other live VMs of this replica, as of the last refresh.
+    others: Vec<u32>,
+    /// Other replicas (sync), as of the last refresh.
+    remote: Vec<u32>,
+}
+
+impl VmLoad {
+    /// `token` tells this VM's key from another's: it must be unique among
+    /// the VMs sharing the store (see [`crate::worker::vm_number`]).
+    pub fn new(token: u64) -> Self {
         Self {
-            store,
-            min_len: min_len.min(MAX_SLOTS),
+            token,
+            key: None,
+            own: Vec::new(),
+            others: Vec::new(),
+            remote: Vec::new(),
         }
     }
 
-    /// Adds `delta` to `pod`'s local count (saturating at 0) and returns the
-    /// new value and the CAS retries it took.
-    pub fn add(&self, pod: u16, delta: i32) -> Result<(u32, u32), StoreError> {
-        let idx = usize::from(pod);
-        if idx >= MAX_SLOTS {
-            return Err(StoreError::Host {
-                key: LOCAL_KEY.into(),
-                status: format!("pod id {pod} out of range"),
-            });
+    /// Adds `delta` to `pod`'s count of this VM (saturating at 0); returns
+    /// the new count. Pods past [`MAX_SLOTS`] are not counted.
+    pub fn add(&mut self, pod: u16, delta: i32) -> u32 {
+        let i = usize::from(pod);
+        if i >= MAX_SLOTS {
+            return 0;
         }
-        let mut value = 0;
-        let outcome = cas_update(self.store, LOCAL_KEY, MAX_ATTEMPTS, |cur| {
-            let mut counts = decode(cur.unwrap_or(&[]), idx + 1);
-            counts[idx] = counts[idx].saturating_add_signed(delta);
-            value = counts[idx];
-            Some(encode(&counts))
-        })?;
-        Ok((value, outcome.retries))
-    }
-
-    /// This replica's in-flight count per pod id.
-    pub fn local(&self) -> Result<Vec<u32>, StoreError> {
-        self.read(LOCAL_KEY)
-    }
-
-    /// Local plus other replicas' reported in-flight count per pod id.
-    pub fn fleet(&self) -> Result<Vec<u32>, StoreError> {
-        let mut counts = self.local()?;
-        for (c, r) in counts.iter_mut().zip(self.read(REMOTE_KEY)?) {
-            *c = c.saturating_add(r);
+        if self.own.len() <= i {
+            self.own.resize(i + 1, 0);
         }
-        Ok(counts)
+        self.own[i] = self.own[i].saturating_add_signed(delta);
+        self.own[i]
     }
 
-    /// Replaces the other replicas' total per pod id (sync singleton only).
-    pub fn set_remote(&self, counts: &[u32]) -> Result<(), StoreError> {
-        let n = counts.len().min(MAX_SLOTS);
-        self.store.set(REMOTE_KEY, &encode(&counts[..n]), None)
+    /// This replica's in-flight count per slot (this VM exactly, the other
+    /// VMs as of their last publish), at least `n` long.
+    pub fn replica(&self, n: usize) -> Vec<u32> {
+        sum(&[&self.own, &self.others], n)
     }
 
-    fn read(&self, key: &str) -> Result<Vec<u32>, StoreError> {
-        let (value, _) = self.store.get(key)?;
-        Ok(decode(value.as_deref().unwrap_or(&[]), self.min_len))
+    /// [`Self::replica`] plus the other replicas' counts.
+    pub fn fleet(&self, n: usize) -> Vec<u32> {
+        sum(&[&self.own, &self.others, &self.remote], n)
+    }
+
+    /// The tick's exchange: publishes this VM's counts and reads the other
+    /// VMs' (and, with `with_remote`, the other replicas' total). Costs one
+    /// get per VM key ever written, one set, and one get for the remote.
+    pub fn refresh<S: SharedStore + ?Sized>(
+        &mut self,
+        store: &S,
+        now_ms: u64,
+        with_remote: bool,
+    ) -> Result<(), StoreError> {
+        let mut others = Vec::new();
+        let mut mine: Option<(usize, Option<u32>)> = None;
+        let mut free: Option<(usize, Option<u32>)> = None;
+        for i in 0..MAX_VMS {
+            let (value, cas) = store.get(&vm_key(i))?;
+            let Some(bytes) = value else {
+                free = free.or(Some((i, cas)));
+                break;
+            };
+            match Published::decode(&bytes) {
+                Some(p) if p.token == self.token => mine = Some((i, cas)),
+                Some(p) if p.live(now_ms) => add_into(&mut others, &p.counts),
+                _ => free = free.or(Some((i, cas))),
+            }
+        }
+        self.others = others;
+        self.remote = if with_remote {
+            read_counts(store, REMOTE_KEY)?
+        } else {
+            Vec::new()
+        };
+        let value = Published {
+            token: self.token,
+            at_ms: now_ms,
+            counts: self.own.clone(),
+        }
+        .encode();
+        // Our key, or (first tick, or it was taken while we stalled) the
+        // first free one: written under the CAS just read, so two VMs never
+        // hold one key; the loser tries again next tick.
+        let Some((i, cas)) = mine.or(free) else {
+            self.key = None;
+            return Ok(());
+        };
+        let cas = match cas {
+            Some(cas) => Some(cas),
+            None => {
+                // Envoy accepts any CAS for a key never written: create it
+                // empty, then claim it under the CAS that gives.
+                store.set(&vm_key(i), &[], None)?;
+                store.get(&vm_key(i))?.1
+            }
+        };
+        match store.set(&vm_key(i), &value, cas) {
+            Ok(()) => {
+                self.key = Some(i);
+                Ok(())
+            }
+            Err(StoreError::CasMismatch) => {
+                self.key = None;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The key index this VM publishes to (None before its first claim).
+    pub fn key(&self) -> Option<usize> {
+        self.key
     }
 }
 
-/// The counts stored, at least `n` long (never truncated: slots past what
-/// one VM knows belong to pods another VM routes to).
-fn decode(bytes: &[u8], n: usize) -> Vec<u32> {
-    let mut counts: Vec<u32> = bytes
+/// Every live VM's published counts summed: the replica's in-flight load
+/// as the sync singleton reports it to the others.
+pub fn replica_total<S: SharedStore + ?Sized>(
+    store: &S,
+    now_ms: u64,
+) -> Result<Vec<u32>, StoreError> {
+    let mut total = Vec::new();
+    for i in 0..MAX_VMS {
+        let (Some(bytes), _) = store.get(&vm_key(i))? else {
+            break;
+        };
+        if let Some(p) = Published::decode(&bytes).filter(|p| p.live(now_ms)) {
+            add_into(&mut total, &p.counts);
+        }
+    }
+    Ok(total)
+}
+
+/// Replaces the other replicas' total per slot (sync singleton only).
+pub fn set_remote<S: SharedStore + ?Sized>(store: &S, counts: &[u32]) -> Result<(), StoreError> {
+    let n = counts.len().min(MAX_SLOTS);
+    store.set(REMOTE_KEY, &encode_counts(&counts[..n]), None)
+}
+
+/// The other replicas' total per slot, as the singleton last wrote it.
+pub fn remote<S: SharedStore + ?Sized>(store: &S) -> Result<Vec<u32>, StoreError> {
+    read_counts(store, REMOTE_KEY)
+}
+
+fn read_counts<S: SharedStore + ?Sized>(store: &S, key: &str) -> Result<Vec<u32>, StoreError> {
+    let (value, _) = store.get(key)?;
+    Ok(decode_counts(value.as_deref().unwrap_or(&[])))
+}
+
+fn add_into(total: &mut Vec<u32>, counts: &[u32]) {
+    if total.len() < counts.len() {
+        total.resize(counts.len(), 0);
+    }
+    for (t, c) in total.iter_mut().zip(counts) {
+        *t = t.saturating_add(*c);
+    }
+}
+
+fn sum(parts: &[&[u32]], n: usize) -> Vec<u32> {
+    let mut total = vec![0; n.min(MAX_SLOTS)];
+    for p in parts {
+        add_into(&mut total, p);
+    }
+    total
+}
+
+fn decode_counts(bytes: &[u8]) -> Vec<u32> {
+    bytes
         .chunks_exact(4)
         .take(MAX_SLOTS)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    if counts.len() < n {
-        counts.resize(n, 0);
-    }
-    counts
+        .collect()
 }
 
-fn encode(counts: &[u32]) -> Vec<u8> {
+fn encode_counts(counts: &[u32]) -> Vec<u8> {
     counts.iter().flat_map(|c| c.to_le_bytes()).collect()
 }
 
@@ -102,58 +261,105 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
-    fn add_and_release_return_to_zero() {
-        let s = MemStore::new();
-        let c = InflightCounters::new(&s, 3);
-        assert_eq!(c.add(1, 1).unwrap().0, 1);
-        assert_eq!(c.add(1, 1).unwrap().0, 2);
-        assert_eq!(c.add(2, 1).unwrap().0, 1);
-        assert_eq!(c.local().unwrap(), vec![0, 2, 1]);
-        c.add(1, -1).unwrap();
-        c.add(1, -1).unwrap();
-        c.add(2, -1).unwrap();
-        assert_eq!(c.local().unwrap(), vec![0, 0, 0]);
+    fn own_counts_are_exact_and_saturate_at_zero() {
+        let mut vm = VmLoad::new(1);
+        assert_eq!(vm.add(1, 1), 1);
+        assert_eq!(vm.add(1, 1), 2);
+        assert_eq!(vm.add(2, 1), 1);
+        assert_eq!(vm.replica(3), vec![0, 2, 1]);
+        assert_eq!(vm.add(0, -1), 0);
+        let past = u16::try_from(MAX_SLOTS).unwrap();
+        assert_eq!(vm.add(past, 1), 0, "out of range is not counted");
     }
 
     #[test]
-    fn release_saturates_at_zero() {
+    fn each_vm_sees_the_others_after_a_tick() {
         let s = MemStore::new();
-        let c = InflightCounters::new(&s, 1);
-        assert_eq!(c.add(0, -1).unwrap().0, 0);
+        let (mut a, mut b) = (VmLoad::new(1), VmLoad::new(2));
+        a.add(0, 3);
+        b.add(1, 2);
+        a.refresh(&s, 1000, false).unwrap();
+        b.refresh(&s, 1000, false).unwrap();
+        a.refresh(&s, 1250, false).unwrap();
+        assert_eq!((a.key(), b.key()), (Some(0), Some(1)));
+        assert_eq!(a.replica(2), vec![3, 2]);
+        assert_eq!(b.replica(2), vec![3, 2]);
+        assert_eq!(replica_total(&s, 1250).unwrap(), vec![3, 2]);
+        // Released on A: exact on A at once, on B after A's next tick.
+        a.add(0, -3);
+        assert_eq!(a.replica(2), vec![0, 2]);
+        a.refresh(&s, 1500, false).unwrap();
+        b.refresh(&s, 1500, false).unwrap();
+        assert_eq!(b.replica(2), vec![0, 2]);
     }
 
     #[test]
-    fn out_of_range_pod_is_an_error() {
+    fn a_vm_that_stops_ticking_stops_counting_and_its_key_is_reused() {
         let s = MemStore::new();
-        let slot = u16::try_from(MAX_SLOTS).unwrap();
-        assert!(InflightCounters::new(&s, 1).add(slot, 1).is_err());
+        let (mut dead, mut live) = (VmLoad::new(1), VmLoad::new(2));
+        dead.add(0, 5);
+        dead.refresh(&s, 1000, false).unwrap();
+        live.refresh(&s, 1000, false).unwrap();
+        assert_eq!(live.replica(1), vec![5]);
+        // The dead VM never ticks again.
+        live.refresh(&s, 1000 + VM_STALE_MS, false).unwrap();
+        assert_eq!(live.replica(1), vec![5], "still within the stale bound");
+        live.refresh(&s, 1001 + VM_STALE_MS, false).unwrap();
+        assert_eq!(
+            live.replica(1),
+            vec![0],
+            "a dead VM's pods are not loaded for good"
+        );
+        assert!(replica_total(&s, 1001 + VM_STALE_MS)
+            .unwrap()
+            .iter()
+            .all(|&c| c == 0));
+        // A reloaded VM takes the dead one's key; the key space stays put.
+        let mut new = VmLoad::new(3);
+        new.add(0, 1);
+        new.refresh(&s, 7000, false).unwrap();
+        assert_eq!(new.key(), Some(0));
+        assert_eq!(s.key_count(), 2);
+        // The old VM wakes up: its key is gone, it claims a free one.
+        dead.refresh(&s, 7100, false).unwrap();
+        assert_eq!(dead.key(), Some(2));
+        live.refresh(&s, 7200, false).unwrap();
+        assert_eq!(live.replica(1), vec![6]);
     }
 
     #[test]
-    fn a_vm_knowing_fewer_pods_keeps_the_counts_of_the_others() {
+    fn two_vms_racing_for_one_key_never_share_it() {
         let s = MemStore::new();
-        InflightCounters::new(&s, 8).add(7, 3).unwrap();
-        let small = InflightCounters::new(&s, 2);
-        small.add(0, 1).unwrap();
-        assert_eq!(small.local().unwrap()[7], 3);
+        let (mut a, mut b) = (VmLoad::new(1), VmLoad::new(2));
+        // B writes between A's read and A's claim.
+        s.interfere_next(1);
+        a.refresh(&s, 1000, false).unwrap();
+        b.refresh(&s, 1000, false).unwrap();
+        a.refresh(&s, 1250, false).unwrap();
+        assert_ne!(a.key(), b.key());
+        assert!(a.key().is_some() && b.key().is_some());
     }
 
     #[test]
-    fn fleet_adds_remote_counts() {
+    fn fleet_adds_the_other_replicas() {
         let s = MemStore::new();
-        let c = InflightCounters::new(&s, 2);
-        c.add(0, 1).unwrap();
-        c.set_remote(&[4, 5]).unwrap();
-        assert_eq!(c.fleet().unwrap(), vec![5, 5]);
+        let mut vm = VmLoad::new(1);
+        vm.add(0, 1);
+        set_remote(&s, &[4, 5]).unwrap();
+        vm.refresh(&s, 1000, true).unwrap();
+        assert_eq!(vm.fleet(2), vec![5, 5]);
+        assert_eq!(vm.replica(2), vec![1, 0]);
+        assert_eq!(remote(&s).unwrap(), vec![4, 5]);
     }
 
     #[test]
-    fn conflicting_writers_do_not_lose_counts() {
+    fn malformed_values_count_as_free_keys() {
         let s = MemStore::new();
-        let c = InflightCounters::new(&s, 1);
-        c.add(0, 1).unwrap();
-        s.interfere_next(5);
-        let (v, retries) = c.add(0, 1).unwrap();
-        assert_eq!((v, retries), (2, 5));
+        s.set(&vm_key(0), b"junk", None).unwrap();
+        let mut vm = VmLoad::new(9);
+        vm.add(0, 1);
+        vm.refresh(&s, 1000, false).unwrap();
+        assert_eq!(vm.key(), Some(0));
+        assert_eq!(replica_total(&s, 1000).unwrap(), vec![1]);
     }
 }

@@ -20,7 +20,7 @@ use std::fmt;
 use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
 use crate::hashing::BlockHasher;
-use crate::load::InflightCounters;
+use crate::load::VmLoad;
 use crate::policy::{choose, Choice, PolicyConfig};
 use crate::registry::{NameRegistry, SEEN_EVERY_SECS};
 use crate::request::PromptRequest;
@@ -30,6 +30,8 @@ use crate::table::{PrefixTable, TableConfig, WriteOutcome};
 
 /// Most table reads one routing decision may do.
 pub const MAX_PROBES: usize = 64;
+/// Most probe hints one VM keeps (then they start over).
+const MAX_HINTS: usize = 4096;
 
 /// Why routing could not decide.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,10 +69,6 @@ pub struct Routed {
     /// sampled blocks past its fresh matched prefix.
     pub recorded: Vec<u64>,
     pub write: WriteOutcome,
-    /// CAS retries spent on the in-flight counter.
-    pub load_retries: u32,
-    /// The chosen pod's in-flight count including this request.
-    pub inflight: u32,
 }
 
 /// Routing state of one VM: settings-derived helpers, the VM's view of the
@@ -86,6 +84,11 @@ pub struct Router {
     touch_interval_secs: u32,
     /// Rotation among equally loaded pods (see [`choose`]).
     turn: Cell<Option<usize>>,
+    /// In-flight counts: this VM's, and the others' as of the last tick.
+    load: RefCell<VmLoad>,
+    /// (model, first block) -> sampled index where the longest match ended
+    /// last time: the probe starts there (see [`longest_matches`]).
+    hints: RefCell<HashMap<(u16, u64), u32>>,
 }
 
 impl Router {
@@ -104,8 +107,29 @@ impl Router {
             fleet: RefCell::new(FleetView::default()),
             touch_interval_secs: touch_interval_secs(&settings),
             turn: Cell::new(None),
+            load: RefCell::new(VmLoad::new(0)),
+            hints: RefCell::new(HashMap::new()),
             settings,
         }
+    }
+
+    /// Names this VM's in-flight key (a value unique per VM, see
+    /// [`VmLoad::new`]); call once, before the first tick.
+    pub fn with_vm_token(self, token: u64) -> Self {
+        *self.load.borrow_mut() = VmLoad::new(token);
+        self
+    }
+
+    /// The tick's load exchange (see [`VmLoad::refresh`]); returns this
+    /// replica's in-flight count per slot, for the gauges.
+    pub fn refresh_load<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        now_ms: u64,
+    ) -> Result<Vec<u32>, StoreError> {
+        let mut load = self.load.borrow_mut();
+        load.refresh(store, now_ms, self.settings.sync.enabled)?;
+        Ok(load.replica(self.fleet.borrow().bound()))
     }
 
     pub fn settings(&self) -> &Settings {
@@ -222,16 +246,33 @@ impl Router {
         let positions = sampled_positions(hashes.len(), self.settings.dense_prefix_blocks as usize);
         let table = PrefixTable::new(store, self.table);
         let (matches, probes) = match model {
-            Some(m) => longest_matches(&table, &hashes, &positions, m, pool, now_secs)?,
+            Some(m) => {
+                let key = (m, hashes.first().copied().unwrap_or(0));
+                let hint = self.hints.borrow().get(&key).copied();
+                let found = longest_matches(
+                    &table,
+                    &Probe {
+                        hashes: &hashes,
+                        positions: &positions,
+                        model: m,
+                        pool,
+                        now: now_secs,
+                        hint: hint.map(|h| h as usize),
+                    },
+                )?;
+                if let Some(best) = found.0.iter().map(|p| p.last_index).max() {
+                    let mut hints = self.hints.borrow_mut();
+                    if hints.len() >= MAX_HINTS && !hints.contains_key(&key) {
+                        hints.clear();
+                    }
+                    hints.insert(key, best as u32);
+                }
+                found
+            }
             None => (Vec::new(), 0),
         };
-        let counters = InflightCounters::new(store, self.fleet.borrow().bound());
-        // Other replicas' load exists only when syncing: skip that read otherwise.
-        let load = if self.settings.sync.enabled {
-            counters.fleet()?
-        } else {
-            counters.local()?
-        };
+        // Other replicas' load exists only when syncing (see refresh_load).
+        let load = self.load.borrow().fleet(self.fleet.borrow().bound());
         let lengths: Vec<(u16, u32)> = matches.iter().map(|m| (m.pod, m.blocks)).collect();
         // Each VM starts its rotation at a random pod, so workers and
         // replicas do not all begin with the first one.
@@ -258,7 +299,7 @@ impl Router {
             Some(m) => table.record(&recorded, m, choice.pod, now_secs),
             None => WriteOutcome::default(),
         };
-        let (inflight, load_retries) = counters.add(choice.pod, 1)?;
+        self.load.borrow_mut().add(choice.pod, 1);
         Ok(Routed {
             choice,
             total_blocks: hashes.len(),
@@ -266,14 +307,12 @@ impl Router {
             model,
             recorded,
             write,
-            load_retries,
-            inflight,
         })
     }
 
-    /// Releases one in-flight request on `pod`; returns its new count.
-    pub fn release<S: SharedStore + ?Sized>(&self, store: &S, pod: u16) -> Result<u32, StoreError> {
-        InflightCounters::new(store, 0).add(pod, -1).map(|(v, _)| v)
+    /// Releases one in-flight request on `pod`; returns this VM's new count.
+    pub fn release(&self, pod: u16) -> u32 {
+        self.load.borrow_mut().add(pod, -1)
     }
 }
 
@@ -295,6 +334,8 @@ struct PodMatch {
     blocks: u32,
     /// Oldest last access among the probed blocks it holds.
     oldest_access: u32,
+    /// Sampled index of the last block it holds.
+    last_index: usize,
 }
 
 /// Block positions recorded and probed for a prompt of `blocks` blocks:
@@ -315,47 +356,68 @@ pub fn sampled_positions(blocks: usize, dense: usize) -> Vec<usize> {
     out
 }
 
+/// What one routing decision probes.
+struct Probe<'a> {
+    hashes: &'a [u64],
+    positions: &'a [usize],
+    model: u16,
+    pool: &'a [u16],
+    now: u32,
+    /// Sampled index where the longest match ended last time for this first
+    /// block: probed first, with the index after it. A repeated prefix (a
+    /// system prompt) is then confirmed in three reads instead of a gallop.
+    hint: Option<usize>,
+}
+
 /// For each pod of `pool` holding the first sampled block, how many leading
-/// blocks it holds, by galloping then bisecting over the sampled positions.
-/// Returns the matches and the number of table reads made.
+/// blocks it holds, by galloping then bisecting over the sampled positions
+/// (from the hint when there is one). Returns the matches and the number of
+/// table reads made.
 fn longest_matches<S: SharedStore + ?Sized>(
     table: &PrefixTable<'_, S>,
-    hashes: &[u64],
-    positions: &[usize],
-    model: u16,
-    pool: &[u16],
-    now: u32,
+    p: &Probe<'_>,
 ) -> Result<(Vec<PodMatch>, usize), StoreError> {
-    if positions.is_empty() {
+    if p.positions.is_empty() {
         return Ok((Vec::new(), 0));
     }
     let mut probe = Prober {
         table,
-        hashes,
-        positions,
-        model,
-        now,
-        memo: vec![None; positions.len()],
+        hashes: p.hashes,
+        positions: p.positions,
+        model: p.model,
+        now: p.now,
+        memo: vec![None; p.positions.len()],
         probes: 0,
     };
     // Which pods hold the first sampled block at all.
     let first: Vec<(u16, u32)> = probe
         .pods_at(0)?
-        .map(|p| {
-            p.iter()
+        .map(|held| {
+            held.iter()
                 .copied()
-                .filter(|(p, _)| pool.contains(p))
+                .filter(|(pod, _)| p.pool.contains(pod))
                 .collect()
         })
         .unwrap_or_default();
-    let n = positions.len();
+    let n = p.positions.len();
     let mut matches = Vec::with_capacity(first.len());
     for (pod, first_seen) in first {
         let mut oldest = first_seen;
         let (mut lo, mut hi) = (0usize, n);
-        let mut step = 1;
+        // Start at the hint: held there -> search above it, else below.
+        if let Some(h) = p.hint.filter(|&h| h > 0 && h < n) {
+            match probe.held_since(h, pod)? {
+                Some(Some(t)) => {
+                    oldest = oldest.min(t);
+                    lo = h;
+                }
+                Some(None) => hi = h,
+                None => {}
+            }
+        }
         // Gallop: double the stride while the pod still holds the block.
-        while lo + step < n {
+        let mut step = 1;
+        while lo + step < hi {
             match probe.held_since(lo + step, pod)? {
                 Some(Some(t)) => {
                     oldest = oldest.min(t);
@@ -386,8 +448,9 @@ fn longest_matches<S: SharedStore + ?Sized>(
         }
         matches.push(PodMatch {
             pod,
-            blocks: (positions[lo] + 1) as u32,
+            blocks: (p.positions[lo] + 1) as u32,
             oldest_access: oldest,
+            last_index: lo,
         });
     }
     Ok((matches, probe.probes))
@@ -479,7 +542,7 @@ mod tests {
         let p = "abcd".repeat(300);
         let first = r.route(&s, &req(&p), 100, &mut rng).unwrap();
         assert_eq!(first.choice.reason, Reason::NoMatch);
-        r.release(&s, first.choice.pod).unwrap();
+        r.release(first.choice.pod);
         let second = r.route(&s, &req(&p), 101, &mut rng).unwrap();
         assert_eq!(second.choice.reason, Reason::PrefixMatch);
         assert_eq!(second.choice.pod, first.choice.pod);
@@ -495,13 +558,13 @@ mod tests {
         let a = r
             .route(&s, &req(&format!("{prefix}aaaa")), 1000, &mut rng)
             .unwrap();
-        r.release(&s, a.choice.pod).unwrap();
+        r.release(a.choice.pod);
         assert_eq!(a.recorded.len(), sampled_positions(101, 32).len());
         // Same prefix, new tail, 30 s later: only the new last block is written.
         let b = r
             .route(&s, &req(&format!("{prefix}bbbb")), 1030, &mut rng)
             .unwrap();
-        r.release(&s, b.choice.pod).unwrap();
+        r.release(b.choice.pod);
         assert_eq!(b.choice.pod, a.choice.pod);
         assert_eq!(
             b.recorded,
@@ -534,7 +597,7 @@ mod tests {
                 &mut rng,
             )
             .unwrap();
-        r.release(&s, a.choice.pod).unwrap();
+        r.release(a.choice.pod);
         let b = r
             .route(
                 &s,
@@ -561,7 +624,7 @@ mod tests {
         for blocks in [100usize, 10_000] {
             let p = "q".repeat(4 * blocks);
             let a = r.route(&s, &req(&p), 100, &mut rng).unwrap();
-            r.release(&s, a.choice.pod).unwrap();
+            r.release(a.choice.pod);
             let b = r.route(&s, &req(&p), 100, &mut rng).unwrap();
             assert!(b.probes <= 20, "{blocks} blocks took {} probes", b.probes);
             assert!(
@@ -578,9 +641,9 @@ mod tests {
         let r = router("");
         let mut rng = SplitMix64::new(1);
         let a = r.route(&s, &req("hello world!"), 100, &mut rng).unwrap();
-        let counters = InflightCounters::new(&s, 3);
-        assert_eq!(counters.local().unwrap().iter().sum::<u32>(), 1);
-        assert_eq!(r.release(&s, a.choice.pod).unwrap(), 0);
+        assert_eq!(r.refresh_load(&s, 1000).unwrap().iter().sum::<u32>(), 1);
+        assert_eq!(r.release(a.choice.pod), 0);
+        assert_eq!(r.refresh_load(&s, 1250).unwrap().iter().sum::<u32>(), 0);
     }
 
     #[test]

@@ -25,7 +25,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -34,8 +34,8 @@ use support::aibrix::{
     decode_block, now_nanos, prefix_text, AibrixReader, AibrixWriter, ModelToPods,
 };
 use support::{
-    free_port, send, tail, text, wait_until, Envoy, EnvoyOptions, Pod, Redis, Reply, Setup,
-    TestDir, CLIENT_TIMEOUT,
+    free_port, send, tail, text, wait_until, write_eds, Envoy, EnvoyOptions, Pod, Redis, Reply,
+    Setup, TestDir, CLIENT_TIMEOUT,
 };
 
 /// The model every request names.
@@ -129,32 +129,6 @@ fn cases(seed: u64) -> Vec<Case> {
 // The fleet: Redis, pods named by EDS hostname, one Envoy replica
 // ---------------------------------------------------------------------------
 
-/// One EDS host: (name, port).
-fn write_eds(path: &Path, hosts: &[(String, u16)]) {
-    let endpoints: Vec<_> = hosts
-        .iter()
-        .map(|(name, port)| {
-            json!({
-                "endpoint": {
-                    "hostname": name,
-                    "address": { "socket_address": { "address": "127.0.0.1", "port_value": port } }
-                },
-                "health_status": "HEALTHY"
-            })
-        })
-        .collect();
-    let doc = json!({
-        "resources": [{
-            "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
-            "cluster_name": "pods",
-            "endpoints": [{ "lb_endpoints": endpoints }]
-        }]
-    });
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
-    fs::rename(&tmp, path).unwrap();
-}
-
 /// Fields drop in order: Envoy first, the scratch dir last.
 struct Fleet {
     envoy: Envoy,
@@ -179,7 +153,7 @@ impl Fleet {
             &eds,
             &pods
                 .iter()
-                .map(|p| (p.name.clone(), p.port))
+                .map(|p| (p.name.clone(), p.port, "HEALTHY"))
                 .collect::<Vec<_>>(),
         );
         let config = fs::read_to_string(&path).unwrap();

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::{
-    completion_body, free_port, send, text, wait_until, Envoy, EnvoyOptions, FaultProxy, Pod,
-    Ports, Reply, Setup, TestDir, CLIENT_TIMEOUT,
+    completion_body, free_port, send, text, wait_until, write_eds, EdsHost, Envoy, EnvoyOptions,
+    FaultProxy, Pod, Ports, Reply, Setup, TestDir, CLIENT_TIMEOUT,
 };
 
 /// The bound: after an update, nothing goes where it must not.
@@ -32,8 +32,6 @@ const FOLLOW: Duration = Duration::from_secs(2);
 const PROMPT_LEN: usize = 4096;
 
 /// One EDS host: (name, port, EDS health status).
-type EdsHost = (String, u16, &'static str);
-
 /// Envoy on `envoy/eds.yaml`, its EDS file, and the pods it may route to.
 struct EdsFleet {
     envoy: Envoy,
@@ -128,32 +126,6 @@ impl EdsFleet {
         )
         .unwrap_or_else(|e| panic!("POST: {e}"))
     }
-}
-
-/// Writes the EDS file by rename (Envoy's file watch follows moves).
-fn write_eds(path: &PathBuf, hosts: &[EdsHost]) {
-    let endpoints: Vec<_> = hosts
-        .iter()
-        .map(|(name, port, health)| {
-            json!({
-                "endpoint": {
-                    "hostname": name,
-                    "address": { "socket_address": { "address": "127.0.0.1", "port_value": port } }
-                },
-                "health_status": health
-            })
-        })
-        .collect();
-    let doc = json!({
-        "resources": [{
-            "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
-            "cluster_name": "pods",
-            "endpoints": [{ "lb_endpoints": endpoints }]
-        }]
-    });
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
-    fs::rename(&tmp, path).unwrap();
 }
 
 /// One request of a run: when it was sent (since the update), its group
@@ -461,17 +433,18 @@ fn a_garbage_admin_reply_keeps_the_last_good_members() {
     });
     assert!(ok, "garbage replies were not counted as failures");
     // Routing goes on over the last good members.
-    let routed0 = f.envoy.router_stat("prefix_router.routed.no_match");
+    let routed0 = f.envoy.settled_router_stat("prefix_router.routed.no_match");
     for seed in 300..310 {
         assert_eq!(f.complete(&text(seed, PROMPT_LEN)).status, 200);
     }
     assert_eq!(
-        f.envoy.router_stat("prefix_router.routed.no_match"),
+        f.envoy
+            .router_stat_reaching("prefix_router.routed.no_match", routed0 + 10),
         routed0 + 10
     );
     assert_eq!(
         f.envoy
-            .router_stat("prefix_router.passthrough.no_endpoints"),
+            .settled_router_stat("prefix_router.passthrough.no_endpoints"),
         0
     );
     assert_eq!(f.gauge("members"), 3);

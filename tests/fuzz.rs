@@ -47,7 +47,7 @@ use envoy_prefix_router::fleet::membership::{parse_clusters, PodNaming, MAX_HOST
 use envoy_prefix_router::fleet::{self, FleetView, Members, SharedView};
 use envoy_prefix_router::handoff::{self, DirtySet};
 use envoy_prefix_router::liveness::Heartbeat;
-use envoy_prefix_router::load::InflightCounters;
+use envoy_prefix_router::load;
 use envoy_prefix_router::registry::{NameRegistry, Registry, MAX_NAME, MAX_SLOTS};
 use envoy_prefix_router::request::{classify, parse_body, ApiKind, PassReason};
 use envoy_prefix_router::resp::{
@@ -2052,9 +2052,7 @@ fn podload_apply_remote_and_is_stale() {
                     *w = w.saturating_add(c);
                 }
             }
-            let got = InflightCounters::new(&*st.store, fleet.bound())
-                .fleet()
-                .unwrap();
+            let got = load::remote(&*st.store).unwrap();
             if got != want {
                 return Err(format!("fleet load {got:?}, want {want:?}"));
             }

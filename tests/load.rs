@@ -11,7 +11,9 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use serde_json::json;
-use support::{completion_body, send, text, wait_until, Reply, Running, Setup, CLIENT_TIMEOUT};
+use support::{
+    completion_body, send, text, wait_until, Reply, Running, Setup, CLIENT_TIMEOUT, STATS_FLUSH,
+};
 
 /// Sends a completions request that the pod holds for `delay_ms`, on a thread.
 fn slow_request(run: &Running, body: String, delay_ms: u64) -> JoinHandle<Result<Reply, String>> {
@@ -45,19 +47,27 @@ fn load_guard_moves_traffic_from_busy_pod() {
     let body = |i: u64| completion_body(&json!(format!("{prefix}{}", text(5000 + i, 200))));
     let hot = run.post("/v1/completions", &body(0)).expect_pod();
     let hot_port = run.pod_named(&hot).port;
-    let guard_before = run.envoy.router_stat("prefix_router.routed.load_guard");
+    let guard_before = run
+        .envoy
+        .settled_router_stat("prefix_router.routed.load_guard");
 
     // Pile slow requests for the hot prefix on until the guard sends one elsewhere.
     let mut holders = Vec::new();
     let mut guarded = false;
     for i in 1..=8 {
-        holders.push(slow_request(&run, body(i), 6000));
+        holders.push(slow_request(&run, body(i), 10_000));
         let landed = wait_until(Duration::from_secs(5), || total_inflight(&run) >= i as i64);
         assert!(
             landed,
             "slow request {i} never showed in the in-flight gauges"
         );
-        if run.envoy.router_stat("prefix_router.routed.load_guard") > guard_before {
+        // A decision reaches the stats on the next tick of its worker.
+        let guard = run.envoy.router_stat_within(
+            "prefix_router.routed.load_guard",
+            guard_before + 1,
+            STATS_FLUSH * 3,
+        );
+        if guard > guard_before {
             guarded = true;
             break;
         }
@@ -74,14 +84,20 @@ fn load_guard_moves_traffic_from_busy_pod() {
     );
 
     // While the hot pod is busy, the next request for its prefix goes elsewhere.
-    let guard_mid = run.envoy.router_stat("prefix_router.routed.load_guard");
+    let guard_mid = run
+        .envoy
+        .settled_router_stat("prefix_router.routed.load_guard");
     let probe = run.post("/v1/completions", &body(100));
     assert_ne!(
         probe.expect_pod(),
         hot,
         "busy pod still took the hot prefix"
     );
-    assert!(run.envoy.router_stat("prefix_router.routed.load_guard") > guard_mid);
+    assert!(
+        run.envoy
+            .router_stat_reaching("prefix_router.routed.load_guard", guard_mid + 1)
+            > guard_mid
+    );
 
     for holder in holders {
         let reply = holder.join().expect("holder thread");
@@ -141,6 +157,8 @@ fn inflight_counters_return_to_zero() {
     assert_eq!(timed_out.status, 504, "{timed_out:?}");
 
     // A pod dies with requests in flight (upstream reset), then refuses connections.
+    // (The gauges are set on the workers' tick: let the last releases show.)
+    thread::sleep(STATS_FLUSH * 3);
     let before: i64 = total_inflight(&run);
     let gauges_before = run.envoy.inflight();
     let slow: Vec<_> = (0..4)

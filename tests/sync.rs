@@ -23,7 +23,6 @@ mod support;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs;
-use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -34,10 +33,11 @@ use envoy_prefix_router::hashing::BlockHasher;
 use envoy_prefix_router::request::{parse_body, ApiKind};
 use envoy_prefix_router::router::sampled_positions;
 use serde_json::{json, Value};
+use support::redis::{RedisAt, Resp};
 use support::{
-    completion_body, envoy_template, free_port, patch_plugin_json, resp_command, send,
-    substitute_ports, tail, text, wait_until, wasm_module, Envoy, EnvoyOptions, Pod, Ports, Redis,
-    Reply, TestDir, CLIENT_TIMEOUT, WASM_REL_PATH,
+    completion_body, envoy_template, free_port, patch_plugin_json, send, substitute_ports, tail,
+    text, wait_until, wasm_module, Envoy, EnvoyOptions, Pod, Ports, Redis, Reply, TestDir,
+    CLIENT_TIMEOUT, WASM_REL_PATH,
 };
 
 /// Model named by `support::completion_body`.
@@ -439,130 +439,6 @@ fn now_nanos() -> u64 {
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
         .as_nanos() as u64
-}
-
-// ---------------------------------------------------------------------------
-// A tiny independent RESP client (the crate's own codec is under test)
-// ---------------------------------------------------------------------------
-
-#[derive(Clone, Debug, PartialEq)]
-enum Resp {
-    Simple(String),
-    Error(String),
-    Int(i64),
-    Bulk(Option<Vec<u8>>),
-    Array(Option<Vec<Resp>>),
-}
-
-impl Resp {
-    fn int(&self) -> i64 {
-        match self {
-            Resp::Int(n) => *n,
-            other => panic!("expected an integer reply, got {other:?}"),
-        }
-    }
-}
-
-fn parse_resp(buf: &[u8], pos: &mut usize) -> Option<Resp> {
-    let line_end = buf[*pos..].windows(2).position(|w| w == b"\r\n")? + *pos;
-    let kind = buf[*pos];
-    let line = String::from_utf8_lossy(&buf[*pos + 1..line_end]).into_owned();
-    *pos = line_end + 2;
-    Some(match kind {
-        b'+' => Resp::Simple(line),
-        b'-' => Resp::Error(line),
-        b':' => Resp::Int(line.parse().ok()?),
-        b'$' => {
-            let n: i64 = line.parse().ok()?;
-            if n < 0 {
-                Resp::Bulk(None)
-            } else {
-                let n = n as usize;
-                let data = buf.get(*pos..*pos + n)?.to_vec();
-                *pos += n + 2;
-                Resp::Bulk(Some(data))
-            }
-        }
-        b'*' => {
-            let n: i64 = line.parse().ok()?;
-            if n < 0 {
-                Resp::Array(None)
-            } else {
-                let mut items = Vec::new();
-                for _ in 0..n {
-                    items.push(parse_resp(buf, pos)?);
-                }
-                Resp::Array(Some(items))
-            }
-        }
-        _ => return None,
-    })
-}
-
-/// Plain-TCP access to a Redis (for inspection and for writing keys the way
-/// an AIBrix Go gateway does).
-#[derive(Clone)]
-struct RedisAt {
-    port: u16,
-    password: Option<String>,
-}
-
-impl RedisAt {
-    fn of(redis: &Redis) -> RedisAt {
-        RedisAt {
-            port: redis.port,
-            password: redis.password.clone(),
-        }
-    }
-
-    /// Sends the commands as one pipeline (AUTH first when a password is
-    /// set, QUIT last) and returns one reply per command.
-    fn pipeline(&self, commands: &[Vec<String>]) -> Vec<Resp> {
-        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))
-            .unwrap_or_else(|e| panic!("connect to redis :{}: {e}", self.port));
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("read timeout");
-        let mut payload = Vec::new();
-        if let Some(pw) = &self.password {
-            payload.extend(resp_command(&["AUTH", pw]));
-        }
-        for c in commands {
-            let args: Vec<&str> = c.iter().map(String::as_str).collect();
-            payload.extend(resp_command(&args));
-        }
-        payload.extend(resp_command(&["QUIT"]));
-        stream.write_all(&payload).expect("write to redis");
-        let mut buf = Vec::new();
-        stream.read_to_end(&mut buf).expect("read from redis");
-        let mut pos = 0;
-        let mut replies = Vec::new();
-        while pos < buf.len() {
-            match parse_resp(&buf, &mut pos) {
-                Some(r) => replies.push(r),
-                None => panic!("unparsable redis reply at byte {pos} of {}", buf.len()),
-            }
-        }
-        if self.password.is_some() {
-            let auth = replies.remove(0);
-            assert_eq!(auth, Resp::Simple("OK".into()), "AUTH");
-        }
-        assert_eq!(replies.pop(), Some(Resp::Simple("OK".into())), "QUIT");
-        assert_eq!(replies.len(), commands.len(), "one reply per command");
-        replies
-    }
-
-    fn cmd(&self, args: &[&str]) -> Resp {
-        let c: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        self.pipeline(&[c]).remove(0)
-    }
-
-    /// How many of `keys` exist.
-    fn exists(&self, keys: &[String]) -> i64 {
-        let mut c = vec!["EXISTS".to_string()];
-        c.extend(keys.iter().cloned());
-        self.pipeline(&[c])[0].int()
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1301,7 +1177,13 @@ fn blocks_routed_before_the_first_sync_tick_still_reach_redis() {
         keys.len(),
         a.sync_stats()
     );
-    assert_eq!(a.stat("handoff_dropped"), 0, "{}", a.sync_stats());
+    assert_eq!(
+        a.envoy
+            .settled_router_stat("prefix_router.sync.handoff_dropped"),
+        0,
+        "{}",
+        a.sync_stats()
+    );
 }
 
 /// Sends `n` fresh completions to `r`, one every 50 ms, and returns how many

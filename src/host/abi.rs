@@ -36,6 +36,11 @@ extern "C" {
         return_value_data: *mut *mut u8,
         return_value_size: *mut usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(
+        map_type: u32,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> u32;
     fn proxy_get_buffer_bytes(
         buffer_type: u32,
         start: usize,
@@ -81,13 +86,15 @@ pub fn map_value(map_type: MapType, key: &str) -> Result<Option<Vec<u8>>, HostSt
     owned(status, data, size)
 }
 
-/// A header value as text, empty when absent, not UTF-8 or unreadable.
-pub fn header_text(map_type: MapType, key: &str) -> String {
-    map_value(map_type, key)
-        .ok()
-        .flatten()
-        .and_then(|v| String::from_utf8(v).ok())
-        .unwrap_or_default()
+/// A whole header map in the proxy-wasm pair encoding, undecoded (the
+/// SDK's `get_map` unwraps each value's UTF-8; the caller decodes without
+/// trusting it, see [`crate::stream::RequestHead::decode`]).
+pub fn map_pairs(map_type: MapType) -> Result<Vec<u8>, HostStatus> {
+    let mut data: *mut u8 = null_mut();
+    let mut size: usize = 0;
+    // SAFETY: pointers to live locals for the call's duration.
+    let status = unsafe { proxy_get_header_map_pairs(map_type as u32, &mut data, &mut size) };
+    owned(status, data, size).map(Option::unwrap_or_default)
 }
 
 /// Up to `max` bytes of a buffer from `start`; `None` when there is none.

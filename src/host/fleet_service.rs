@@ -15,7 +15,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
 use super::abi;
-use super::store::HostStore;
+use super::envoy::EnvoyHost;
 use crate::config::Settings;
 use crate::fleet::membership::{parse_clusters, Host};
 use crate::fleet::{self, Members, SharedView};
@@ -169,7 +169,7 @@ impl FleetService {
         }
         let now_secs = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
         let members =
-            match fleet::cluster_members(&HostStore, &hosts, now_secs, self.settings.retire_secs())
+            match fleet::cluster_members(&EnvoyHost, &hosts, now_secs, self.settings.retire_secs())
             {
                 Ok(m) => m,
                 Err(e) => {

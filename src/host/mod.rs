@@ -1,21 +1,18 @@
 //! The host layer: the only code that names `proxy_wasm`. It adapts Envoy's
 //! callbacks to the pure modules: [`root::FilterRoot`] and
-//! [`filter::PrefixFilter`] for the request path, [`sync_service`] for the
-//! singleton that syncs the table with Redis, [`store::HostStore`] for shared
-//! data and [`metrics::Metrics`] for stats.
+//! [`filter::PrefixFilter`] forward the request path to
+//! [`crate::worker::Worker`] and [`crate::stream::Stream`];
+//! [`sync_service`] and [`fleet_service`] run the singleton that syncs the
+//! table with Redis and reads the fleet; [`envoy::EnvoyHost`] implements the
+//! pure modules' host traits over the hostcalls.
 
 mod abi;
+mod envoy;
 mod filter;
 mod fleet_service;
-mod metrics;
 mod root;
-mod shared;
-mod store;
 mod sync_service;
 
-use std::time::UNIX_EPOCH;
-
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::{BufferType, LogLevel};
 
@@ -67,13 +64,7 @@ fn load_settings() -> Option<Settings> {
     }
 }
 
-fn now_nanos() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
+use envoy::now_nanos;
 
 fn now_secs() -> u32 {
     u32::try_from(now_nanos() / 1_000_000_000).unwrap_or(u32::MAX)

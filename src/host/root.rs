@@ -1,7 +1,6 @@
 //! The filter's root context (one per worker VM): parses the plugin
-//! configuration, defines the stats, refreshes the fleet view and reports
-//! sync liveness on its tick, and hands every HTTP stream a filter context
-//! sharing one [`FilterShared`].
+//! configuration, builds the VM's [`Worker`] and forwards its tick; hands
+//! every HTTP stream a filter context sharing that worker.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -10,94 +9,55 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
+use super::envoy::{now_nanos, EnvoyHost};
 use super::filter::PrefixFilter;
-use super::now_nanos;
-use super::shared::FilterShared;
-use crate::liveness::{self, Heartbeat};
+use crate::worker::Worker;
 
 /// A worker's tick: how often it refreshes its fleet view (membership,
-/// health and cooldowns published by others).
+/// health and cooldowns published by others) and flushes its stats.
 const TICK: Duration = Duration::from_millis(250);
-/// Ticks between liveness reports (one a second).
-const LIVENESS_TICKS: u64 = 4;
 
 /// Root context of the HTTP filter.
 #[derive(Default)]
 pub struct FilterRoot {
-    shared: Option<Rc<FilterShared>>,
-    /// Whether this VM logged the singleton as dead (once per outage).
-    singleton_dead_logged: bool,
-    ticks: u64,
+    worker: Option<Rc<Worker>>,
 }
 
 impl Context for FilterRoot {}
-
-impl FilterRoot {
-    /// Records the sync liveness gauges from the singleton's heartbeat; they
-    /// keep moving when the singleton is dead, which its own stats cannot.
-    fn report_liveness(&mut self) {
-        let Some(shared) = self.shared.as_ref() else {
-            return;
-        };
-        let now = now_nanos() / 1_000_000;
-        let beat = hostcalls::get_shared_data(liveness::KEY)
-            .ok()
-            .and_then(|(v, _)| Heartbeat::decode(&v?))
-            .unwrap_or_default();
-        let m = &shared.metrics;
-        if beat.started_ms == 0 {
-            // The singleton never started: nothing to report yet.
-            return;
-        }
-        m.record(m.sync_success_age_s, beat.success_age_s(now));
-        m.record(m.sync_singleton_age_s, beat.tick_age_s(now));
-        let dead = beat.singleton_dead(now);
-        if dead && !self.singleton_dead_logged {
-            log::error!(
-                "prefix_router: the sync singleton has not run for {} s (its VM may have died); sync is stopped, routing goes on",
-                beat.tick_age_s(now)
-            );
-        }
-        self.singleton_dead_logged = dead;
-    }
-}
 
 impl RootContext for FilterRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         let Some(settings) = super::load_settings() else {
             return false;
         };
-        let vm_id = super::vm_id();
         if let Err(status) = hostcalls::set_tick_period(TICK) {
-            log::error!("prefix_router: no tick ({status:?}): the fleet view will not refresh");
+            log::error!(
+                "prefix_router: no tick ({status:?}): the fleet view will not refresh and stats will not be flushed"
+            );
         }
-        // Per-VM seed: the clock plus this context's address (std::process::id panics on WASI).
+        // Per-VM seed: the clock plus this context's address (std::process::id
+        // panics on WASI); the worker mixes in a number unique per VM.
         let seed = now_nanos() ^ (self as *const Self as u64).rotate_left(32);
-        self.shared = Some(Rc::new(FilterShared::new(settings, vm_id, seed)));
+        self.worker = Some(Rc::new(Worker::new(
+            settings,
+            &EnvoyHost,
+            super::vm_id(),
+            seed,
+        )));
         true
     }
 
     fn on_tick(&mut self) {
-        let tick = self.ticks;
-        self.ticks = self.ticks.wrapping_add(1);
-        if let Some(shared) = self.shared.as_ref() {
-            shared.refresh_fleet(tick);
-        }
-        if tick % LIVENESS_TICKS == 0
-            && self
-                .shared
-                .as_ref()
-                .is_some_and(|s| s.router.settings().sync.enabled)
-        {
-            self.report_liveness();
+        if let Some(worker) = &self.worker {
+            worker.on_tick(&EnvoyHost);
         }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Without a valid configuration Envoy does not start the listener, but
         // stay defensive: no context means the stream passes untouched.
-        let shared = self.shared.clone()?;
-        Some(Box::new(PrefixFilter::new(shared)))
+        let worker = self.worker.clone()?;
+        Some(Box::new(PrefixFilter::new(worker)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

@@ -19,8 +19,8 @@ use proxy_wasm::traits::{Context, RootContext};
 use proxy_wasm::types::MetricType;
 
 use super::abi;
+use super::envoy::EnvoyHost;
 use super::fleet_service::FleetService;
-use super::store::HostStore;
 use super::{now_millis, now_nanos, now_secs};
 use crate::config::Settings;
 use crate::fleet::SharedView;
@@ -53,7 +53,7 @@ pub struct SyncRoot {
 
 struct SyncState {
     engine: SyncEngine,
-    prefix: Rc<RefCell<PrefixCacheSync<HostStore>>>,
+    prefix: Rc<RefCell<PrefixCacheSync<EnvoyHost>>>,
     prefix_ns: String,
     /// dispatch_http_call token -> engine call id.
     calls: HashMap<u32, CallId>,
@@ -216,7 +216,7 @@ impl SyncState {
         let secs: Rc<dyn Fn() -> u64> = Rc::new(|| u64::from(now_secs()));
         let millis: Rc<dyn Fn() -> u64> = Rc::new(now_millis);
         let prefix = Rc::new(RefCell::new(PrefixCacheSync::new(
-            HostStore,
+            EnvoyHost,
             settings.clone(),
             view.clone(),
             secs,
@@ -225,7 +225,7 @@ impl SyncState {
         let prefix_ns = settings.sync.namespaces.prefixcache.clone();
         let max_age = settings.sync.period_ms.saturating_mul(3);
         let load = PodLoadSync::new(
-            HostStore,
+            EnvoyHost,
             &settings,
             view,
             engine.origin().to_string(),

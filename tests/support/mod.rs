@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 pub mod aibrix;
+pub mod redis;
 
 /// Reserved placeholder port numbers used in `envoy/*.yaml` (docs/CONTRACTS.md).
 pub const PLACEHOLDER_LISTENER: u16 = 18080;
@@ -351,6 +352,40 @@ pub fn render_config(
 // ---------------------------------------------------------------------------
 
 /// Waits until `ready` returns true, or `deadline` passes (then false).
+/// One endpoint of an EDS file: its hostname (the pod name), its port on
+/// 127.0.0.1 and Envoy's health status for it (`HEALTHY`, `UNHEALTHY`, ...).
+pub type EdsHost = (String, u16, &'static str);
+
+/// Writes the `pods` cluster's EDS file by rename (Envoy's file watch
+/// follows moves, and never sees a half-written file).
+pub fn write_eds(path: &Path, hosts: &[EdsHost]) {
+    let endpoints: Vec<_> = hosts
+        .iter()
+        .map(|(name, port, health)| {
+            serde_json::json!({
+                "endpoint": {
+                    "hostname": name,
+                    "address": { "socket_address": { "address": "127.0.0.1", "port_value": port } }
+                },
+                "health_status": health
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "resources": [{
+            "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+            "cluster_name": "pods",
+            "endpoints": [{ "lb_endpoints": endpoints }]
+        }]
+    });
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, serde_json::to_string_pretty(&doc).expect("EDS json")).expect("write EDS");
+    fs::rename(&tmp, path).expect("rename EDS");
+}
+
+/// How often a worker VM flushes the request path's stats to Envoy (its tick).
+pub const STATS_FLUSH: Duration = Duration::from_millis(250);
+
 pub fn wait_until(timeout: Duration, mut ready: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
@@ -551,6 +586,36 @@ impl Envoy {
     /// 0 when the stat does not exist yet.
     pub fn router_stat(&self, name: &str) -> i64 {
         self.router_stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// The filter's stats once every worker VM has flushed what it counted
+    /// so far: the request path's stats reach Envoy on the worker's tick
+    /// ([`STATS_FLUSH`]), so a read right after traffic can miss the last
+    /// tick's counts. Waits three ticks.
+    pub fn settled_router_stats(&self) -> BTreeMap<String, i64> {
+        thread::sleep(STATS_FLUSH * 3);
+        self.router_stats()
+    }
+
+    /// One stat as [`Envoy::settled_router_stats`] reads it.
+    pub fn settled_router_stat(&self, name: &str) -> i64 {
+        self.settled_router_stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// Waits (at most 5 s) until stat `name` reaches `min`; returns its
+    /// value then (below `min` if it never did).
+    pub fn router_stat_reaching(&self, name: &str, min: i64) -> i64 {
+        self.router_stat_within(name, min, Duration::from_secs(5))
+    }
+
+    /// [`Envoy::router_stat_reaching`] with its own deadline.
+    pub fn router_stat_within(&self, name: &str, min: i64, timeout: Duration) -> i64 {
+        let mut last = 0;
+        wait_until(timeout, || {
+            last = self.router_stat(name);
+            last >= min
+        });
+        last
     }
 
     /// The `prefix_router.inflight.*` gauges, keyed by the full stat name.

@@ -34,6 +34,12 @@ impl Replica {
         self.envoy.router_stats()
     }
 
+    /// The filter's stats once every worker VM has flushed what it counted
+    /// (the request path's stats reach Envoy on the worker's tick).
+    pub fn settled_stats(&self) -> BTreeMap<String, i64> {
+        self.envoy.settled_router_stats()
+    }
+
     /// One filter stat, 0 when it does not exist yet.
     pub fn stat(&self, name: &str) -> i64 {
         self.envoy.router_stat(name)

@@ -327,6 +327,9 @@ impl Gateway {
         if !self.router.is_filter() {
             return Vec::new();
         }
+        // The request path's stats reach Envoy on each worker's tick: wait
+        // for it once, then read every replica.
+        std::thread::sleep(support::STATS_FLUSH * 3);
         self.envoys.iter().map(Envoy::router_stats).collect()
     }
 }

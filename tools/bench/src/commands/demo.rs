@@ -127,7 +127,8 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &DemoArgs) {
     let families: Vec<Option<usize>> = workload.iter().map(|r| r.family).collect();
     let kinds = classify(&outcomes, &families);
     let names: Vec<String> = fleet.replicas.iter().map(|r| r.name.clone()).collect();
-    let stats: Vec<BTreeMap<String, i64>> = fleet.replicas.iter().map(|r| r.stats()).collect();
+    let stats: Vec<BTreeMap<String, i64>> =
+        fleet.replicas.iter().map(|r| r.settled_stats()).collect();
     drop(fleet);
 
     print_requests(&outcomes);

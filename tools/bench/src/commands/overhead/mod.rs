@@ -302,7 +302,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &OverheadArgs) {
             .await;
     });
     let load_b = meter.finish();
-    let stats = fleet.replicas[FILTER].stats();
+    let stats = fleet.replicas[FILTER].settled_stats();
     drop(fleet);
 
     let native = native_reference(&primers, matched, fresh, big);

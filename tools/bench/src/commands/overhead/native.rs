@@ -40,7 +40,7 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
     let route = |r: &Request, rng: &mut SplitMix64| {
         let req = parse_body(kind(r), r.body.as_bytes()).expect("parse body");
         if let Ok(routed) = router.route(&store, &req, 1_000_000, rng) {
-            let _ = router.release(&store, routed.choice.pod);
+            router.release(routed.choice.pod);
         }
     };
     for r in primed {
@@ -58,7 +58,7 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
         let (g0, s0) = store.op_counts();
         let t = Instant::now();
         if let Ok(routed) = router.route(&store, &req, 1_000_000, &mut rng) {
-            let _ = router.release(&store, routed.choice.pod);
+            router.release(routed.choice.pod);
         }
         n.route_us += t.elapsed().as_secs_f64();
         let (g1, s1) = store.op_counts();

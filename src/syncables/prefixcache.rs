@@ -1,43 +1,21 @@
-//! The two namespaces the filter syncs through Redis, as [`Syncable`]s over
-//! the shared store.
-//!
-//! - [`PrefixCacheSync`] (`prefixcache`): entity id = block hash in decimal,
-//!   payload `{"model_to_pods":{model:{pod:unix_nanos}}}`, merge keeps the
-//!   newer time per pod: byte-compatible with AIBrix's Go gateways. Delta
-//!   tracking: blocks workers handed over since the last successful push.
-//! - [`PodLoadSync`] (`podload`): one entity per replica, its in-flight count
-//!   per pod, so routing weighs the fleet's load and not only its own.
-//!
-//! Pods travel by their stable name, never by slot. Remote facts are applied
-//! to routing only for pods that are members here now (a slot is given to
-//! another pod only long after its pod left, see [`crate::registry`]), and
-//! their times are clamped to now, so a hostile or skewed writer cannot pin a
-//! fact beyond its idle expiry. Facts for other pods (another gateway's, e.g.
-//! an AIBrix gateway's) are kept, bounded, as [`ForeignFacts`] and carried in
-//! every value this replica writes: it never erases another writer's data,
-//! and a key naming a pod it does not know is never deleted as stale (it
-//! leaves by TTL).
+//! The `prefixcache` namespace: the prefix table as a [`Syncable`], byte
+//! compatible with AIBrix's Go gateways (see the module docs of
+//! [`crate::syncables`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
+use super::{Clock, NANOS};
 use crate::config::Settings;
 use crate::fleet::SharedView;
 use crate::foreign::ForeignFacts;
 use crate::handoff::{DirtySet, Touched};
-use crate::load::InflightCounters;
 use crate::registry::{NameRegistry, MAX_SLOTS};
 use crate::store::SharedStore;
 use crate::sync::{Capabilities, Delta, Rejected, Syncable};
 use crate::table::{PrefixTable, Record, TableConfig};
-
-/// The host's clock: [`PrefixCacheSync`] reads Unix seconds from it,
-/// [`PodLoadSync`] Unix milliseconds.
-pub type Clock = Rc<dyn Fn() -> u64>;
-
-const NANOS: u64 = 1_000_000_000;
 
 /// AIBrix's payload of one block.
 #[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -322,153 +300,14 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
     }
 }
 
-/// One replica's load report.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct LoadReport {
-    /// In-flight requests per pod name.
-    pub inflight: BTreeMap<String, u32>,
-    /// When the report was made, unix milliseconds.
-    pub at_ms: u64,
-}
-
-/// Per-replica in-flight load as a syncable: pushes this replica's counts
-/// (full snapshot of one entity), pulls the others' and publishes their sum
-/// to the shared store for routing.
-pub struct PodLoadSync<S: SharedStore> {
-    namespace: String,
-    replica: String,
-    store: S,
-    fleet: SharedView,
-    clock_ms: Clock,
-    /// Reports older than this are stale (deleted from Redis, not applied).
-    max_age_ms: u64,
-    remote: HashMap<String, Vec<u32>>,
-}
-
-impl<S: SharedStore> PodLoadSync<S> {
-    pub fn new(
-        store: S,
-        settings: &Settings,
-        fleet: SharedView,
-        replica: String,
-        clock_ms: Clock,
-        max_age_ms: u64,
-    ) -> Self {
-        Self {
-            namespace: settings.sync.namespaces.load.clone(),
-            replica,
-            store,
-            fleet,
-            clock_ms,
-            max_age_ms,
-            remote: HashMap::new(),
-        }
-    }
-
-    fn counters(&self) -> InflightCounters<'_, S> {
-        InflightCounters::new(&self.store, self.fleet.borrow().bound())
-    }
-}
-
-impl<S: SharedStore> Syncable for PodLoadSync<S> {
-    fn namespace(&self) -> String {
-        self.namespace.clone()
-    }
-
-    fn snapshot(&self) -> Vec<(String, Vec<u8>)> {
-        let Ok(local) = self.counters().local() else {
-            return Vec::new();
-        };
-        let fleet = self.fleet.borrow();
-        let report = LoadReport {
-            inflight: fleet
-                .all()
-                .filter_map(|(slot, name, _)| {
-                    let n = local.get(usize::from(slot)).copied().unwrap_or(0);
-                    (n > 0).then(|| (name.to_string(), n))
-                })
-                .collect(),
-            at_ms: (self.clock_ms)(),
-        };
-        serde_json::to_vec(&report)
-            .map(|v| vec![(self.replica.clone(), v)])
-            .unwrap_or_default()
-    }
-
-    fn apply_remote(&mut self, id: &str, payload: &[u8]) -> Result<(), Rejected> {
-        if id == self.replica {
-            return Ok(());
-        }
-        let report: LoadReport = serde_json::from_slice(payload)
-            .map_err(|e| Rejected(format!("load report {id}: {e}")))?;
-        let fleet = self.fleet.borrow();
-        let mut counts = vec![0u32; fleet.bound()];
-        for (name, n) in report.inflight {
-            if let Some(c) = fleet
-                .slot_of(&name)
-                .and_then(|pod| counts.get_mut(usize::from(pod)))
-            {
-                *c = n;
-            }
-        }
-        self.remote.insert(id.to_string(), counts);
-        Ok(())
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            hooks: true,
-            stale: true,
-            ..Capabilities::default()
-        }
-    }
-
-    fn on_sync_start(&mut self) {
-        // Replicas that stopped reporting drop out with this pull.
-        self.remote.clear();
-    }
-
-    fn on_sync_end(&mut self) {
-        let mut total = vec![0u32; self.fleet.borrow().bound()];
-        for counts in self.remote.values() {
-            for (t, c) in total.iter_mut().zip(counts) {
-                *t = t.saturating_add(*c);
-            }
-        }
-        if let Err(e) = self.counters().set_remote(&total) {
-            log::warn!("prefix_router: publishing fleet load failed: {e}");
-        }
-    }
-
-    fn is_stale(&self, id: &str, payload: &[u8]) -> bool {
-        id != self.replica
-            && serde_json::from_slice::<LoadReport>(payload)
-                .is_ok_and(|r| (self.clock_ms)().saturating_sub(r.at_ms) > self.max_age_ms)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::testutil::{clock, settings, view};
     use super::*;
     use crate::store::MemStore;
-    use crate::table::PrefixTable;
     use std::cell::Cell;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-
-    fn settings() -> Rc<Settings> {
-        Rc::new(Settings::from_json(br#"{"endpoints":["a:1","b:1"]}"#).unwrap())
-    }
-
-    /// The static pools as members (a:1 gets slot 0, b:1 slot 1).
-    fn view(store: &MemStore, s: &Settings) -> SharedView {
-        let m = crate::fleet::static_members(store, &s.static_pools(), 1, 100).unwrap();
-        Rc::new(std::cell::RefCell::new(crate::fleet::FleetView::new(m)))
-    }
-
-    fn clock(secs: u64) -> Clock {
-        Rc::new(move || secs)
-    }
 
     #[test]
     fn payload_is_aibrix_shaped_and_merges_newer_time() {
@@ -782,48 +621,5 @@ mod tests {
         PrefixTable::new(&*store, TableConfig::new(64, 1200)).record(&[1, 2, 3], 0, 0, 100);
         let ids: Vec<String> = sync.snapshot().into_iter().map(|(id, _)| id).collect();
         assert_eq!(ids, vec!["1", "2", "3"]);
-    }
-
-    #[test]
-    fn pod_load_sums_other_replicas_and_drops_stale() {
-        let store = Rc::new(MemStore::new());
-        let s = settings();
-        let now = Rc::new(Cell::new(10_000u64));
-        let n = now.clone();
-        let mut me = PodLoadSync::new(
-            store.clone(),
-            &s,
-            view(&store, &s),
-            "r1".into(),
-            Rc::new(move || n.get()),
-            30_000,
-        );
-        InflightCounters::new(&*store, 2).add(1, 2).unwrap();
-        let snap = me.snapshot();
-        assert_eq!(snap[0].0, "r1");
-        assert_eq!(
-            String::from_utf8(snap[0].1.clone()).unwrap(),
-            r#"{"inflight":{"b:1":2},"at_ms":10000}"#
-        );
-        me.on_sync_start();
-        me.apply_remote("r1", &snap[0].1).unwrap();
-        me.apply_remote("r2", br#"{"inflight":{"a:1":3,"b:1":1},"at_ms":9000}"#)
-            .unwrap();
-        me.apply_remote("r3", br#"{"inflight":{"a:1":4,"gone:1":9},"at_ms":9000}"#)
-            .unwrap();
-        me.on_sync_end();
-        assert_eq!(
-            InflightCounters::new(&*store, 2).fleet().unwrap(),
-            vec![7, 3]
-        );
-        now.set(100_000);
-        assert!(me.is_stale("r2", br#"{"inflight":{},"at_ms":1}"#));
-        assert!(!me.is_stale("r1", br#"{"inflight":{},"at_ms":1}"#));
-        me.on_sync_start();
-        me.on_sync_end();
-        assert_eq!(
-            InflightCounters::new(&*store, 2).fleet().unwrap(),
-            vec![0, 2]
-        );
     }
 }

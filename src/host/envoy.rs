@@ -1,0 +1,109 @@
+//! [`EnvoyHost`]: the pure modules' host traits ([`SharedStore`],
+//! [`MetricSink`], [`Host`]) over Envoy's hostcalls. Host statuses become
+//! [`StoreError`]s, `None` or `false` here, at the adapter boundary; nothing
+//! here traps (the getters go through [`super::abi`]).
+
+use std::time::UNIX_EPOCH;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
+
+use super::abi;
+use crate::meter::{MetricKind, MetricSink};
+use crate::store::{SharedStore, StoreError, Versioned};
+use crate::worker::Host;
+
+/// Envoy, through this VM's hostcalls (shared data is one map per `vm_id`,
+/// shared by every worker and the singleton).
+#[derive(Clone, Copy, Default)]
+pub struct EnvoyHost;
+
+impl SharedStore for EnvoyHost {
+    fn get(&self, key: &str) -> Result<Versioned, StoreError> {
+        hostcalls::get_shared_data(key).map_err(|s| host_error(key, s))
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
+            Err(s) => Err(host_error(key, s)),
+        }
+    }
+}
+
+fn host_error(key: &str, status: Status) -> StoreError {
+    StoreError::Host {
+        key: key.to_string(),
+        status: format!("{status:?}"),
+    }
+}
+
+impl MetricSink for EnvoyHost {
+    fn define_metric(&self, kind: MetricKind, name: &str) -> u32 {
+        let kind = match kind {
+            MetricKind::Counter => MetricType::Counter,
+            MetricKind::Gauge => MetricType::Gauge,
+            MetricKind::Histogram => MetricType::Histogram,
+        };
+        // 0 is never a valid id from Envoy; writes to it fail and are ignored.
+        hostcalls::define_metric(kind, name).unwrap_or(0)
+    }
+
+    fn increment_metric(&self, id: u32, by: i64) {
+        let _ = hostcalls::increment_metric(id, by);
+    }
+
+    fn record_metric(&self, id: u32, value: u64) {
+        let _ = hostcalls::record_metric(id, value);
+    }
+}
+
+impl Host for EnvoyHost {
+    fn now_nanos(&self) -> u64 {
+        now_nanos()
+    }
+
+    fn request_headers(&self) -> Option<Vec<u8>> {
+        abi::map_pairs(MapType::HttpRequestHeaders).ok()
+    }
+
+    fn set_request_header(&self, name: &str, value: &str) -> bool {
+        hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)).is_ok()
+    }
+
+    fn remove_request_header(&self, name: &str) {
+        let _ = hostcalls::remove_map_value(MapType::HttpRequestHeaders, name);
+    }
+
+    fn set_response_header(&self, name: &str, value: &str) {
+        let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, Some(value));
+    }
+
+    fn request_body(&self, max: usize) -> Option<Vec<u8>> {
+        abi::buffer(BufferType::HttpRequestBody, 0, max)
+            .ok()
+            .map(Option::unwrap_or_default)
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        abi::property(path).ok().flatten()
+    }
+
+    fn resolve_queue(&self, vm_id: &str, name: &str) -> Option<u32> {
+        hostcalls::resolve_shared_queue(vm_id, name).ok().flatten()
+    }
+
+    fn enqueue(&self, queue: u32, message: &[u8]) -> bool {
+        hostcalls::enqueue_shared_queue(queue, Some(message)).is_ok()
+    }
+}
+
+/// Wall clock, unix nanoseconds (0 if unreadable).
+pub fn now_nanos() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

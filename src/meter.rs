@@ -1,0 +1,343 @@
+//! The request path's stats, counted in the worker VM and flushed to Envoy on
+//! the worker's tick.
+//!
+//! Every Envoy stat write is a hostcall (about 1 µs each), and a routed
+//! request used to make four or five. Here a request only bumps plain
+//! counters in VM memory; [`Meter::flush`] hands the sums to Envoy, one call
+//! per stat that moved, every tick (250 ms). Envoy keys stats by name, so all
+//! worker VMs still add into the same counters. The price: a stat lags the
+//! traffic by at most one tick, and a VM that is torn down loses at most one
+//! tick of counts.
+//!
+//! `route_time_us` is sampled (one request in [`SAMPLE_EVERY`]): timing a
+//! request costs a second clock read.
+
+use std::cell::{Cell, RefCell};
+
+use crate::config::Settings;
+use crate::policy::Reason;
+use crate::request::PassReason;
+
+/// One routed request in this many is timed for `route_time_us`.
+pub const SAMPLE_EVERY: u32 = 8;
+/// Timings kept between flushes; more are dropped (a tick is 250 ms).
+const MAX_SAMPLES: usize = 256;
+
+/// Kinds of Envoy stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Envoy's stat hostcalls. Best effort: a stat that fails never fails a
+/// request, so nothing here returns an error.
+pub trait MetricSink {
+    /// Defines a stat; 0 when the host refuses (writes to 0 are ignored).
+    fn define_metric(&self, kind: MetricKind, name: &str) -> u32;
+    /// Adds to a counter or gauge.
+    fn increment_metric(&self, id: u32, by: i64);
+    /// Sets a gauge or records a histogram value.
+    fn record_metric(&self, id: u32, value: u64);
+}
+
+/// The counters a request moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    Requests,
+    Routed(Reason),
+    Pass(PassReason),
+    CasRetries,
+    CasExhausted,
+    TableEvictions,
+    /// Blocks the sync singleton never got (no hand-off queue).
+    HandoffDropped,
+    PassiveCooldowns,
+    /// New table slots taken (an Envoy gauge, added to).
+    SlotsUsed,
+}
+
+const ROUTED: [Reason; 3] = [Reason::PrefixMatch, Reason::NoMatch, Reason::LoadGuard];
+const FIXED: usize = 7;
+const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
+
+impl Count {
+    fn index(self) -> usize {
+        match self {
+            Count::Requests => 0,
+            Count::CasRetries => 1,
+            Count::CasExhausted => 2,
+            Count::TableEvictions => 3,
+            Count::HandoffDropped => 4,
+            Count::PassiveCooldowns => 5,
+            Count::SlotsUsed => 6,
+            Count::Routed(r) => FIXED + ROUTED.iter().position(|x| *x == r).unwrap_or(0),
+            Count::Pass(p) => {
+                FIXED + ROUTED.len() + PassReason::ALL.iter().position(|x| *x == p).unwrap_or(0)
+            }
+        }
+    }
+
+    fn name(i: usize) -> String {
+        let n = match i {
+            0 => "requests_total",
+            1 => "table.cas_retries",
+            2 => "table.cas_exhausted",
+            3 => "table.evictions",
+            4 => "sync.handoff_dropped",
+            5 => "fleet.passive_cooldowns",
+            6 => "table.slots_used",
+            i if i < FIXED + ROUTED.len() => match ROUTED[i - FIXED] {
+                Reason::PrefixMatch => "routed.prefix_match",
+                Reason::NoMatch => "routed.no_match",
+                Reason::LoadGuard => "routed.load_guard",
+            },
+            i => {
+                return format!(
+                    "prefix_router.passthrough.{}",
+                    PassReason::ALL[i - FIXED - ROUTED.len()].as_str()
+                )
+            }
+        };
+        format!("prefix_router.{n}")
+    }
+}
+
+/// Stats of one worker VM.
+pub struct Meter {
+    ids: [u32; N],
+    pending: [Cell<u64>; N],
+    route_time_us: u32,
+    samples: RefCell<Vec<u64>>,
+    sample_turn: Cell<u32>,
+    /// Liveness of the sync singleton, recorded on tick (see
+    /// [`crate::liveness`]); defined only with sync on.
+    pub sync_success_age_s: u32,
+    pub sync_singleton_age_s: u32,
+    /// In-flight gauge per pod address and the value last recorded.
+    inflight: RefCell<Vec<(String, u32, u32)>>,
+}
+
+impl Meter {
+    /// Defines every stat of the request path.
+    pub fn define(settings: &Settings, sink: &impl MetricSink) -> Self {
+        let ids = std::array::from_fn(|i| {
+            let kind = if i == Count::SlotsUsed.index() {
+                MetricKind::Gauge
+            } else {
+                MetricKind::Counter
+            };
+            sink.define_metric(kind, &Count::name(i))
+        });
+        let gauge = |n: &str| {
+            if settings.sync.enabled {
+                sink.define_metric(MetricKind::Gauge, &format!("prefix_router.{n}"))
+            } else {
+                0
+            }
+        };
+        Self {
+            ids,
+            pending: std::array::from_fn(|_| Cell::new(0)),
+            route_time_us: sink.define_metric(MetricKind::Histogram, "prefix_router.route_time_us"),
+            samples: RefCell::new(Vec::new()),
+            sample_turn: Cell::new(0),
+            sync_success_age_s: gauge("sync.last_success_age_s"),
+            sync_singleton_age_s: gauge("sync.singleton_age_s"),
+            inflight: RefCell::new(Vec::new()),
+        }
+    }
+
+    pub fn add(&self, c: Count, n: u64) {
+        let cell = &self.pending[c.index()];
+        cell.set(cell.get().saturating_add(n));
+    }
+
+    pub fn inc(&self, c: Count) {
+        self.add(c, 1);
+    }
+
+    /// Whether this request is one to time (one in [`SAMPLE_EVERY`]).
+    pub fn sample_this(&self) -> bool {
+        let t = self.sample_turn.get();
+        self.sample_turn.set(t.wrapping_add(1));
+        t % SAMPLE_EVERY == 0
+    }
+
+    /// Keeps one `route_time_us` sample for the next flush.
+    pub fn route_time(&self, us: u64) {
+        let mut s = self.samples.borrow_mut();
+        if s.len() < MAX_SAMPLES {
+            s.push(us);
+        }
+    }
+
+    /// Counted but not yet handed to Envoy (tests and the flush).
+    pub fn pending(&self, c: Count) -> u64 {
+        self.pending[c.index()].get()
+    }
+
+    /// Hands what moved since the last flush to Envoy: one call per counter
+    /// that moved and one per timing sample.
+    pub fn flush(&self, sink: &impl MetricSink) {
+        for (id, cell) in self.ids.iter().zip(&self.pending) {
+            let n = cell.replace(0);
+            if n > 0 {
+                sink.increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+        for us in self.samples.borrow_mut().drain(..) {
+            sink.record_metric(self.route_time_us, us);
+        }
+    }
+
+    /// Sets a pod's in-flight gauge, `prefix_router.inflight.<host>_<port>`,
+    /// when its value changed (defined on first use).
+    pub fn inflight(&self, sink: &impl MetricSink, address: &str, value: u32) {
+        let mut gauges = self.inflight.borrow_mut();
+        let i = match gauges.iter().position(|(a, _, _)| a == address) {
+            Some(i) => i,
+            None => {
+                let name = format!("prefix_router.inflight.{}", stat_safe(address));
+                let id = sink.define_metric(MetricKind::Gauge, &name);
+                // u32::MAX: never recorded yet, so the first value is.
+                gauges.push((address.to_string(), id, u32::MAX));
+                gauges.len() - 1
+            }
+        };
+        let (_, id, last) = &mut gauges[i];
+        if *last != value {
+            *last = value;
+            sink.record_metric(*id, u64::from(value));
+        }
+    }
+}
+
+/// Stat names split on `.`; endpoint names become one segment.
+fn stat_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[derive(Default)]
+    struct Sink {
+        names: RefCell<Vec<(MetricKind, String)>>,
+        values: RefCell<HashMap<u32, i64>>,
+        calls: Cell<u32>,
+    }
+
+    impl MetricSink for Sink {
+        fn define_metric(&self, kind: MetricKind, name: &str) -> u32 {
+            let mut n = self.names.borrow_mut();
+            n.push((kind, name.to_string()));
+            n.len() as u32
+        }
+        fn increment_metric(&self, id: u32, by: i64) {
+            self.calls.set(self.calls.get() + 1);
+            *self.values.borrow_mut().entry(id).or_default() += by;
+        }
+        fn record_metric(&self, id: u32, value: u64) {
+            self.calls.set(self.calls.get() + 1);
+            self.values.borrow_mut().insert(id, value as i64);
+        }
+    }
+
+    impl Sink {
+        fn value(&self, name: &str) -> i64 {
+            let id = self
+                .names
+                .borrow()
+                .iter()
+                .position(|(_, n)| n == name)
+                .unwrap() as u32
+                + 1;
+            self.values.borrow().get(&id).copied().unwrap_or(0)
+        }
+    }
+
+    fn settings() -> Settings {
+        Settings::from_json(br#"{"endpoints":["a:1"]}"#).unwrap()
+    }
+
+    #[test]
+    fn every_stat_has_its_contract_name_once() {
+        let sink = Sink::default();
+        Meter::define(&settings(), &sink);
+        let names = sink.names.borrow();
+        let mut seen: Vec<&str> = names.iter().map(|(_, n)| n.as_str()).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), names.len(), "{names:?}");
+        for n in [
+            "prefix_router.requests_total",
+            "prefix_router.routed.load_guard",
+            "prefix_router.passthrough.body_too_large",
+            "prefix_router.passthrough.internal_error",
+            "prefix_router.sync.handoff_dropped",
+            "prefix_router.route_time_us",
+        ] {
+            assert!(seen.contains(&n), "{n} missing from {seen:?}");
+        }
+        assert!(names
+            .iter()
+            .any(|(k, n)| *k == MetricKind::Gauge && n == "prefix_router.table.slots_used"));
+    }
+
+    #[test]
+    fn counts_reach_envoy_on_flush_with_one_call_per_moved_stat() {
+        let sink = Sink::default();
+        let m = Meter::define(&settings(), &sink);
+        for _ in 0..5 {
+            m.inc(Count::Requests);
+            m.inc(Count::Routed(Reason::LoadGuard));
+        }
+        m.inc(Count::Pass(PassReason::NotJson));
+        assert_eq!(sink.calls.get(), 0, "nothing reaches Envoy before a flush");
+        m.flush(&sink);
+        assert_eq!(sink.calls.get(), 3);
+        assert_eq!(sink.value("prefix_router.requests_total"), 5);
+        assert_eq!(sink.value("prefix_router.routed.load_guard"), 5);
+        assert_eq!(sink.value("prefix_router.passthrough.not_json"), 1);
+        m.flush(&sink);
+        assert_eq!(sink.calls.get(), 3, "an idle flush makes no call");
+    }
+
+    #[test]
+    fn one_request_in_eight_is_timed_and_samples_are_bounded() {
+        let sink = Sink::default();
+        let m = Meter::define(&settings(), &sink);
+        let timed = (0..80).filter(|_| m.sample_this()).count();
+        assert_eq!(timed, 10);
+        for us in 0..1000 {
+            m.route_time(us);
+        }
+        m.flush(&sink);
+        assert_eq!(sink.calls.get() as usize, MAX_SAMPLES);
+    }
+
+    #[test]
+    fn inflight_gauges_are_written_only_when_they_change() {
+        let sink = Sink::default();
+        let m = Meter::define(&settings(), &sink);
+        m.inflight(&sink, "10.0.0.1:8000", 0);
+        m.inflight(&sink, "10.0.0.1:8000", 0);
+        m.inflight(&sink, "10.0.0.1:8000", 2);
+        assert_eq!(sink.calls.get(), 2);
+        assert_eq!(sink.value("prefix_router.inflight.10_0_0_1_8000"), 2);
+    }
+}

@@ -1,0 +1,268 @@
+//! One HTTP stream through the filter, as a state machine over [`Host`]:
+//! headers (classify, hold), body (buffer, route, name the pod), response
+//! headers (match header), end of stream (release the in-flight count,
+//! passive health). The `host` module forwards Envoy's callbacks here; the
+//! tests drive it with a host double that counts every hostcall.
+//!
+//! Every failure passes the request on untouched and is counted by reason.
+
+use crate::meter::Count;
+use crate::request::{classify, parse_body_as, ApiKind, PassReason};
+use crate::router::RouteError;
+use crate::worker::{Host, Worker};
+
+/// Header read by Envoy's `override_host` LB policy (Gateway API Inference
+/// Extension endpoint-picker protocol).
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// Header read by an `ORIGINAL_DST` cluster with `use_http_header: true`.
+pub const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
+
+/// What Envoy should do with the stream after a callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Continue,
+    /// Hold the headers until the body is read (needs
+    /// `allow_on_headers_stop_iteration: true` in the plugin config).
+    Pause,
+}
+
+/// The request headers the filter reads, from one read of the whole map.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RequestHead {
+    pub method: String,
+    pub path: String,
+    pub content_length: Option<usize>,
+    /// A client sent a destination header (it is removed, never honoured).
+    pub has_destination: bool,
+    pub has_original_dst: bool,
+}
+
+impl RequestHead {
+    /// Decodes the proxy-wasm header map encoding: a `u32` count, then a
+    /// `u32` name length and value length per pair, then each name and value
+    /// followed by a NUL. None if it is malformed. A value that is not UTF-8
+    /// reads as empty.
+    pub fn decode(bytes: &[u8]) -> Option<RequestHead> {
+        let mut head = RequestHead::default();
+        if bytes.is_empty() {
+            return Some(head);
+        }
+        let u32_at = |at: usize| -> Option<usize> {
+            let b = bytes.get(at..at.checked_add(4)?)?;
+            usize::try_from(u32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok()
+        };
+        let count = u32_at(0)?;
+        let mut data = count.checked_mul(8)?.checked_add(4)?;
+        if data > bytes.len() {
+            return None;
+        }
+        for i in 0..count {
+            let name_len = u32_at(4 + i * 8)?;
+            let value_len = u32_at(8 + i * 8)?;
+            let name = bytes.get(data..data.checked_add(name_len)?)?;
+            data = data.checked_add(name_len)?.checked_add(1)?;
+            let value = bytes.get(data..data.checked_add(value_len)?)?;
+            data = data.checked_add(value_len)?.checked_add(1)?;
+            let text = || std::str::from_utf8(value).unwrap_or("").to_string();
+            if name.eq_ignore_ascii_case(b":method") {
+                head.method = text();
+            } else if name.eq_ignore_ascii_case(b":path") {
+                head.path = text();
+            } else if name.eq_ignore_ascii_case(b"content-length") {
+                head.content_length = text().parse().ok();
+            } else if name.eq_ignore_ascii_case(DESTINATION_HEADER.as_bytes()) {
+                head.has_destination = true;
+            } else if name.eq_ignore_ascii_case(ORIGINAL_DST_HEADER.as_bytes()) {
+                head.has_original_dst = true;
+            }
+        }
+        Some(head)
+    }
+}
+
+/// One stream's state.
+#[derive(Debug, Default)]
+pub struct Stream {
+    /// Set while a body is awaited.
+    kind: Option<ApiKind>,
+    /// Pod counted in flight for this stream, released exactly once.
+    inflight_pod: Option<u16>,
+    /// Where the request was sent, for the passive health check at the end.
+    sent_to: Option<(u16, String)>,
+    match_percent: Option<u8>,
+}
+
+impl Stream {
+    pub fn on_request_headers<H: Host>(
+        &mut self,
+        w: &Worker,
+        host: &H,
+        end_of_stream: bool,
+    ) -> Verdict {
+        w.meter.inc(Count::Requests);
+        // A client must never pick the upstream itself (with ORIGINAL_DST that
+        // would let it reach any host): drop both headers before anything
+        // else. One read of the whole map tells whether they are there.
+        let head = host.request_headers().and_then(|b| RequestHead::decode(&b));
+        let Some(head) = head else {
+            host.remove_request_header(DESTINATION_HEADER);
+            host.remove_request_header(ORIGINAL_DST_HEADER);
+            return self.pass(w, host, PassReason::InternalError);
+        };
+        if head.has_destination {
+            host.remove_request_header(DESTINATION_HEADER);
+        }
+        if head.has_original_dst {
+            host.remove_request_header(ORIGINAL_DST_HEADER);
+        }
+        let kind = match classify(&head.method, &head.path) {
+            Ok(kind) => kind,
+            Err(reason) => return self.pass(w, host, reason),
+        };
+        if end_of_stream {
+            return self.pass(w, host, PassReason::NoPrompt);
+        }
+        if head
+            .content_length
+            .is_some_and(|n| n > w.settings().max_body_bytes)
+        {
+            return self.pass(w, host, PassReason::BodyTooLarge);
+        }
+        self.kind = Some(kind);
+        Verdict::Pause
+    }
+
+    pub fn on_request_body<H: Host>(
+        &mut self,
+        w: &Worker,
+        host: &H,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Verdict {
+        let Some(kind) = self.kind else {
+            return Verdict::Continue;
+        };
+        if body_size > w.settings().max_body_bytes {
+            return self.pass(w, host, PassReason::BodyTooLarge);
+        }
+        if !end_of_stream {
+            return Verdict::Pause;
+        }
+        self.kind = None;
+        let Some(body) = host.request_body(body_size) else {
+            return self.pass(w, host, PassReason::InternalError);
+        };
+        self.finish(w, host, kind, &body);
+        Verdict::Continue
+    }
+
+    /// The body ended with trailers (no end_of_stream on its last frame).
+    pub fn on_request_trailers<H: Host>(&mut self, w: &Worker, host: &H) -> Verdict {
+        if let Some(kind) = self.kind.take() {
+            match host.request_body(w.settings().max_body_bytes) {
+                Some(body) => self.finish(w, host, kind, &body),
+                None => self.count_pass(w, host, PassReason::InternalError),
+            }
+        }
+        Verdict::Continue
+    }
+
+    pub fn on_response_headers<H: Host>(&mut self, w: &Worker, host: &H) {
+        if let (Some(name), Some(pct)) = (&w.settings().match_header, self.match_percent) {
+            host.set_response_header(name, &pct.to_string());
+        }
+    }
+
+    /// The stream is done (Envoy calls this before the access log).
+    pub fn on_done(&mut self, w: &Worker) {
+        self.release(w);
+    }
+
+    /// The access-log phase: the stream's final properties are readable.
+    pub fn on_log<H: Host>(&mut self, w: &Worker, host: &H) {
+        self.release(w);
+        // Passive health: did the pod fail this request?
+        if let Some((pod, address)) = self.sent_to.take() {
+            w.observe_outcome(host, pod, &address);
+        }
+    }
+
+    fn release(&mut self, w: &Worker) {
+        if let Some(pod) = self.inflight_pod.take() {
+            w.release(pod);
+        }
+    }
+
+    fn pass<H: Host>(&mut self, w: &Worker, host: &H, reason: PassReason) -> Verdict {
+        self.kind = None;
+        self.count_pass(w, host, reason);
+        Verdict::Continue
+    }
+
+    /// Counts a pass-through; with `original_dst_header`, gives the request a
+    /// destination, since an ORIGINAL_DST cluster has no fallback.
+    fn count_pass<H: Host>(&self, w: &Worker, host: &H, reason: PassReason) {
+        w.meter.inc(Count::Pass(reason));
+        if w.settings().original_dst_header {
+            if let Some(endpoint) = w.fallback_endpoint(host.now_nanos() / 1_000_000) {
+                host.set_request_header(ORIGINAL_DST_HEADER, &endpoint);
+            }
+        }
+    }
+
+    /// Routes a complete body, or passes the request through counting why.
+    fn finish<H: Host>(&mut self, w: &Worker, host: &H, kind: ApiKind, body: &[u8]) {
+        if let Err(reason) = self.route_body(w, host, kind, body) {
+            self.count_pass(w, host, reason);
+        }
+    }
+
+    fn route_body<H: Host>(
+        &mut self,
+        w: &Worker,
+        host: &H,
+        kind: ApiKind,
+        body: &[u8],
+    ) -> Result<(), PassReason> {
+        // The one clock read of a request (a second one when it is timed).
+        let started = host.now_nanos();
+        let req = parse_body_as(kind, body, w.settings().render())?;
+        let routed = w.route(host, &req, started).map_err(|e| {
+            log::warn!("prefix_router: routing failed, passing through: {e}");
+            match e {
+                RouteError::NoEndpoints => PassReason::NoEndpoints,
+                RouteError::Store(_) => PassReason::InternalError,
+            }
+        })?;
+        let pod = routed.choice.pod;
+        let endpoint = w
+            .router
+            .fleet()
+            .address(pod)
+            .unwrap_or_default()
+            .to_string();
+        // Counted in flight from here: released on stream end whatever happens next.
+        self.inflight_pod = Some(pod);
+        self.match_percent = Some(routed.choice.match_percent);
+        if endpoint.is_empty() {
+            return Err(PassReason::InternalError);
+        }
+        self.sent_to = Some((pod, endpoint.clone()));
+        if !host.set_request_header(DESTINATION_HEADER, &endpoint) {
+            return Err(PassReason::InternalError);
+        }
+        if w.settings().original_dst_header
+            && !host.set_request_header(ORIGINAL_DST_HEADER, &endpoint)
+        {
+            return Err(PassReason::InternalError);
+        }
+        if w.meter.sample_this() {
+            let us = host.now_nanos().saturating_sub(started) / 1_000;
+            w.meter.route_time(us);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,510 @@
+//! The filter's callbacks below Envoy: a host double that records every
+//! hostcall, so pause, pass-through reasons, trailers, the in-flight release
+//! and the hostcall budget of a routed request are pinned down here (the
+//! same paths run against real Envoy in `tests/`).
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::config::Settings;
+use crate::meter::{MetricKind, MetricSink};
+use crate::store::{MemStore, SharedStore, StoreError, Versioned};
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+/// Envoy as the filter sees it, counting each hostcall by name.
+#[derive(Default)]
+struct TestHost {
+    store: MemStore,
+    headers: RefCell<Vec<(String, Vec<u8>)>>,
+    response_headers: RefCell<Vec<(String, String)>>,
+    body: RefCell<Vec<u8>>,
+    properties: RefCell<BTreeMap<String, Vec<u8>>>,
+    now: Cell<u64>,
+    calls: RefCell<BTreeMap<&'static str, u32>>,
+    stats: RefCell<BTreeMap<u32, (String, i64)>>,
+    unreadable_headers: Cell<bool>,
+}
+
+impl TestHost {
+    fn call(&self, name: &'static str) {
+        *self.calls.borrow_mut().entry(name).or_default() += 1;
+    }
+
+    fn total_calls(&self) -> u32 {
+        self.calls.borrow().values().sum()
+    }
+
+    fn reset_calls(&self) {
+        self.calls.borrow_mut().clear();
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .borrow()
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+
+    fn stat(&self, name: &str) -> i64 {
+        self.stats
+            .borrow()
+            .values()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    }
+
+    /// A new request: its headers and body (the previous ones are gone).
+    fn request(&self, method: &str, path: &str, body: &[u8]) {
+        *self.headers.borrow_mut() = vec![
+            (":method".into(), method.as_bytes().to_vec()),
+            (":path".into(), path.as_bytes().to_vec()),
+            (":authority".into(), b"gw".to_vec()),
+            ("content-type".into(), b"application/json".to_vec()),
+            ("content-length".into(), body.len().to_string().into_bytes()),
+        ];
+        *self.body.borrow_mut() = body.to_vec();
+        self.response_headers.borrow_mut().clear();
+    }
+}
+
+/// The proxy-wasm header map encoding.
+fn encode_pairs(pairs: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
+    for (n, v) in pairs {
+        out.extend_from_slice(&(n.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    }
+    for (n, v) in pairs {
+        out.extend_from_slice(n.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v);
+        out.push(0);
+    }
+    out
+}
+
+impl SharedStore for TestHost {
+    fn get(&self, key: &str) -> Result<Versioned, StoreError> {
+        self.call("get_shared_data");
+        if std::env::var("SHOW_KEYS").is_ok() {
+            eprintln!("get {key}");
+        }
+        self.store.get(key)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        self.call("set_shared_data");
+        self.store.set(key, value, cas)
+    }
+}
+
+impl MetricSink for TestHost {
+    fn define_metric(&self, _kind: MetricKind, name: &str) -> u32 {
+        self.call("define_metric");
+        let mut s = self.stats.borrow_mut();
+        let id = s.len() as u32 + 1;
+        s.insert(id, (name.to_string(), 0));
+        id
+    }
+    fn increment_metric(&self, id: u32, by: i64) {
+        self.call("increment_metric");
+        if let Some((_, v)) = self.stats.borrow_mut().get_mut(&id) {
+            *v += by;
+        }
+    }
+    fn record_metric(&self, id: u32, value: u64) {
+        self.call("record_metric");
+        if let Some((_, v)) = self.stats.borrow_mut().get_mut(&id) {
+            *v = value as i64;
+        }
+    }
+}
+
+impl Host for TestHost {
+    fn now_nanos(&self) -> u64 {
+        self.call("get_current_time");
+        self.now.get()
+    }
+    fn request_headers(&self) -> Option<Vec<u8>> {
+        self.call("get_header_map_pairs");
+        (!self.unreadable_headers.get()).then(|| encode_pairs(&self.headers.borrow()))
+    }
+    fn set_request_header(&self, name: &str, value: &str) -> bool {
+        self.call("replace_header_map_value");
+        let mut h = self.headers.borrow_mut();
+        h.retain(|(n, _)| n != name);
+        h.push((name.to_string(), value.as_bytes().to_vec()));
+        true
+    }
+    fn remove_request_header(&self, name: &str) {
+        self.call("remove_header_map_value");
+        self.headers.borrow_mut().retain(|(n, _)| n != name);
+    }
+    fn set_response_header(&self, name: &str, value: &str) {
+        self.call("replace_header_map_value");
+        self.response_headers
+            .borrow_mut()
+            .push((name.to_string(), value.to_string()));
+    }
+    fn request_body(&self, max: usize) -> Option<Vec<u8>> {
+        self.call("get_buffer_bytes");
+        let b = self.body.borrow();
+        Some(b[..b.len().min(max)].to_vec())
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.call("get_property");
+        self.properties.borrow().get(&path.join(".")).cloned()
+    }
+    fn resolve_queue(&self, _vm_id: &str, _name: &str) -> Option<u32> {
+        self.call("resolve_shared_queue");
+        None
+    }
+    fn enqueue(&self, _queue: u32, _message: &[u8]) -> bool {
+        self.call("enqueue_shared_queue");
+        false
+    }
+}
+
+const PODS: [&str; 2] = ["10.0.0.1:8000", "10.0.0.2:8000"];
+
+fn worker_on(host: &TestHost, extra: &str) -> Worker {
+    host.now.set(1_700_000_000_000_000_000);
+    let json = format!(
+        r#"{{"endpoints":["{}","{}"],"match_header":"x-prefix-match"{extra}}}"#,
+        PODS[0], PODS[1]
+    );
+    let w = Worker::new(
+        Settings::from_json(json.as_bytes()).unwrap(),
+        host,
+        "vm".into(),
+        7,
+    );
+    // Steady state: the first tick built the fleet view.
+    w.on_tick(host);
+    w
+}
+
+/// A chat body of about `bytes` bytes: a system prompt made of `seed`, then
+/// a short user turn.
+fn chat(seed: &str, bytes: usize, user: &str) -> Vec<u8> {
+    let system: String = seed.chars().cycle().take(bytes).collect();
+    serde_json::to_vec(&serde_json::json!({
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ],
+    }))
+    .unwrap()
+}
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// Runs one whole stream; returns the callbacks' verdicts (headers, body).
+fn run(w: &Worker, host: &TestHost, body: &[u8]) -> (Verdict, Verdict) {
+    host.request("POST", CHAT, body);
+    let mut s = Stream::default();
+    let a = s.on_request_headers(w, host, false);
+    let b = s.on_request_body(w, host, body.len(), true);
+    s.on_response_headers(w, host);
+    s.on_done(w);
+    s.on_log(w, host);
+    (a, b)
+}
+
+fn calls_of(w: &Worker, host: &TestHost, body: &[u8]) -> (u32, BTreeMap<&'static str, u32>) {
+    host.reset_calls();
+    if std::env::var("SHOW_KEYS").is_ok() {
+        eprintln!("--- request of {} bytes", body.len());
+    }
+    run(w, host, body);
+    (host.total_calls(), host.calls.borrow().clone())
+}
+
+#[test]
+fn headers_pause_then_the_body_names_a_pod() {
+    let host = TestHost::default();
+    let w = worker_on(&host, "");
+    let body = chat("You are a helpful assistant. ", 2000, "hi");
+    host.request("POST", CHAT, &body);
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&w, &host, false), Verdict::Pause);
+    assert_eq!(
+        s.on_request_body(&w, &host, body.len() / 2, false),
+        Verdict::Pause,
+        "a body still arriving is held"
+    );
+    assert_eq!(
+        s.on_request_body(&w, &host, body.len(), true),
+        Verdict::Continue
+    );
+    let dest = host.header(DESTINATION_HEADER).expect("destination set");
+    assert!(PODS.contains(&dest.as_str()), "{dest}");
+    assert_eq!(host.header(ORIGINAL_DST_HEADER), None, "not configured");
+    s.on_response_headers(&w, &host);
+    assert_eq!(
+        host.response_headers.borrow().as_slice(),
+        &[("x-prefix-match".to_string(), "0".to_string())]
+    );
+}
+
+#[test]
+fn a_client_never_picks_the_upstream() {
+    let host = TestHost::default();
+    let w = worker_on(&host, r#","original_dst_header":true"#);
+    host.request("GET", "/healthz", b"");
+    host.headers
+        .borrow_mut()
+        .push((DESTINATION_HEADER.into(), b"6.6.6.6:1".to_vec()));
+    host.headers
+        .borrow_mut()
+        .push((ORIGINAL_DST_HEADER.into(), b"6.6.6.6:1".to_vec()));
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&w, &host, true), Verdict::Continue);
+    assert_eq!(host.header(DESTINATION_HEADER), None);
+    // Not routed, but an ORIGINAL_DST cluster still gets one of our pods.
+    let fallback = host.header(ORIGINAL_DST_HEADER).unwrap();
+    assert!(PODS.contains(&fallback.as_str()), "{fallback}");
+}
+
+#[test]
+fn each_pass_reason_is_counted_and_the_request_continues() {
+    let host = TestHost::default();
+    let w = worker_on(&host, "");
+    let cases: [(&str, &str, &[u8], bool, PassReason); 5] = [
+        ("GET", CHAT, b"", true, PassReason::Method),
+        ("POST", "/v1/embeddings", b"{}", false, PassReason::Path),
+        ("POST", CHAT, b"", true, PassReason::NoPrompt),
+        ("POST", CHAT, b"not json", false, PassReason::NotJson),
+        (
+            "POST",
+            CHAT,
+            br#"{"model":"m"}"#,
+            false,
+            PassReason::NoPrompt,
+        ),
+    ];
+    for (method, path, body, eos, reason) in cases {
+        host.request(method, path, body);
+        let mut s = Stream::default();
+        let v = s.on_request_headers(&w, &host, eos);
+        if v == Verdict::Pause {
+            assert_eq!(
+                s.on_request_body(&w, &host, body.len(), true),
+                Verdict::Continue
+            );
+        }
+        assert_eq!(w.meter.pending(Count::Pass(reason)), 1, "{reason:?}");
+        assert_eq!(host.header(DESTINATION_HEADER), None, "{reason:?}");
+        w.meter.flush(&host);
+    }
+    // Too large, by content-length and by what arrived.
+    let big = chat("x", 2000, "hi");
+    let small = worker_on(&host, r#","max_body_bytes":1000"#);
+    host.request("POST", CHAT, &big);
+    assert_eq!(
+        Stream::default().on_request_headers(&small, &host, false),
+        Verdict::Continue
+    );
+    host.headers
+        .borrow_mut()
+        .retain(|(n, _)| n != "content-length");
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&small, &host, false), Verdict::Pause);
+    assert_eq!(
+        s.on_request_body(&small, &host, big.len(), false),
+        Verdict::Continue
+    );
+    assert_eq!(
+        small.meter.pending(Count::Pass(PassReason::BodyTooLarge)),
+        2
+    );
+}
+
+#[test]
+fn unreadable_headers_pass_and_both_destinations_are_removed() {
+    let host = TestHost::default();
+    let w = worker_on(&host, "");
+    host.request("POST", CHAT, b"{}");
+    host.unreadable_headers.set(true);
+    host.reset_calls();
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&w, &host, false), Verdict::Continue);
+    assert_eq!(host.calls.borrow()["remove_header_map_value"], 2);
+    assert_eq!(w.meter.pending(Count::Pass(PassReason::InternalError)), 1);
+}
+
+#[test]
+fn a_body_ended_by_trailers_is_routed() {
+    let host = TestHost::default();
+    let w = worker_on(&host, "");
+    let body = chat("trailers ", 1000, "hi");
+    host.request("POST", CHAT, &body);
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&w, &host, false), Verdict::Pause);
+    assert_eq!(
+        s.on_request_body(&w, &host, body.len(), false),
+        Verdict::Pause
+    );
+    assert_eq!(s.on_request_trailers(&w, &host), Verdict::Continue);
+    assert!(host.header(DESTINATION_HEADER).is_some());
+    assert_eq!(
+        w.meter
+            .pending(Count::Routed(crate::policy::Reason::NoMatch)),
+        1
+    );
+}
+
+#[test]
+fn in_flight_is_released_exactly_once_however_the_stream_ends() {
+    let host = TestHost::default();
+    let w = worker_on(&host, "");
+    // This VM's counts, as its next tick publishes them.
+    let counts = || w.router.refresh_load(&host.store, 0).unwrap();
+    let body = chat("release ", 1000, "hi");
+    // Ends normally: on_done then on_log.
+    run(&w, &host, &body);
+    assert_eq!(counts(), vec![0, 0]);
+    // Aborted after routing: only on_log, or only on_done.
+    for end in 0..2 {
+        host.request("POST", CHAT, &body);
+        let mut s = Stream::default();
+        s.on_request_headers(&w, &host, false);
+        s.on_request_body(&w, &host, body.len(), true);
+        assert_eq!(counts().iter().sum::<u32>(), 1);
+        if end == 0 {
+            s.on_log(&w, &host);
+        } else {
+            s.on_done(&w);
+        }
+        s.on_done(&w);
+        s.on_log(&w, &host);
+        assert_eq!(counts(), vec![0, 0], "end {end}");
+    }
+    // Aborted before the body: nothing was counted, nothing is released.
+    host.request("POST", CHAT, &body);
+    let mut open = Stream::default();
+    open.on_request_headers(&w, &host, false);
+    open.on_request_body(&w, &host, body.len(), true);
+    host.request("POST", CHAT, &body);
+    let mut s = Stream::default();
+    s.on_request_headers(&w, &host, false);
+    s.on_done(&w);
+    s.on_log(&w, &host);
+    assert_eq!(
+        counts().iter().sum::<u32>(),
+        1,
+        "another stream's count is untouched"
+    );
+    open.on_log(&w, &host);
+    assert_eq!(counts(), vec![0, 0]);
+}
+
+#[test]
+fn stats_reach_envoy_on_the_tick() {
+    let host = TestHost::default();
+    let w = worker_on(&host, "");
+    let body = chat("stats ", 1000, "hi");
+    run(&w, &host, &body);
+    run(&w, &host, &body);
+    assert_eq!(host.stat("prefix_router.requests_total"), 0);
+    w.on_tick(&host);
+    assert_eq!(host.stat("prefix_router.requests_total"), 2);
+    assert_eq!(host.stat("prefix_router.routed.no_match"), 1);
+    assert_eq!(host.stat("prefix_router.routed.prefix_match"), 1);
+    // The in-flight gauges exist for both pods, back at 0.
+    for pod in PODS {
+        let name = format!("prefix_router.inflight.{}", pod.replace(['.', ':'], "_"));
+        assert!(
+            host.stats.borrow().values().any(|(n, _)| *n == name),
+            "{name}"
+        );
+        assert_eq!(host.stat(&name), 0);
+    }
+}
+
+/// The hostcalls of one routed request, by kind of request. A matched
+/// 8 KB request is held to the issue's budget of 12. New prefixes are not
+/// yet: the table writes one bucket per sampled block under CAS (a get and
+/// a set each), about 80 buckets for 8 KB; the bounds below are today's
+/// counts plus a little, so a regression fails here.
+#[test]
+fn hostcall_budget_of_one_routed_request() {
+    let host = TestHost::default();
+    let w = worker_on(&host, "");
+    let sys = "You are a careful assistant. Answer briefly and cite sources. ";
+    let (new_8k, new_calls) = calls_of(&w, &host, &chat(sys, 8 * 1024, "first"));
+    // The first match of a prefix gallops; from then on the VM's hint
+    // confirms it in three reads (a system prompt repeats all day).
+    let (first_match, _) = calls_of(&w, &host, &chat(sys, 8 * 1024, "second"));
+    let (matched_8k, matched_calls) = calls_of(&w, &host, &chat(sys, 8 * 1024, "third"));
+    let (new_400k, _) = calls_of(&w, &host, &chat("long context ", 400 * 1024, "q"));
+    eprintln!(
+        "hostcalls per request: matched 8 KB {matched_8k} {matched_calls:?} (first match \
+         {first_match}); new 8 KB {new_8k} {new_calls:?}; new 400 KiB {new_400k}"
+    );
+    assert!(
+        matched_8k <= MATCHED_8K_BUDGET,
+        "matched 8 KB: {matched_8k} {matched_calls:?}"
+    );
+    assert!(new_8k <= NEW_8K_BUDGET, "new 8 KB: {new_8k} {new_calls:?}");
+    assert!(new_400k <= NEW_400K_BUDGET, "new 400 KiB: {new_400k}");
+    // No stat call on the request path.
+    assert!(!matched_calls.contains_key("increment_metric"));
+    assert!(!matched_calls.contains_key("record_metric"));
+}
+
+const MATCHED_8K_BUDGET: u32 = 12;
+const NEW_8K_BUDGET: u32 = 180;
+const NEW_400K_BUDGET: u32 = 360;
+
+#[test]
+fn every_vm_gets_its_own_number() {
+    let host = TestHost::default();
+    let n: Vec<u64> = (0..5)
+        .map(|_| crate::worker::vm_number(&host).unwrap())
+        .collect();
+    assert_eq!(n, vec![1, 2, 3, 4, 5]);
+    host.store.interfere_next(3);
+    assert_eq!(
+        crate::worker::vm_number(&host),
+        Some(6),
+        "a lost race is retried"
+    );
+}
+
+#[test]
+fn header_maps_decode_and_malformed_ones_never_panic() {
+    let pairs = vec![
+        (":method".to_string(), b"POST".to_vec()),
+        (":path".to_string(), b"/v1/completions".to_vec()),
+        ("content-length".to_string(), b"42".to_vec()),
+        (DESTINATION_HEADER.to_string(), b"\xff\xfe".to_vec()),
+    ];
+    let bytes = encode_pairs(&pairs);
+    assert_eq!(
+        RequestHead::decode(&bytes),
+        Some(RequestHead {
+            method: "POST".into(),
+            path: "/v1/completions".into(),
+            content_length: Some(42),
+            has_destination: true,
+            has_original_dst: false,
+        })
+    );
+    assert_eq!(RequestHead::decode(&[]), Some(RequestHead::default()));
+    // Every truncation and a sweep of corruptions: decoded or refused.
+    for cut in 0..bytes.len() {
+        let _ = RequestHead::decode(&bytes[..cut]);
+    }
+    let mut rng = crate::rng::SplitMix64::new(3);
+    for _ in 0..5000 {
+        let mut b = bytes.clone();
+        let i = rng.below(b.len());
+        b[i] = rng.next_u64() as u8;
+        let _ = RequestHead::decode(&b);
+    }
+    assert_eq!(RequestHead::decode(&[0xff, 0xff, 0xff, 0xff]), None);
+}

@@ -1,0 +1,311 @@
+//! One worker VM of the filter: what its streams share (the router, the
+//! stats, the hand-off queue to the sync singleton) and what it does on its
+//! tick (refresh the fleet view, flush stats, report sync liveness), over
+//! the [`Host`] trait so that all of it runs and is tested on the host. The
+//! `host` module implements [`Host`] over Envoy's hostcalls.
+
+use std::cell::{Cell, RefCell};
+
+use crate::config::Settings;
+use crate::fleet::{self, Members};
+use crate::handoff::{self, Touched};
+use crate::liveness::{self, Heartbeat};
+use crate::meter::{Count, Meter, MetricSink};
+use crate::request::PromptRequest;
+use crate::rng::SplitMix64;
+use crate::router::{RouteError, Routed, Router};
+use crate::store::SharedStore;
+
+/// Ticks between rebuilds of static pools (they change only with the
+/// config; this keeps their registry names marked in use).
+const STATIC_REFRESH_TICKS: u64 = 40;
+/// Ticks between liveness reports (one a second at a 250 ms tick).
+const LIVENESS_TICKS: u64 = 4;
+
+/// What the request path asks of Envoy, besides shared data and stats.
+/// Every method is one hostcall; none fails a request: a failure reads as
+/// absent, empty or `false`.
+pub trait Host: SharedStore + MetricSink {
+    /// Wall clock, unix nanoseconds (0 if unreadable).
+    fn now_nanos(&self) -> u64;
+    /// Every request header, in the proxy-wasm map encoding (see
+    /// [`crate::stream::HeaderPairs`]); None if unreadable.
+    fn request_headers(&self) -> Option<Vec<u8>>;
+    /// Sets a request header; false if the host refused.
+    fn set_request_header(&self, name: &str, value: &str) -> bool;
+    fn remove_request_header(&self, name: &str);
+    fn set_response_header(&self, name: &str, value: &str);
+    /// The buffered request body, up to `max` bytes: `Some(empty)` when
+    /// there is none, None when the host failed.
+    fn request_body(&self, max: usize) -> Option<Vec<u8>>;
+    /// A stream property (`["upstream", "address"]`) as bytes.
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// The id of a shared queue another VM registered.
+    fn resolve_queue(&self, vm_id: &str, name: &str) -> Option<u32>;
+    /// Enqueues a message; false if the queue is gone or refused it.
+    fn enqueue(&self, queue: u32, message: &[u8]) -> bool;
+}
+
+/// Key of the VM counter ([`vm_number`]).
+const VM_COUNTER_KEY: &str = "vm/next";
+
+/// A number (from 1) that no other VM sharing this store got: a counter in
+/// shared data, incremented under CAS. None if the store fails.
+pub fn vm_number<S: SharedStore + ?Sized>(store: &S) -> Option<u64> {
+    let mut got = None;
+    crate::store::cas_update(store, VM_COUNTER_KEY, 64, |cur| {
+        let n = cur
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map_or(0, u64::from_le_bytes)
+            .wrapping_add(1);
+        got = Some(n);
+        Some(n.to_le_bytes().to_vec())
+    })
+    .ok()?;
+    got
+}
+
+/// Seconds of a unix-nanos time, as the table keeps them.
+pub fn secs(nanos: u64) -> u32 {
+    u32::try_from(nanos / 1_000_000_000).unwrap_or(u32::MAX)
+}
+
+/// State shared by every stream of one worker VM.
+pub struct Worker {
+    pub router: Router,
+    pub meter: Meter,
+    rng: RefCell<SplitMix64>,
+    /// The singleton's hand-off queue: Some once resolved, and when it was
+    /// last looked for (retried at most once a second so a deployment
+    /// without the singleton pays no hostcall per request).
+    queue: Cell<Option<u32>>,
+    queue_looked_at: Cell<Option<u32>>,
+    vm_id: String,
+    /// CAS of the published members last applied (cluster pools).
+    members_cas: Cell<Option<u32>>,
+    ticks: Cell<u64>,
+    /// Whether this VM logged the singleton as dead (once per outage).
+    singleton_dead_logged: Cell<bool>,
+}
+
+impl Worker {
+    /// `seed` is mixed with a number no other VM of this Envoy got (see
+    /// [`vm_number`]): every worker VM is the same module with the same
+    /// memory layout, and they may be configured within one clock tick.
+    pub fn new<H: Host>(settings: Settings, host: &H, vm_id: String, seed: u64) -> Self {
+        let number = vm_number(host).unwrap_or_else(|| SplitMix64::new(seed).next_u64());
+        let mut mix = SplitMix64::new(seed ^ number.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        Self {
+            meter: Meter::define(&settings, host),
+            router: Router::new(settings).with_vm_token(number),
+            rng: RefCell::new(SplitMix64::new(mix.next_u64())),
+            queue: Cell::new(None),
+            queue_looked_at: Cell::new(None),
+            vm_id,
+            members_cas: Cell::new(None),
+            ticks: Cell::new(0),
+            singleton_dead_logged: Cell::new(false),
+        }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        self.router.settings()
+    }
+
+    /// Routes one request (writing the table inline), counts it and, with
+    /// sync on, hands the recorded blocks to the sync singleton.
+    pub fn route<H: Host>(
+        &self,
+        host: &H,
+        req: &PromptRequest,
+        now_nanos: u64,
+    ) -> Result<Routed, RouteError> {
+        let now = secs(now_nanos);
+        // Tables are written inline, under CAS, on the request path: a
+        // deferred single writer let a burst of requests with one new prefix
+        // split across pods before the first write landed (measured: 11 of 40
+        // bursts of 8). The singleton only needs the blocks to push them.
+        let queue = if self.settings().sync.enabled {
+            self.queue(host, now)
+        } else {
+            None
+        };
+        let routed = self
+            .router
+            .route(host, req, now, &mut self.rng.borrow_mut());
+        if let Ok(r) = &routed {
+            let m = &self.meter;
+            m.inc(Count::Routed(r.choice.reason));
+            m.add(Count::CasRetries, u64::from(r.write.cas_retries));
+            m.add(Count::CasExhausted, u64::from(r.write.failed_buckets));
+            m.add(Count::TableEvictions, u64::from(r.write.evictions));
+            m.add(Count::SlotsUsed, u64::from(r.write.new_slots));
+            if let (Some(model), false) = (r.model, r.recorded.is_empty()) {
+                if self.settings().sync.enabled {
+                    let touched = Touched {
+                        model,
+                        pod: r.choice.pod,
+                        time: now,
+                        blocks: r.recorded.clone(),
+                    };
+                    let sent = queue.is_some_and(|q| host.enqueue(q, &handoff::encode(&touched)));
+                    if !sent {
+                        // No singleton (yet): written to the table, but
+                        // nothing will push it. Counted so an operator sees
+                        // a missing singleton.
+                        self.queue.set(None);
+                        m.inc(Count::HandoffDropped);
+                    }
+                }
+            }
+        }
+        routed
+    }
+
+    /// Releases one in-flight request on `pod` (in VM memory: no hostcall).
+    pub fn release(&self, pod: u16) {
+        self.router.release(pod);
+    }
+
+    /// A pod for a request the filter does not route (pass-through), chosen
+    /// at random among the default pool's routable members. Only the
+    /// ORIGINAL_DST header gets it: that cluster type has no fallback of its
+    /// own, while `override_host` falls back to round robin without a header.
+    pub fn fallback_endpoint(&self, now_ms: u64) -> Option<String> {
+        let fleet = self.router.fleet();
+        let pool = fleet.routable(fleet::DEFAULT_POOL, now_ms);
+        let i = self.rng.borrow_mut().below(pool.len());
+        pool.get(i)
+            .and_then(|slot| fleet.address(*slot))
+            .map(str::to_string)
+    }
+
+    /// After a request ends: if the pod it was sent to failed it (Envoy sent
+    /// it elsewhere on retry or could not reach it, or it answered 502/503),
+    /// every VM skips that pod for `passive_cooldown_ms`. It comes back by
+    /// itself when the cooldown ends.
+    pub fn observe_outcome<H: Host>(&self, host: &H, pod: u16, chosen: &str) {
+        let cooldown = u64::from(self.settings().passive_cooldown_ms);
+        if cooldown == 0 {
+            return;
+        }
+        let upstream = host.property(&["upstream", "address"]);
+        let failed = match upstream.as_deref() {
+            Some(addr) if addr != chosen.as_bytes() => true,
+            // Envoy gives integer properties as 8 little-endian bytes.
+            _ => host
+                .property(&["response", "code"])
+                .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+                .map(i64::from_le_bytes)
+                .is_some_and(|code| code == 502 || code == 503),
+        };
+        if !failed {
+            return;
+        }
+        let now = host.now_nanos() / 1_000_000;
+        match fleet::mark_down(host, pod, now + cooldown, now) {
+            Ok(down) => {
+                self.router.set_down(down);
+                self.meter.inc(Count::PassiveCooldowns);
+                log::info!(
+                    "prefix_router: pod {chosen} failed a request; skipped for {cooldown} ms"
+                );
+            }
+            Err(e) => log::warn!("prefix_router: passive cooldown of {chosen} not shared: {e}"),
+        }
+    }
+
+    /// The worker's tick: refreshes the fleet view, exchanges in-flight
+    /// counts with the other VMs (and sets the in-flight gauges), flushes
+    /// the stats; with sync on, reports the singleton's liveness once a
+    /// second.
+    pub fn on_tick<H: Host>(&self, host: &H) {
+        let tick = self.ticks.get();
+        self.ticks.set(tick.wrapping_add(1));
+        let now_nanos = host.now_nanos();
+        self.refresh_fleet(host, tick, secs(now_nanos));
+        self.exchange_load(host, now_nanos / 1_000_000);
+        if tick % LIVENESS_TICKS == 0 && self.settings().sync.enabled {
+            self.report_liveness(host, now_nanos / 1_000_000);
+        }
+        self.meter.flush(host);
+    }
+
+    /// Refreshes the fleet view: static pools from the config (registering
+    /// their names), cluster pools as the singleton published them, and
+    /// every VM's cooldowns.
+    fn refresh_fleet<H: Host>(&self, host: &H, tick: u64, now: u32) {
+        if self.router.all_static() {
+            if tick % STATIC_REFRESH_TICKS == 0 {
+                if let Err(e) = self.router.refresh_static(host, now) {
+                    log::warn!("prefix_router: pod registry: {e}");
+                }
+            }
+        } else if let Ok((Some(bytes), cas)) = host.get(fleet::MEMBERS_KEY) {
+            if self.members_cas.get() != cas {
+                if let Some(members) = Members::decode(&bytes) {
+                    self.router.set_members(members);
+                    self.members_cas.set(cas);
+                }
+            }
+        }
+        if self.settings().passive_cooldown_ms > 0 {
+            if let Ok((v, _)) = host.get(fleet::DOWN_KEY) {
+                self.router
+                    .set_down(fleet::decode_down(v.as_deref().unwrap_or(&[])));
+            }
+        }
+    }
+
+    /// Publishes this VM's in-flight counts and reads the others' (see
+    /// [`crate::load`]); sets `prefix_router.inflight.<pod>` for every
+    /// member to this replica's count (a write only when it changed).
+    fn exchange_load<H: Host>(&self, host: &H, now_ms: u64) {
+        let counts = match self.router.refresh_load(host, now_ms) {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!("prefix_router: in-flight exchange failed: {e}");
+                return;
+            }
+        };
+        for (slot, _, address) in self.router.fleet().all() {
+            let n = counts.get(usize::from(slot)).copied().unwrap_or(0);
+            self.meter.inflight(host, address, n);
+        }
+    }
+
+    /// Records the sync liveness gauges from the singleton's heartbeat; they
+    /// keep moving when the singleton is dead, which its own stats cannot.
+    fn report_liveness<H: Host>(&self, host: &H, now_ms: u64) {
+        let beat = host
+            .get(liveness::KEY)
+            .ok()
+            .and_then(|(v, _)| Heartbeat::decode(&v?))
+            .unwrap_or_default();
+        if beat.started_ms == 0 {
+            // The singleton never started: nothing to report yet.
+            return;
+        }
+        let m = &self.meter;
+        host.record_metric(m.sync_success_age_s, beat.success_age_s(now_ms));
+        host.record_metric(m.sync_singleton_age_s, beat.tick_age_s(now_ms));
+        let dead = beat.singleton_dead(now_ms);
+        if dead && !self.singleton_dead_logged.get() {
+            log::error!(
+                "prefix_router: the sync singleton has not run for {} s (its VM may have died); sync is stopped, routing goes on",
+                beat.tick_age_s(now_ms)
+            );
+        }
+        self.singleton_dead_logged.set(dead);
+    }
+
+    /// The hand-off queue, if the singleton registered it.
+    fn queue<H: Host>(&self, host: &H, now: u32) -> Option<u32> {
+        if self.queue.get().is_none() && self.queue_looked_at.get() != Some(now) {
+            self.queue_looked_at.set(Some(now));
+            self.queue
+                .set(host.resolve_queue(&self.vm_id, handoff::QUEUE_NAME));
+        }
+        self.queue.get()
+    }
+}
