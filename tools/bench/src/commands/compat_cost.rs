@@ -1,0 +1,618 @@
+//! `prefix-bench compat-cost`: what `"compat": "aibrix"` costs in Redis
+//! against the filter's native mode, measured on real processes: one Envoy
+//! replica on `envoy/aibrix.yaml` (EDS pods named by hostname, the Redis
+//! bridge), podsim pods and redis-server.
+//!
+//! - native: the same YAML with `compat` and `block_size` removed from the
+//!   plugin JSON, so the defaults hold: 128-byte blocks, 32 dense blocks then
+//!   8 per doubling, change log with a full scan every 6 cycles, polls.
+//! - compat: the YAML as shipped: 4-byte blocks, every block up to 4096
+//!   recorded, a full SCAN+MGET of the namespace every cycle.
+//!
+//! Both run with the same sync period. Envoy's Redis cluster points at a
+//! [`RedisMeter`], which relays to redis-server and counts every bridge call
+//! by class (`write prefixcache` = the push of prompt blocks; `read ...` =
+//! pulls; `... podload` = the replica's load entity) and direction.
+//!
+//! 1. New prompts: per (mode, size) a fresh replica on a flushed Redis; after
+//!    one cycle, N distinct chat prompts (one user message of the size) are
+//!    sent, then the run waits until the push is over (two cycles since the
+//!    last prompt, `sync.pushed` unchanged over the last one). Per prompt:
+//!    keys created (DBSIZE), the push's calls, commands and bytes, Redis
+//!    `used_memory`, the filter's mean `route_time_us`; and everything the
+//!    replica sent during that window (pulls included).
+//! 2. Holding the namespace: a fresh replica on a flushed Redis gets P prompts
+//!    of K KiB; once their push is over, C idle cycles are observed: what one
+//!    replica sends and receives per cycle just to keep the namespace in view.
+//!
+//! No timing is asserted; waits are deadlines.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::fleet::{Fleet, Replica};
+use crate::procstat::cpu_sample;
+use crate::redis_conn::RedisConn;
+use crate::redis_meter::{Counts, RedisMeter, Traffic};
+use crate::report::{num, write_json, Table};
+use crate::support::{self, Ports};
+
+/// The model every request names.
+const MODEL: &str = "llama-3-8b-instruct";
+/// Pods in the EDS file (`envoy/eds/aibrix-pods.yaml`).
+const PODS: i64 = 4;
+/// Deadline for anything that takes a few sync periods.
+const DEADLINE: Duration = Duration::from_secs(180);
+
+#[derive(Clone, Debug)]
+pub struct CompatCostArgs {
+    /// Distinct prompts per size.
+    pub prompts: usize,
+    /// Prompt sizes, KiB.
+    pub sizes_kib: Vec<usize>,
+    /// Prompts loaded before the steady-state cycles.
+    pub steady_prompts: usize,
+    /// Their size, KiB.
+    pub steady_kib: usize,
+    /// Idle cycles observed in steady state.
+    pub steady_cycles: usize,
+    /// Sync period of both modes, ms.
+    pub period_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Mode {
+    Native,
+    Compat,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Native => "native",
+            Mode::Compat => "compat",
+        }
+    }
+
+    /// The plugin JSON of this mode, from envoy/aibrix.yaml's.
+    fn patch(self, period_ms: u64, config: &mut Value) {
+        if let Some(sync) = config.get_mut("sync").filter(|s| s.is_object()) {
+            sync["period_ms"] = json!(period_ms);
+        }
+        if self == Mode::Native {
+            if let Some(obj) = config.as_object_mut() {
+                obj.remove("compat");
+                obj.remove("block_size");
+            }
+        }
+    }
+}
+
+/// Everything read at one instant.
+#[derive(Clone, Debug, Default)]
+struct Snapshot {
+    meter: Counts,
+    redis: BTreeMap<String, f64>,
+    dbsize: i64,
+    stats: BTreeMap<String, i64>,
+    cpu: Duration,
+}
+
+/// Per prompt, one (mode, size) cell.
+#[derive(Clone, Debug, Serialize)]
+struct PushCell {
+    mode: Mode,
+    kib: usize,
+    prompts: usize,
+    keys_per_prompt: f64,
+    /// Calls of class `write prefixcache`, per prompt.
+    push: PerPrompt,
+    /// Every call of the replica in the window, per prompt.
+    window: PerPrompt,
+    window_cycles: i64,
+    window_s: f64,
+    used_memory_per_prompt: f64,
+    route_time_us_mean: Option<f64>,
+    /// `sync.pushed` per prompt (entities written).
+    pushed_per_prompt: f64,
+    quiet: bool,
+    /// Meter deltas of the window, by class and command.
+    meter: Counts,
+    /// The filter's `prefix_router.*` counter deltas that moved.
+    stats: BTreeMap<String, i64>,
+    /// Redis `INFO` deltas (our own INFO and DBSIZE probes included).
+    redis: BTreeMap<String, f64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+struct PerPrompt {
+    calls: f64,
+    commands: f64,
+    bytes_in: f64,
+    bytes_out: f64,
+}
+
+impl PerPrompt {
+    fn of(t: &Traffic, n: f64) -> PerPrompt {
+        PerPrompt {
+            calls: t.calls as f64 / n,
+            commands: t.commands as f64 / n,
+            bytes_in: t.bytes_in as f64 / n,
+            bytes_out: t.bytes_out as f64 / n,
+        }
+    }
+}
+
+/// Steady state of one mode.
+#[derive(Clone, Debug, Serialize)]
+struct SteadyCell {
+    mode: Mode,
+    prompts: usize,
+    kib: usize,
+    keys: i64,
+    used_memory: f64,
+    quiet: bool,
+    /// Mean per cycle (the cycle and the polls since the previous one).
+    per_cycle: PerPrompt,
+    envoy_cpu_ms_per_cycle: f64,
+    seconds_per_cycle: f64,
+    cycles: Vec<Counts>,
+    /// The filter's counter deltas over the observed cycles.
+    stats: BTreeMap<String, i64>,
+}
+
+pub fn run(args: &CompatCostArgs) {
+    let wall = Instant::now();
+    println!(
+        "prefix-bench compat-cost: native vs compat aibrix on envoy/aibrix.yaml, 1 replica, \
+         {PODS} podsim pods, redis-server, sync period {} ms; {} chat prompts at each of {:?} \
+         KiB; steady state after {} x {} KiB, {} cycles",
+        args.period_ms,
+        args.prompts,
+        args.sizes_kib,
+        args.steady_prompts,
+        args.steady_kib,
+        args.steady_cycles
+    );
+    let load = crate::procstat::LoadMeter::start();
+    let mut fleet = Fleet::new("bench-compat-cost");
+    fleet.start_redis();
+    fleet.start_pods(&["--time-scale", "0"]);
+    let meter = RedisMeter::start(fleet.redis_port).expect("start the Redis meter");
+    let eds = write_eds(&fleet);
+    let mut redis = RedisConn::connect(fleet.redis_port);
+    let mut next_id = 0u64;
+    let mut pushes = Vec::new();
+    let mut steady = Vec::new();
+    for mode in [Mode::Native, Mode::Compat] {
+        for &kib in &args.sizes_kib {
+            let cell = push_cell(
+                &mut fleet,
+                &meter,
+                &mut redis,
+                &eds,
+                mode,
+                kib,
+                args,
+                &mut next_id,
+            );
+            println!(
+                "  {} {kib} KiB: {:.1} keys/prompt, window {:.1} s, {} cycles{}",
+                mode.name(),
+                cell.keys_per_prompt,
+                cell.window_s,
+                cell.window_cycles,
+                if cell.quiet { "" } else { " (NOT QUIET)" }
+            );
+            pushes.push(cell);
+        }
+        let cell = steady_cell(&mut fleet, &meter, &mut redis, &eds, mode, args, &mut next_id);
+        println!(
+            "  {} steady: {} keys, {:.0} commands/cycle{}",
+            mode.name(),
+            cell.keys,
+            cell.per_cycle.commands,
+            if cell.quiet { "" } else { " (NOT QUIET)" }
+        );
+        steady.push(cell);
+    }
+    drop(meter);
+    drop(fleet);
+    print_push(args, &pushes);
+    print_steady(args, &steady);
+    let load = load.finish();
+    println!("{load}");
+    let path = write_json(
+        "compat-cost",
+        &json!({
+            "load": load,
+            "period_ms": args.period_ms,
+            "prompts": args.prompts,
+            "sizes_kib": args.sizes_kib,
+            "push": pushes,
+            "steady": steady,
+        }),
+    );
+    println!(
+        "\nresults: {}\nwall time: {:.1} s",
+        path.display(),
+        wall.elapsed().as_secs_f64()
+    );
+}
+
+/// envoy/eds/aibrix-pods.yaml with the fleet's pod ports, in the fleet dir.
+fn write_eds(fleet: &Fleet) -> String {
+    let ports = Ports {
+        listener: 0,
+        admin: 0,
+        pods: fleet.pod_ports,
+        redis_bridge: 0,
+        redis: 0,
+    };
+    let path = support::repo_root().join("envoy/eds/aibrix-pods.yaml");
+    let text = std::fs::read_to_string(&path).expect("read envoy/eds/aibrix-pods.yaml");
+    let out = fleet.dir.join("aibrix-pods.yaml");
+    std::fs::write(&out, support::substitute_ports(&text, &ports)).expect("write EDS file");
+    out.display().to_string()
+}
+
+/// A fresh replica of `mode` on a flushed Redis, ready: all pods healthy and
+/// one good cycle done.
+fn start_replica(
+    fleet: &mut Fleet,
+    meter: &RedisMeter,
+    redis: &mut RedisConn,
+    eds: &str,
+    mode: Mode,
+    period_ms: u64,
+) {
+    while !fleet.replicas.is_empty() {
+        fleet.stop_envoy(0);
+    }
+    redis.command(&[b"FLUSHALL"]);
+    let edit = |yaml: String| yaml.replace("envoy/eds/aibrix-pods.yaml", eds);
+    let i = fleet.start_envoy_via(
+        mode.name(),
+        "aibrix.yaml",
+        1,
+        meter.port,
+        &edit,
+        &mut |c| mode.patch(period_ms, c),
+    );
+    let r = &fleet.replicas[i];
+    let ready = support::wait_until(DEADLINE, || {
+        r.stat("prefix_router.membership.healthy") == PODS && cycles_done(r) >= 1
+    });
+    assert!(ready, "{} replica not ready: {:?}", mode.name(), r.stats());
+}
+
+fn snapshot(replica: &Replica, meter: &RedisMeter, redis: &mut RedisConn) -> Snapshot {
+    Snapshot {
+        meter: meter.snapshot(),
+        redis: redis_info(redis),
+        dbsize: match redis.command(&[b"DBSIZE"]) {
+            envoy_prefix_router::resp::Frame::Integer(n) => n,
+            other => panic!("DBSIZE: {other:?}"),
+        },
+        stats: replica.stats(),
+        cpu: cpu_sample(replica.pid).sched,
+    }
+}
+
+/// Numeric fields of Redis `INFO` (all default sections).
+fn redis_info(redis: &mut RedisConn) -> BTreeMap<String, f64> {
+    let reply = redis.command(&[b"INFO"]);
+    let text = reply
+        .as_bytes()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse::<f64>().ok()?)))
+        .collect()
+}
+
+/// Cycles the replica finished, ok or failed.
+fn cycles_done(replica: &Replica) -> i64 {
+    replica
+        .envoy
+        .stats_matching(r"^wasmcustom\.prefix_router\.sync\.cycles_(ok|failed)$")
+        .values()
+        .sum()
+}
+
+/// Waits for the next finished cycle; returns the count.
+fn next_cycle(replica: &Replica) -> i64 {
+    let start = cycles_done(replica);
+    let mut now = start;
+    support::wait_until(DEADLINE, || {
+        now = cycles_done(replica);
+        now > start
+    });
+    now
+}
+
+/// Waits until the push of what was sent is over: at least two cycles
+/// finished and `sync.pushed` did not move over the last one. Returns
+/// whether that happened before the deadline.
+fn wait_quiet(replica: &Replica) -> bool {
+    let deadline = Instant::now() + DEADLINE;
+    let pushed = || replica.stat("prefix_router.sync.pushed");
+    next_cycle(replica);
+    let mut before = pushed();
+    while Instant::now() < deadline {
+        next_cycle(replica);
+        let after = pushed();
+        if after == before {
+            return true;
+        }
+        before = after;
+    }
+    false
+}
+
+/// A chat body whose single user message is `len` bytes, distinct from every
+/// other prompt of the run from its first 4 bytes on.
+fn chat(id: u64, len: usize) -> String {
+    let lead = format!("{:04x} ", id % 0x1_0000);
+    let content = format!("{lead}{}", support::text(id, len - lead.len()));
+    json!({
+        "model": MODEL,
+        "messages": [{ "role": "user", "content": content }],
+        "max_tokens": 8,
+    })
+    .to_string()
+}
+
+fn send_prompts(replica: &Replica, n: usize, kib: usize, next_id: &mut u64) {
+    for _ in 0..n {
+        let body = chat(*next_id, kib * 1024);
+        *next_id += 1;
+        let reply = support::send(
+            "POST",
+            &replica.envoy.url("/v1/chat/completions"),
+            &[("content-type", "application/json")],
+            Some(body.as_bytes()),
+            support::CLIENT_TIMEOUT,
+        )
+        .unwrap_or_else(|e| panic!("POST: {e}"));
+        assert_eq!(reply.status, 200, "POST: {}", reply.body);
+    }
+}
+
+/// `prefix_router_route_time_us` sum and count from `/stats/prometheus`
+/// (cumulative as of Envoy's last stats flush).
+fn route_time(replica: &Replica) -> (f64, f64) {
+    let url = replica
+        .envoy
+        .admin_url("/stats/prometheus?filter=route_time_us");
+    let body = support::get(&url).map(|r| r.body).unwrap_or_default();
+    let field = |suffix: &str| -> f64 {
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(name, _)| {
+                let name = name.split('{').next().unwrap_or(name);
+                name.ends_with(&format!("route_time_us_{suffix}"))
+            })
+            .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+            .sum()
+    };
+    (field("sum"), field("count"))
+}
+
+fn counter_deltas(now: &BTreeMap<String, i64>, then: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+    now.iter()
+        .map(|(k, v)| (k.clone(), v - then.get(k).copied().unwrap_or(0)))
+        .filter(|(k, d)| *d != 0 && !k.contains("inflight") && !k.ends_with("_age_s"))
+        .collect()
+}
+
+fn info_deltas(now: &BTreeMap<String, f64>, then: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    [
+        "total_commands_processed",
+        "total_net_input_bytes",
+        "total_net_output_bytes",
+        "total_connections_received",
+        "used_memory",
+        "expired_keys",
+        "evicted_keys",
+    ]
+    .iter()
+    .map(|k| {
+        let d = now.get(*k).copied().unwrap_or(0.0) - then.get(*k).copied().unwrap_or(0.0);
+        (k.to_string(), d)
+    })
+    .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn push_cell(
+    fleet: &mut Fleet,
+    meter: &RedisMeter,
+    redis: &mut RedisConn,
+    eds: &str,
+    mode: Mode,
+    kib: usize,
+    args: &CompatCostArgs,
+    next_id: &mut u64,
+) -> PushCell {
+    start_replica(fleet, meter, redis, eds, mode, args.period_ms);
+    let r = &fleet.replicas[0];
+    next_cycle(r);
+    let (sum0, count0) = route_time(r);
+    let s0 = snapshot(r, meter, redis);
+    let c0 = cycles_done(r);
+    let t0 = Instant::now();
+    send_prompts(r, args.prompts, kib, next_id);
+    let quiet = wait_quiet(r);
+    let s1 = snapshot(r, meter, redis);
+    let window_s = t0.elapsed().as_secs_f64();
+    let window_cycles = cycles_done(r) - c0;
+    // Histograms reach the admin after a stats flush (every 5 s).
+    let n = args.prompts as f64;
+    let mut rt = route_time(r);
+    support::wait_until(Duration::from_secs(15), || {
+        rt = route_time(r);
+        rt.1 - count0 >= n
+    });
+    let routed = rt.1 - count0;
+    let d = s1.meter.since(&s0.meter);
+    let redis_d = info_deltas(&s1.redis, &s0.redis);
+    let stats = counter_deltas(&s1.stats, &s0.stats);
+    PushCell {
+        mode,
+        kib,
+        prompts: args.prompts,
+        keys_per_prompt: (s1.dbsize - s0.dbsize) as f64 / n,
+        push: PerPrompt::of(&d.class("write prefixcache"), n),
+        window: PerPrompt::of(&d.total(), n),
+        window_cycles,
+        window_s,
+        used_memory_per_prompt: redis_d["used_memory"] / n,
+        route_time_us_mean: (routed > 0.0).then(|| (rt.0 - sum0) / routed),
+        pushed_per_prompt: stats.get("prefix_router.sync.pushed").copied().unwrap_or(0) as f64 / n,
+        quiet,
+        meter: d,
+        stats,
+        redis: redis_d,
+    }
+}
+
+fn steady_cell(
+    fleet: &mut Fleet,
+    meter: &RedisMeter,
+    redis: &mut RedisConn,
+    eds: &str,
+    mode: Mode,
+    args: &CompatCostArgs,
+    next_id: &mut u64,
+) -> SteadyCell {
+    start_replica(fleet, meter, redis, eds, mode, args.period_ms);
+    let r = &fleet.replicas[0];
+    send_prompts(r, args.steady_prompts, args.steady_kib, next_id);
+    let quiet = wait_quiet(r);
+    let mut last = snapshot(r, meter, redis);
+    let first = last.clone();
+    let t0 = Instant::now();
+    let mut cycles = Vec::new();
+    for _ in 0..args.steady_cycles.max(1) {
+        next_cycle(r);
+        let now = snapshot(r, meter, redis);
+        cycles.push(now.meter.since(&last.meter));
+        last = now;
+    }
+    let n = cycles.len() as f64;
+    let total = last.meter.since(&first.meter).total();
+    SteadyCell {
+        mode,
+        prompts: args.steady_prompts,
+        kib: args.steady_kib,
+        keys: last.dbsize,
+        used_memory: last.redis.get("used_memory").copied().unwrap_or(0.0),
+        quiet,
+        per_cycle: PerPrompt::of(&total, n),
+        envoy_cpu_ms_per_cycle: last.cpu.saturating_sub(first.cpu).as_secs_f64() * 1000.0 / n,
+        seconds_per_cycle: t0.elapsed().as_secs_f64() / n,
+        cycles,
+        stats: counter_deltas(&last.stats, &first.stats),
+    }
+}
+
+/// `12,345`.
+fn thousands(v: f64) -> String {
+    let s = format!("{:.0}", v.round());
+    let (sign, digits) = s.strip_prefix('-').map_or(("", s.as_str()), |d| ("-", d));
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    format!("{sign}{out}")
+}
+
+fn print_push(args: &CompatCostArgs, cells: &[PushCell]) {
+    let mut t = Table::new(
+        &format!(
+            "New prompts, per prompt ({} distinct chat prompts per row; fresh replica and Redis per \
+             row). push = the replica's calls that write prompt blocks (SETEX, + XADD/EXPIRE in \
+             native); window = all its Redis traffic from the first prompt until the push was \
+             over (pulls and polls included)",
+            args.prompts
+        ),
+        &[
+            "mode",
+            "prompt",
+            "keys",
+            "push calls",
+            "push commands",
+            "push bytes in",
+            "push bytes out",
+            "Redis memory",
+            "route_time_us mean",
+            "window commands",
+            "window bytes in",
+            "window bytes out",
+            "cycles",
+        ],
+    );
+    for c in cells {
+        t.row(&[
+            c.mode.name().to_string(),
+            format!("{} KiB", c.kib),
+            num(c.keys_per_prompt, 1),
+            num(c.push.calls, 1),
+            thousands(c.push.commands),
+            thousands(c.push.bytes_in),
+            thousands(c.push.bytes_out),
+            thousands(c.used_memory_per_prompt),
+            c.route_time_us_mean.map_or("-".into(), |v| num(v, 0)),
+            thousands(c.window.commands),
+            thousands(c.window.bytes_in),
+            thousands(c.window.bytes_out),
+            c.window_cycles.to_string(),
+        ]);
+    }
+    t.print();
+}
+
+fn print_steady(args: &CompatCostArgs, cells: &[SteadyCell]) {
+    let mut t = Table::new(
+        &format!(
+            "Holding the namespace: per sync cycle of one idle replica (period {} ms; the cycle \
+             plus the polls since the previous one), after {} prompts of {} KiB; mean of {} cycles",
+            args.period_ms, args.steady_prompts, args.steady_kib, args.steady_cycles
+        ),
+        &[
+            "mode",
+            "keys in Redis",
+            "Redis memory",
+            "calls",
+            "commands",
+            "bytes in",
+            "bytes out",
+            "Envoy CPU ms",
+            "s per cycle",
+        ],
+    );
+    for c in cells {
+        t.row(&[
+            c.mode.name().to_string(),
+            thousands(c.keys as f64),
+            thousands(c.used_memory),
+            num(c.per_cycle.calls, 1),
+            thousands(c.per_cycle.commands),
+            thousands(c.per_cycle.bytes_in),
+            thousands(c.per_cycle.bytes_out),
+            num(c.envoy_cpu_ms_per_cycle, 1),
+            num(c.seconds_per_cycle, 2),
+        ]);
+    }
+    t.print();
+}
