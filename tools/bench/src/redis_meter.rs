@@ -83,7 +83,12 @@ impl Counts {
     pub fn since(&self, earlier: &Counts) -> Counts {
         let diff = |now: &BTreeMap<String, Traffic>, then: &BTreeMap<String, Traffic>| {
             now.iter()
-                .map(|(k, v)| (k.clone(), v.since(&then.get(k).copied().unwrap_or_default())))
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.since(&then.get(k).copied().unwrap_or_default()),
+                    )
+                })
                 .filter(|(_, v)| *v != Traffic::default())
                 .collect()
         };
@@ -126,7 +131,10 @@ impl RedisMeter {
 
     /// A copy of the counts so far.
     pub fn snapshot(&self) -> Counts {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -143,7 +151,8 @@ impl Drop for RedisMeter {
 #[derive(Default)]
 struct Call {
     class: Option<String>,
-    pending: VecDeque<String>,
+    /// (command, class it was counted in), in sending order.
+    pending: VecDeque<(String, String)>,
 }
 
 const WRITES: &[&str] = &["SETEX", "SET", "DEL", "XADD", "EXPIRE"];
@@ -156,7 +165,11 @@ fn relay(client: TcpStream, upstream: u16, counts: &Arc<Mutex<Counts>>) -> io::R
     let replies = {
         let (from, to) = (server.try_clone()?, client.try_clone()?);
         let (call, counts) = (call.clone(), counts.clone());
-        thread::spawn(move || pump(from, to, &mut |frame, len| on_reply(&call, &counts, frame, len)))
+        thread::spawn(move || {
+            pump(from, to, &mut |frame, len| {
+                on_reply(&call, &counts, frame, len)
+            })
+        })
     };
     let mut on_request = |frame: &Frame, len: usize| on_request(&call, counts, frame, len);
     let sent = pump(client, server, &mut on_request);
@@ -225,7 +238,7 @@ fn on_request(call: &Mutex<Call>, counts: &Mutex<Counts>, frame: &Frame, len: us
         call.class = Some(format!("{kind} {}", namespace_of(&name, &args)));
     }
     let class = call.class.clone().unwrap_or_else(|| "auth".into());
-    call.pending.push_back(name.clone());
+    call.pending.push_back((name.clone(), class.clone()));
     drop(call);
     let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
     let t = Traffic {
@@ -239,11 +252,12 @@ fn on_request(call: &Mutex<Call>, counts: &Mutex<Counts>, frame: &Frame, len: us
 }
 
 fn on_reply(call: &Mutex<Call>, counts: &Mutex<Counts>, _frame: &Frame, len: usize) {
-    let (name, class) = {
-        let mut call = call.lock().unwrap_or_else(|e| e.into_inner());
-        let name = call.pending.pop_front().unwrap_or_else(|| "?".into());
-        (name, call.class.clone().unwrap_or_else(|| "auth".into()))
-    };
+    let (name, class) = call
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .pending
+        .pop_front()
+        .unwrap_or_else(|| ("?".into(), "?".into()));
     let t = Traffic {
         bytes_out: len as u64,
         ..Traffic::default()

@@ -38,14 +38,26 @@ use crate::procstat::cpu_sample;
 use crate::redis_conn::RedisConn;
 use crate::redis_meter::{Counts, RedisMeter, Traffic};
 use crate::report::{num, write_json, Table};
+use crate::support::aibrix::{prefix_text, AibrixReader};
 use crate::support::{self, Ports};
 
 /// The model every request names.
 const MODEL: &str = "llama-3-8b-instruct";
-/// Pods in the EDS file (`envoy/eds/aibrix-pods.yaml`).
-const PODS: i64 = 4;
+/// Pods in the EDS file (`envoy/eds/aibrix-pods.yaml`), by hostname.
+const AIBRIX_PODS: [&str; 4] = [
+    "vllm-llama-a",
+    "vllm-llama-b",
+    "vllm-llama-c",
+    "vllm-llama-d",
+];
+const PODS: i64 = AIBRIX_PODS.len() as i64;
+const CHAT_PATH: &str = "/v1/chat/completions";
 /// Deadline for anything that takes a few sync periods.
-const DEADLINE: Duration = Duration::from_secs(180);
+const DEADLINE: Duration = Duration::from_secs(60);
+/// Longest wait for a push to be over.
+const QUIET_DEADLINE: Duration = Duration::from_secs(90);
+/// The meter's class of the calls that write prompt blocks.
+const PUSH: &str = "write prefixcache";
 
 #[derive(Clone, Debug)]
 pub struct CompatCostArgs {
@@ -117,6 +129,9 @@ struct PushCell {
     window_s: f64,
     used_memory_per_prompt: f64,
     route_time_us_mean: Option<f64>,
+    /// Compat only: per prompt, the percent of its blocks an AIBrix
+    /// gateway's lookup matches in Redis after the push.
+    aibrix_match_percent: Option<Vec<f64>>,
     /// `sync.pushed` per prompt (entities written).
     pushed_per_prompt: f64,
     quiet: bool,
@@ -154,6 +169,7 @@ struct SteadyCell {
     prompts: usize,
     kib: usize,
     keys: i64,
+    /// Redis `used_memory` above that of the empty server.
     used_memory: f64,
     quiet: bool,
     /// Mean per cycle (the cycle and the polls since the previous one).
@@ -163,6 +179,8 @@ struct SteadyCell {
     cycles: Vec<Counts>,
     /// The filter's counter deltas over the observed cycles.
     stats: BTreeMap<String, i64>,
+    /// Redis `INFO` deltas over the observed cycles (our probes included).
+    redis: BTreeMap<String, f64>,
 }
 
 pub fn run(args: &CompatCostArgs) {
@@ -210,7 +228,15 @@ pub fn run(args: &CompatCostArgs) {
             );
             pushes.push(cell);
         }
-        let cell = steady_cell(&mut fleet, &meter, &mut redis, &eds, mode, args, &mut next_id);
+        let cell = steady_cell(
+            &mut fleet,
+            &meter,
+            &mut redis,
+            &eds,
+            mode,
+            args,
+            &mut next_id,
+        );
         println!(
             "  {} steady: {} keys, {:.0} commands/cycle{}",
             mode.name(),
@@ -261,7 +287,7 @@ fn write_eds(fleet: &Fleet) -> String {
 }
 
 /// A fresh replica of `mode` on a flushed Redis, ready: all pods healthy and
-/// one good cycle done.
+/// one good cycle done. Returns Redis's `used_memory` when empty.
 fn start_replica(
     fleet: &mut Fleet,
     meter: &RedisMeter,
@@ -269,25 +295,26 @@ fn start_replica(
     eds: &str,
     mode: Mode,
     period_ms: u64,
-) {
+) -> f64 {
     while !fleet.replicas.is_empty() {
         fleet.stop_envoy(0);
     }
+    // Fresh pods too (same ports, so the EDS file holds): podsim exits after
+    // a fixed lifetime.
+    fleet.pods.clear();
+    fleet.start_pods(&["--time-scale", "0"]);
     redis.command(&[b"FLUSHALL"]);
+    let empty = redis_info(redis).get("used_memory").copied().unwrap_or(0.0);
     let edit = |yaml: String| yaml.replace("envoy/eds/aibrix-pods.yaml", eds);
-    let i = fleet.start_envoy_via(
-        mode.name(),
-        "aibrix.yaml",
-        1,
-        meter.port,
-        &edit,
-        &mut |c| mode.patch(period_ms, c),
-    );
+    let i = fleet.start_envoy_via(mode.name(), "aibrix.yaml", 1, meter.port, &edit, &mut |c| {
+        mode.patch(period_ms, c)
+    });
     let r = &fleet.replicas[i];
     let ready = support::wait_until(DEADLINE, || {
         r.stat("prefix_router.membership.healthy") == PODS && cycles_done(r) >= 1
     });
     assert!(ready, "{} replica not ready: {:?}", mode.name(), r.stats());
+    empty
 }
 
 fn snapshot(replica: &Replica, meter: &RedisMeter, redis: &mut RedisConn) -> Snapshot {
@@ -337,11 +364,13 @@ fn next_cycle(replica: &Replica) -> i64 {
 }
 
 /// Waits until the push of what was sent is over: at least two cycles
-/// finished and `sync.pushed` did not move over the last one. Returns
-/// whether that happened before the deadline.
-fn wait_quiet(replica: &Replica) -> bool {
-    let deadline = Instant::now() + DEADLINE;
-    let pushed = || replica.stat("prefix_router.sync.pushed");
+/// finished and no prompt block was written over the last one (`sync.pushed`
+/// also counts the podload entity, written every cycle: the meter tells them
+/// apart). Returns whether that happened before the deadline, which stays
+/// below the keys' 120 s TTL.
+fn wait_quiet(replica: &Replica, meter: &RedisMeter) -> bool {
+    let deadline = Instant::now() + QUIET_DEADLINE;
+    let pushed = || meter.snapshot().class(PUSH).commands;
     next_cycle(replica);
     let mut before = pushed();
     while Instant::now() < deadline {
@@ -368,20 +397,42 @@ fn chat(id: u64, len: usize) -> String {
     .to_string()
 }
 
-fn send_prompts(replica: &Replica, n: usize, kib: usize, next_id: &mut u64) {
+/// Sends `n` new prompts of `kib` KiB; returns their bodies.
+fn send_prompts(replica: &Replica, n: usize, kib: usize, next_id: &mut u64) -> Vec<String> {
+    let mut bodies = Vec::with_capacity(n);
     for _ in 0..n {
         let body = chat(*next_id, kib * 1024);
         *next_id += 1;
         let reply = support::send(
             "POST",
-            &replica.envoy.url("/v1/chat/completions"),
+            &replica.envoy.url(CHAT_PATH),
             &[("content-type", "application/json")],
             Some(body.as_bytes()),
             support::CLIENT_TIMEOUT,
         )
         .unwrap_or_else(|e| panic!("POST: {e}"));
         assert_eq!(reply.status, 200, "POST: {}", reply.body);
+        bodies.push(body);
     }
+    bodies
+}
+
+/// What an AIBrix gateway's lookup finds in Redis for each prompt (the
+/// oracle of tests/support/aibrix.rs): the share of its blocks matched on
+/// the pod found, in percent.
+fn aibrix_lookups(redis_port: u16, bodies: &[String]) -> Vec<f64> {
+    let reader = AibrixReader::new(redis_port);
+    let pods: Vec<&str> = AIBRIX_PODS.to_vec();
+    bodies
+        .iter()
+        .map(|body| {
+            let text = prefix_text(CHAT_PATH, body).expect("AIBrix renders the chat body");
+            match reader.lookup(MODEL, &text, &pods) {
+                Some((_, matched, total)) => 100.0 * matched as f64 / total.max(1) as f64,
+                None => 0.0,
+            }
+        })
+        .collect()
 }
 
 /// `prefix_router_route_time_us` sum and count from `/stats/prometheus`
@@ -405,7 +456,10 @@ fn route_time(replica: &Replica) -> (f64, f64) {
     (field("sum"), field("count"))
 }
 
-fn counter_deltas(now: &BTreeMap<String, i64>, then: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+fn counter_deltas(
+    now: &BTreeMap<String, i64>,
+    then: &BTreeMap<String, i64>,
+) -> BTreeMap<String, i64> {
     now.iter()
         .map(|(k, v)| (k.clone(), v - then.get(k).copied().unwrap_or(0)))
         .filter(|(k, d)| *d != 0 && !k.contains("inflight") && !k.ends_with("_age_s"))
@@ -448,9 +502,10 @@ fn push_cell(
     let s0 = snapshot(r, meter, redis);
     let c0 = cycles_done(r);
     let t0 = Instant::now();
-    send_prompts(r, args.prompts, kib, next_id);
-    let quiet = wait_quiet(r);
+    let bodies = send_prompts(r, args.prompts, kib, next_id);
+    let quiet = wait_quiet(r, meter);
     let s1 = snapshot(r, meter, redis);
+    let aibrix = (mode == Mode::Compat).then(|| aibrix_lookups(fleet.redis_port, &bodies));
     let window_s = t0.elapsed().as_secs_f64();
     let window_cycles = cycles_done(r) - c0;
     // Histograms reach the admin after a stats flush (every 5 s).
@@ -469,12 +524,13 @@ fn push_cell(
         kib,
         prompts: args.prompts,
         keys_per_prompt: (s1.dbsize - s0.dbsize) as f64 / n,
-        push: PerPrompt::of(&d.class("write prefixcache"), n),
+        push: PerPrompt::of(&d.class(PUSH), n),
         window: PerPrompt::of(&d.total(), n),
         window_cycles,
         window_s,
         used_memory_per_prompt: redis_d["used_memory"] / n,
         route_time_us_mean: (routed > 0.0).then(|| (rt.0 - sum0) / routed),
+        aibrix_match_percent: aibrix,
         pushed_per_prompt: stats.get("prefix_router.sync.pushed").copied().unwrap_or(0) as f64 / n,
         quiet,
         meter: d,
@@ -492,10 +548,10 @@ fn steady_cell(
     args: &CompatCostArgs,
     next_id: &mut u64,
 ) -> SteadyCell {
-    start_replica(fleet, meter, redis, eds, mode, args.period_ms);
+    let empty = start_replica(fleet, meter, redis, eds, mode, args.period_ms);
     let r = &fleet.replicas[0];
     send_prompts(r, args.steady_prompts, args.steady_kib, next_id);
-    let quiet = wait_quiet(r);
+    let quiet = wait_quiet(r, meter);
     let mut last = snapshot(r, meter, redis);
     let first = last.clone();
     let t0 = Instant::now();
@@ -513,13 +569,14 @@ fn steady_cell(
         prompts: args.steady_prompts,
         kib: args.steady_kib,
         keys: last.dbsize,
-        used_memory: last.redis.get("used_memory").copied().unwrap_or(0.0),
+        used_memory: last.redis.get("used_memory").copied().unwrap_or(0.0) - empty,
         quiet,
         per_cycle: PerPrompt::of(&total, n),
         envoy_cpu_ms_per_cycle: last.cpu.saturating_sub(first.cpu).as_secs_f64() * 1000.0 / n,
         seconds_per_cycle: t0.elapsed().as_secs_f64() / n,
         cycles,
         stats: counter_deltas(&last.stats, &first.stats),
+        redis: info_deltas(&last.redis, &first.redis),
     }
 }
 
@@ -542,8 +599,10 @@ fn print_push(args: &CompatCostArgs, cells: &[PushCell]) {
         &format!(
             "New prompts, per prompt ({} distinct chat prompts per row; fresh replica and Redis per \
              row). push = the replica's calls that write prompt blocks (SETEX, + XADD/EXPIRE in \
-             native); window = all its Redis traffic from the first prompt until the push was \
-             over (pulls and polls included)",
+             native); AIBrix lookup = the share of each prompt an AIBrix gateway's in-order walk \
+             matches in Redis afterwards (tests/support/aibrix.rs), and how many prompts it finds \
+             whole; window = all the replica's Redis traffic from the first prompt until the push \
+             was over (pulls and polls included)",
             args.prompts
         ),
         &[
@@ -556,6 +615,7 @@ fn print_push(args: &CompatCostArgs, cells: &[PushCell]) {
             "push bytes out",
             "Redis memory",
             "route_time_us mean",
+            "AIBrix lookup: mean % (whole)",
             "window commands",
             "window bytes in",
             "window bytes out",
@@ -573,6 +633,11 @@ fn print_push(args: &CompatCostArgs, cells: &[PushCell]) {
             thousands(c.push.bytes_out),
             thousands(c.used_memory_per_prompt),
             c.route_time_us_mean.map_or("-".into(), |v| num(v, 0)),
+            c.aibrix_match_percent.as_ref().map_or("-".into(), |m| {
+                let mean = m.iter().sum::<f64>() / m.len().max(1) as f64;
+                let whole = m.iter().filter(|&&p| p >= 100.0).count();
+                format!("{} ({whole}/{})", num(mean, 1), m.len())
+            }),
             thousands(c.window.commands),
             thousands(c.window.bytes_in),
             thousands(c.window.bytes_out),
@@ -586,17 +651,19 @@ fn print_steady(args: &CompatCostArgs, cells: &[SteadyCell]) {
     let mut t = Table::new(
         &format!(
             "Holding the namespace: per sync cycle of one idle replica (period {} ms; the cycle \
-             plus the polls since the previous one), after {} prompts of {} KiB; mean of {} cycles",
+             plus the polls since the previous one), after {} prompts of {} KiB; mean of {} cycles. \
+             Envoy CPU: the whole process (sync singleton, health checks, admin reads)",
             args.period_ms, args.steady_prompts, args.steady_kib, args.steady_cycles
         ),
         &[
             "mode",
             "keys in Redis",
-            "Redis memory",
+            "Redis memory (above empty)",
             "calls",
             "commands",
             "bytes in",
             "bytes out",
+            "bytes/s in+out",
             "Envoy CPU ms",
             "s per cycle",
         ],
@@ -610,6 +677,9 @@ fn print_steady(args: &CompatCostArgs, cells: &[SteadyCell]) {
             thousands(c.per_cycle.commands),
             thousands(c.per_cycle.bytes_in),
             thousands(c.per_cycle.bytes_out),
+            thousands(
+                (c.per_cycle.bytes_in + c.per_cycle.bytes_out) / c.seconds_per_cycle.max(1e-3),
+            ),
             num(c.envoy_cpu_ms_per_cycle, 1),
             num(c.seconds_per_cycle, 2),
         ]);
