@@ -118,6 +118,9 @@ enum Command {
         /// Sync period of both modes, ms (envoy/aibrix.yaml's).
         #[arg(long, default_value_t = 1000)]
         period_ms: u64,
+        /// `table_capacity_blocks` of both modes (default: the filter's).
+        #[arg(long)]
+        table_capacity_blocks: Option<u32>,
     },
     /// Benchmark: delay until replica B can route a prompt replica A saw.
     Convergence {
@@ -212,6 +215,7 @@ fn main() {
             steady_kib,
             steady_cycles,
             period_ms,
+            table_capacity_blocks,
         } => commands::compat_cost::run(&commands::compat_cost::CompatCostArgs {
             prompts,
             sizes_kib,
@@ -219,6 +223,7 @@ fn main() {
             steady_kib,
             steady_cycles,
             period_ms,
+            table_capacity_blocks,
         }),
         Command::Convergence {
             trials,

@@ -17,10 +17,12 @@
 //! 1. New prompts: per (mode, size) a fresh replica on a flushed Redis; after
 //!    one cycle, N distinct chat prompts (one user message of the size) are
 //!    sent, then the run waits until the push is over (two cycles since the
-//!    last prompt, `sync.pushed` unchanged over the last one). Per prompt:
+//!    last prompt, no prompt-block write over the last one). Per prompt:
 //!    keys created (DBSIZE), the push's calls, commands and bytes, Redis
-//!    `used_memory`, the filter's mean `route_time_us`; and everything the
-//!    replica sent during that window (pulls included).
+//!    `used_memory`, the filter's mean `route_time_us`, and (compat) how much
+//!    of each prompt an AIBrix gateway's lookup finds in Redis; then
+//!    everything the replica exchanged with Redis during that window (pulls
+//!    included), beside Redis's own `INFO` count.
 //! 2. Holding the namespace: a fresh replica on a flushed Redis gets P prompts
 //!    of K KiB; once their push is over, C idle cycles are observed: what one
 //!    replica sends and receives per cycle just to keep the namespace in view.
@@ -32,6 +34,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{json, Value};
+
+use envoy_prefix_router::config::{AIBRIX_BLOCK_SIZE, AIBRIX_DENSE_BLOCKS};
+use envoy_prefix_router::router::sampled_positions;
 
 use crate::fleet::{Fleet, Replica};
 use crate::procstat::cpu_sample;
@@ -73,6 +78,8 @@ pub struct CompatCostArgs {
     pub steady_cycles: usize,
     /// Sync period of both modes, ms.
     pub period_ms: u64,
+    /// `table_capacity_blocks` of both modes; None keeps the default.
+    pub table_capacity_blocks: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -90,10 +97,27 @@ impl Mode {
         }
     }
 
+    /// Block size and dense prefix of this mode (the defaults).
+    fn blocks(self) -> (usize, usize) {
+        match self {
+            Mode::Native => (128, 32),
+            Mode::Compat => (AIBRIX_BLOCK_SIZE, AIBRIX_DENSE_BLOCKS as usize),
+        }
+    }
+
+    /// Blocks recorded (so keys written) for a prompt of `len` bytes.
+    fn recorded(self, len: usize) -> usize {
+        let (size, dense) = self.blocks();
+        sampled_positions(len / size, dense).len()
+    }
+
     /// The plugin JSON of this mode, from envoy/aibrix.yaml's.
-    fn patch(self, period_ms: u64, config: &mut Value) {
+    fn patch(self, args: &CompatCostArgs, config: &mut Value) {
         if let Some(sync) = config.get_mut("sync").filter(|s| s.is_object()) {
-            sync["period_ms"] = json!(period_ms);
+            sync["period_ms"] = json!(args.period_ms);
+        }
+        if let Some(capacity) = args.table_capacity_blocks {
+            config["table_capacity_blocks"] = json!(capacity);
         }
         if self == Mode::Native {
             if let Some(obj) = config.as_object_mut() {
@@ -121,6 +145,8 @@ struct PushCell {
     kib: usize,
     prompts: usize,
     keys_per_prompt: f64,
+    /// Blocks the mode records for one prompt: the keys expected.
+    expected_keys: usize,
     /// Calls of class `write prefixcache`, per prompt.
     push: PerPrompt,
     /// Every call of the replica in the window, per prompt.
@@ -179,6 +205,10 @@ struct SteadyCell {
     cycles: Vec<Counts>,
     /// The filter's counter deltas over the observed cycles.
     stats: BTreeMap<String, i64>,
+    /// The filter's counter deltas while the prompts were sent and pushed.
+    load_stats: BTreeMap<String, i64>,
+    /// Blocks the prompts asked to record (all distinct).
+    blocks: usize,
     /// Redis `INFO` deltas over the observed cycles (our probes included).
     redis: BTreeMap<String, f64>,
 }
@@ -188,13 +218,15 @@ pub fn run(args: &CompatCostArgs) {
     println!(
         "prefix-bench compat-cost: native vs compat aibrix on envoy/aibrix.yaml, 1 replica, \
          {PODS} podsim pods, redis-server, sync period {} ms; {} chat prompts at each of {:?} \
-         KiB; steady state after {} x {} KiB, {} cycles",
+         KiB; steady state after {} x {} KiB, {} cycles; table_capacity_blocks {}",
         args.period_ms,
         args.prompts,
         args.sizes_kib,
         args.steady_prompts,
         args.steady_kib,
-        args.steady_cycles
+        args.steady_cycles,
+        args.table_capacity_blocks
+            .map_or("default (200000)".into(), |c| c.to_string())
     );
     let load = crate::procstat::LoadMeter::start();
     let mut fleet = Fleet::new("bench-compat-cost");
@@ -257,6 +289,7 @@ pub fn run(args: &CompatCostArgs) {
         &json!({
             "load": load,
             "period_ms": args.period_ms,
+            "table_capacity_blocks": args.table_capacity_blocks,
             "prompts": args.prompts,
             "sizes_kib": args.sizes_kib,
             "push": pushes,
@@ -294,7 +327,7 @@ fn start_replica(
     redis: &mut RedisConn,
     eds: &str,
     mode: Mode,
-    period_ms: u64,
+    args: &CompatCostArgs,
 ) -> f64 {
     while !fleet.replicas.is_empty() {
         fleet.stop_envoy(0);
@@ -307,7 +340,7 @@ fn start_replica(
     let empty = redis_info(redis).get("used_memory").copied().unwrap_or(0.0);
     let edit = |yaml: String| yaml.replace("envoy/eds/aibrix-pods.yaml", eds);
     let i = fleet.start_envoy_via(mode.name(), "aibrix.yaml", 1, meter.port, &edit, &mut |c| {
-        mode.patch(period_ms, c)
+        mode.patch(args, c)
     });
     let r = &fleet.replicas[i];
     let ready = support::wait_until(DEADLINE, || {
@@ -495,7 +528,7 @@ fn push_cell(
     args: &CompatCostArgs,
     next_id: &mut u64,
 ) -> PushCell {
-    start_replica(fleet, meter, redis, eds, mode, args.period_ms);
+    start_replica(fleet, meter, redis, eds, mode, args);
     let r = &fleet.replicas[0];
     next_cycle(r);
     let (sum0, count0) = route_time(r);
@@ -505,8 +538,8 @@ fn push_cell(
     let bodies = send_prompts(r, args.prompts, kib, next_id);
     let quiet = wait_quiet(r, meter);
     let s1 = snapshot(r, meter, redis);
-    let aibrix = (mode == Mode::Compat).then(|| aibrix_lookups(fleet.redis_port, &bodies));
     let window_s = t0.elapsed().as_secs_f64();
+    let aibrix = (mode == Mode::Compat).then(|| aibrix_lookups(fleet.redis_port, &bodies));
     let window_cycles = cycles_done(r) - c0;
     // Histograms reach the admin after a stats flush (every 5 s).
     let n = args.prompts as f64;
@@ -524,6 +557,7 @@ fn push_cell(
         kib,
         prompts: args.prompts,
         keys_per_prompt: (s1.dbsize - s0.dbsize) as f64 / n,
+        expected_keys: mode.recorded(kib * 1024),
         push: PerPrompt::of(&d.class(PUSH), n),
         window: PerPrompt::of(&d.total(), n),
         window_cycles,
@@ -548,11 +582,13 @@ fn steady_cell(
     args: &CompatCostArgs,
     next_id: &mut u64,
 ) -> SteadyCell {
-    let empty = start_replica(fleet, meter, redis, eds, mode, args.period_ms);
+    let empty = start_replica(fleet, meter, redis, eds, mode, args);
     let r = &fleet.replicas[0];
+    let before = r.stats();
     send_prompts(r, args.steady_prompts, args.steady_kib, next_id);
     let quiet = wait_quiet(r, meter);
     let mut last = snapshot(r, meter, redis);
+    let load_stats = counter_deltas(&last.stats, &before);
     let first = last.clone();
     let t0 = Instant::now();
     let mut cycles = Vec::new();
@@ -576,6 +612,8 @@ fn steady_cell(
         seconds_per_cycle: t0.elapsed().as_secs_f64() / n,
         cycles,
         stats: counter_deltas(&last.stats, &first.stats),
+        load_stats,
+        blocks: args.steady_prompts * mode.recorded(args.steady_kib * 1024),
         redis: info_deltas(&last.redis, &first.redis),
     }
 }
@@ -597,18 +635,17 @@ fn thousands(v: f64) -> String {
 fn print_push(args: &CompatCostArgs, cells: &[PushCell]) {
     let mut t = Table::new(
         &format!(
-            "New prompts, per prompt ({} distinct chat prompts per row; fresh replica and Redis per \
-             row). push = the replica's calls that write prompt blocks (SETEX, + XADD/EXPIRE in \
-             native); AIBrix lookup = the share of each prompt an AIBrix gateway's in-order walk \
-             matches in Redis afterwards (tests/support/aibrix.rs), and how many prompts it finds \
-             whole; window = all the replica's Redis traffic from the first prompt until the push \
-             was over (pulls and polls included)",
+            "New prompts: cost per prompt ({} distinct chat prompts per row; fresh replica and \
+             Redis per row). push = the replica's calls that write prompt blocks (SETEX; + XADD \
+             and EXPIRE of the change log in native). AIBrix lookup = the share of each prompt \
+             an AIBrix gateway's in-order walk matches in Redis afterwards \
+             (tests/support/aibrix.rs), and how many prompts it finds whole",
             args.prompts
         ),
         &[
             "mode",
             "prompt",
-            "keys",
+            "keys (blocks to record)",
             "push calls",
             "push commands",
             "push bytes in",
@@ -616,17 +653,13 @@ fn print_push(args: &CompatCostArgs, cells: &[PushCell]) {
             "Redis memory",
             "route_time_us mean",
             "AIBrix lookup: mean % (whole)",
-            "window commands",
-            "window bytes in",
-            "window bytes out",
-            "cycles",
         ],
     );
     for c in cells {
         t.row(&[
             c.mode.name().to_string(),
             format!("{} KiB", c.kib),
-            num(c.keys_per_prompt, 1),
+            format!("{} ({})", num(c.keys_per_prompt, 1), c.expected_keys),
             num(c.push.calls, 1),
             thousands(c.push.commands),
             thousands(c.push.bytes_in),
@@ -638,13 +671,45 @@ fn print_push(args: &CompatCostArgs, cells: &[PushCell]) {
                 let whole = m.iter().filter(|&&p| p >= 100.0).count();
                 format!("{} ({whole}/{})", num(mean, 1), m.len())
             }),
-            thousands(c.window.commands),
-            thousands(c.window.bytes_in),
-            thousands(c.window.bytes_out),
-            c.window_cycles.to_string(),
         ]);
     }
     t.print();
+    let mut w = Table::new(
+        "Same rows, everything the replica exchanged with Redis from the first prompt until the \
+         push was over (pushes, pulls, polls, podload), per prompt; Redis INFO = \
+         total_commands_processed over the same window (+2 commands of ours)",
+        &[
+            "mode",
+            "prompt",
+            "window s",
+            "cycles",
+            "calls",
+            "commands",
+            "bytes in",
+            "bytes out",
+            "Redis INFO commands",
+        ],
+    );
+    for c in cells {
+        w.row(&[
+            c.mode.name().to_string(),
+            format!("{} KiB", c.kib),
+            num(c.window_s, 1),
+            c.window_cycles.to_string(),
+            num(c.window.calls, 1),
+            thousands(c.window.commands),
+            thousands(c.window.bytes_in),
+            thousands(c.window.bytes_out),
+            thousands(
+                c.redis
+                    .get("total_commands_processed")
+                    .copied()
+                    .unwrap_or(0.0)
+                    / c.prompts.max(1) as f64,
+            ),
+        ]);
+    }
+    w.print();
 }
 
 fn print_steady(args: &CompatCostArgs, cells: &[SteadyCell]) {
@@ -657,13 +722,14 @@ fn print_steady(args: &CompatCostArgs, cells: &[SteadyCell]) {
         ),
         &[
             "mode",
-            "keys in Redis",
+            "keys in Redis (blocks to record)",
             "Redis memory (above empty)",
             "calls",
             "commands",
             "bytes in",
             "bytes out",
             "bytes/s in+out",
+            "bytes in+out per key",
             "Envoy CPU ms",
             "s per cycle",
         ],
@@ -671,7 +737,11 @@ fn print_steady(args: &CompatCostArgs, cells: &[SteadyCell]) {
     for c in cells {
         t.row(&[
             c.mode.name().to_string(),
-            thousands(c.keys as f64),
+            format!(
+                "{} ({})",
+                thousands(c.keys as f64),
+                thousands(c.blocks as f64)
+            ),
             thousands(c.used_memory),
             num(c.per_cycle.calls, 1),
             thousands(c.per_cycle.commands),
@@ -679,6 +749,10 @@ fn print_steady(args: &CompatCostArgs, cells: &[SteadyCell]) {
             thousands(c.per_cycle.bytes_out),
             thousands(
                 (c.per_cycle.bytes_in + c.per_cycle.bytes_out) / c.seconds_per_cycle.max(1e-3),
+            ),
+            num(
+                (c.per_cycle.bytes_in + c.per_cycle.bytes_out) / c.keys.max(1) as f64,
+                1,
             ),
             num(c.envoy_cpu_ms_per_cycle, 1),
             num(c.seconds_per_cycle, 2),
