@@ -121,6 +121,9 @@ enum Command {
         /// `table_capacity_blocks` of both modes (default: the filter's).
         #[arg(long)]
         table_capacity_blocks: Option<u32>,
+        /// Output directory (default results/).
+        #[arg(long)]
+        results_dir: Option<std::path::PathBuf>,
     },
     /// Benchmark: delay until replica B can route a prompt replica A saw.
     Convergence {
@@ -216,6 +219,7 @@ fn main() {
             steady_cycles,
             period_ms,
             table_capacity_blocks,
+            results_dir,
         } => commands::compat_cost::run(&commands::compat_cost::CompatCostArgs {
             prompts,
             sizes_kib,
@@ -224,6 +228,7 @@ fn main() {
             steady_cycles,
             period_ms,
             table_capacity_blocks,
+            results_dir,
         }),
         Command::Convergence {
             trials,

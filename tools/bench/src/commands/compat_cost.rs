@@ -30,6 +30,7 @@
 //! No timing is asserted; waits are deadlines.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -42,7 +43,7 @@ use crate::fleet::{Fleet, Replica};
 use crate::procstat::cpu_sample;
 use crate::redis_conn::RedisConn;
 use crate::redis_meter::{Counts, RedisMeter, Traffic};
-use crate::report::{num, write_json, Table};
+use crate::report::{num, write_json_in, Table};
 use crate::support::aibrix::{prefix_text, AibrixReader};
 use crate::support::{self, Ports};
 
@@ -80,6 +81,8 @@ pub struct CompatCostArgs {
     pub period_ms: u64,
     /// `table_capacity_blocks` of both modes; None keeps the default.
     pub table_capacity_blocks: Option<u32>,
+    /// Where the JSON goes; None = `results/`.
+    pub results_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -284,7 +287,8 @@ pub fn run(args: &CompatCostArgs) {
     print_steady(args, &steady);
     let load = load.finish();
     println!("{load}");
-    let path = write_json(
+    let path = write_json_in(
+        args.results_dir.as_deref(),
         "compat-cost",
         &json!({
             "load": load,
