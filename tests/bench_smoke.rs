@@ -1,8 +1,11 @@
-//! Smoke run of the benchmark harness end to end: the built `prefix-bench
-//! compare` with a tiny shared-prefix workload over 3 podsim pods, through
-//! round-robin Envoy and one Envoy with the filter (no peers), into a scratch
-//! results directory. Checks that the JSON, SVG and table files exist and the
-//! numbers are sane; never timing.
+//! Smoke runs of the benchmark harness end to end, into scratch results
+//! directories; never timing:
+//! - the built `prefix-bench compare` with a tiny shared-prefix workload over
+//!   3 podsim pods, through round-robin Envoy and one Envoy with the filter
+//!   (no peers): the JSON, SVG and table files exist and the numbers are sane;
+//! - `prefix-bench compat-cost` on 2 KiB prompts: the key counts the README
+//!   table shows are exact, its Redis meter agrees with Redis's own count,
+//!   and an AIBrix gateway finds every compat prompt whole.
 //!
 //! The binary is built by `make build` (`cargo build --release -p
 //! prefix-bench`); `PREFIX_BENCH_BIN` overrides where it is looked for.
@@ -122,4 +125,77 @@ fn compare_smoke_run_writes_sane_results() {
         + f["load_guard"].as_i64().unwrap();
     assert_eq!(routed, 16, "{f}");
     assert!(json["targets"].as_array().is_some_and(|t| !t.is_empty()));
+}
+
+#[test]
+fn compat_cost_smoke_run_counts_keys_exactly() {
+    let dir = TestDir::new("bench-smoke-compat");
+    let out = dir.join("results");
+    let run = Command::new(bench_bin())
+        .args(["compat-cost", "--prompts", "3", "--sizes-kib", "2"])
+        .args([
+            "--steady-prompts",
+            "2",
+            "--steady-kib",
+            "2",
+            "--steady-cycles",
+            "1",
+        ])
+        .arg("--results-dir")
+        .arg(&out)
+        .output()
+        .expect("run prefix-bench");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "prefix-bench compat-cost failed: {}\n{stdout}\n{stderr}",
+        run.status
+    );
+    assert!(stdout.contains("Holding the namespace"), "{stdout}");
+    let file = std::fs::read_dir(&out)
+        .expect("results dir")
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().and_then(|e| e.to_str()) == Some("json"))
+        .expect("a JSON file");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    let push = json["push"].as_array().expect("push rows");
+    assert_eq!(push.len(), 2, "{push:?}");
+    for row in push {
+        let mode = row["mode"].as_str().unwrap();
+        assert_eq!(row["quiet"], true, "{mode}: push never went quiet");
+        // 2 KiB = 16 blocks of 128 (+ the change log's key, once) or 512 of 4.
+        let keys = row["keys_per_prompt"].as_f64().unwrap();
+        let expected = row["expected_keys"].as_f64().unwrap();
+        match mode {
+            "native" => assert!((16.0..=16.0 + 1.0 / 3.0 + 1e-9).contains(&keys), "{keys}"),
+            "compat" => assert_eq!(keys, 512.0),
+            other => panic!("mode {other}"),
+        }
+        assert_eq!(expected, if mode == "native" { 16.0 } else { 512.0 });
+        // The relay sees what Redis processed (+ our INFO and DBSIZE; a poll
+        // racing a snapshot may shift a few).
+        let n = row["prompts"].as_f64().unwrap();
+        let relayed = row["window"]["commands"].as_f64().unwrap() * n;
+        let redis = row["redis"]["total_commands_processed"].as_f64().unwrap();
+        assert!(
+            (relayed + 2.0 - redis).abs() <= 4.0,
+            "{mode}: {relayed} vs {redis}"
+        );
+        let push_commands = row["push"]["commands"].as_f64().unwrap() * n;
+        assert!(push_commands >= expected * n, "{mode}: {push_commands}");
+    }
+    let aibrix = push[1]["aibrix_match_percent"]
+        .as_array()
+        .expect("compat lookups");
+    assert_eq!(aibrix.len(), 3);
+    assert!(
+        aibrix.iter().all(|p| p.as_f64() == Some(100.0)),
+        "{aibrix:?}"
+    );
+    let steady = json["steady"].as_array().expect("steady rows");
+    assert_eq!(steady[1]["mode"], "compat");
+    // 2 prompts x 512 blocks, + the podload entity.
+    assert_eq!(steady[1]["keys"], 1025);
+    assert!(steady[1]["per_cycle"]["commands"].as_f64().unwrap() > 0.0);
 }

@@ -134,17 +134,36 @@ impl Fleet {
         concurrency: u32,
         patch: &mut dyn FnMut(&mut Value),
     ) -> usize {
+        let redis = self.redis_port;
+        self.start_envoy_via(name, template, concurrency, redis, &|yaml| yaml, patch)
+    }
+
+    /// [`Fleet::start_envoy`] with Envoy's Redis cluster on `redis_port`
+    /// (e.g. a [`crate::redis_meter::RedisMeter`] in front of the fleet's
+    /// Redis) and `edit` applied to the rendered YAML (e.g. to point at an
+    /// EDS file of the fleet's pods).
+    pub fn start_envoy_via(
+        &mut self,
+        name: &str,
+        template: &str,
+        concurrency: u32,
+        redis_port: u16,
+        edit: &dyn Fn(String) -> String,
+        patch: &mut dyn FnMut(&mut Value),
+    ) -> usize {
         let ports = Ports {
             listener: support::free_port(),
             admin: support::free_port(),
             pods: self.pod_ports,
             redis_bridge: support::free_port(),
-            redis: self.redis_port,
+            redis: redis_port,
         };
         // The harness writes `<dir>/<template>`; keep one file per replica.
         let rendered = support::render_config(&self.dir, template, &ports, patch);
         let config = self.dir.join(&format!("{name}.yaml"));
-        std::fs::rename(&rendered, &config).expect("rename rendered config");
+        let text = std::fs::read_to_string(&rendered).expect("read rendered config");
+        std::fs::write(&config, edit(text)).expect("write rendered config");
+        let _ = std::fs::remove_file(&rendered);
         let options = EnvoyOptions {
             concurrency,
             log_level: "warning",

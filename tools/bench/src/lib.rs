@@ -29,6 +29,7 @@ pub mod peer;
 pub mod percentiles;
 pub mod procstat;
 pub mod redis_conn;
+pub mod redis_meter;
 pub mod report;
 pub mod runner;
 pub mod scenario;

@@ -1,7 +1,8 @@
 //! `prefix-bench`: the demo (`run`) and the benchmarks (`overhead`,
-//! `sync-cost`, `convergence`) of the Envoy prefix-router filter, on real
-//! Envoy, podsim pods and redis-server processes on loopback. Every command
-//! prints tables and writes JSON under `results/`; see README.md.
+//! `sync-cost`, `compat-cost`, `convergence`, `compare`, `real`, `iperf`) of
+//! the Envoy prefix-router filter, on real Envoy, podsim pods and
+//! redis-server processes on loopback. Every command prints tables and writes
+//! JSON under `results/`; see README.md.
 
 // A failed setup can only stop the tool, with the reason.
 #![allow(clippy::expect_used)]
@@ -94,6 +95,36 @@ enum Command {
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
+    /// Benchmark: Redis cost of `"compat": "aibrix"` (4-byte blocks, every
+    /// block recorded, full scan every cycle) vs native mode: keys, commands
+    /// and bytes per new prompt, and per cycle to hold the namespace.
+    CompatCost {
+        /// Distinct new chat prompts per size and mode.
+        #[arg(long, default_value_t = 20)]
+        prompts: usize,
+        /// Prompt sizes, KiB (comma separated).
+        #[arg(long, value_delimiter = ',', default_value = "2,8,16,64")]
+        sizes_kib: Vec<usize>,
+        /// Prompts loaded before the steady-state cycles are observed.
+        #[arg(long, default_value_t = 100)]
+        steady_prompts: usize,
+        /// Size of those prompts, KiB.
+        #[arg(long, default_value_t = 8)]
+        steady_kib: usize,
+        /// Idle cycles observed in steady state (6 = native's full-scan
+        /// interval, so its anti-entropy scan is in the mean).
+        #[arg(long, default_value_t = 6)]
+        steady_cycles: usize,
+        /// Sync period of both modes, ms (envoy/aibrix.yaml's).
+        #[arg(long, default_value_t = 1000)]
+        period_ms: u64,
+        /// `table_capacity_blocks` of both modes (default: the filter's).
+        #[arg(long)]
+        table_capacity_blocks: Option<u32>,
+        /// Output directory (default results/).
+        #[arg(long)]
+        results_dir: Option<std::path::PathBuf>,
+    },
     /// Benchmark: delay until replica B can route a prompt replica A saw.
     Convergence {
         /// Trials per mode (periodic, write-through).
@@ -179,6 +210,25 @@ fn main() {
             poll_ms,
             model_only,
             seed,
+        }),
+        Command::CompatCost {
+            prompts,
+            sizes_kib,
+            steady_prompts,
+            steady_kib,
+            steady_cycles,
+            period_ms,
+            table_capacity_blocks,
+            results_dir,
+        } => commands::compat_cost::run(&commands::compat_cost::CompatCostArgs {
+            prompts,
+            sizes_kib,
+            steady_prompts,
+            steady_kib,
+            steady_cycles,
+            period_ms,
+            table_capacity_blocks,
+            results_dir,
         }),
         Command::Convergence {
             trials,

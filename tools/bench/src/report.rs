@@ -2,7 +2,7 @@
 //! `results/` (gitignored) in the repository root.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -82,8 +82,13 @@ pub fn results_dir() -> PathBuf {
 
 /// Writes `value` to `results/<name>-<unix seconds>.json`; returns the path.
 pub fn write_json(name: &str, value: &Value) -> PathBuf {
-    let dir = results_dir();
-    std::fs::create_dir_all(&dir).expect("create results/");
+    write_json_in(None, name, value)
+}
+
+/// [`write_json`] into `dir` instead of `results/` when given.
+pub fn write_json_in(dir: Option<&Path>, name: &str, value: &Value) -> PathBuf {
+    let dir = dir.map_or_else(results_dir, Path::to_path_buf);
+    std::fs::create_dir_all(&dir).expect("create the results dir");
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod compare;
+pub mod compat_cost;
 pub mod convergence;
 pub mod demo;
 pub mod iperf;
