@@ -112,6 +112,11 @@ pub enum Compat {
 /// Blocks recorded one by one in AIBrix mode unless `dense_prefix_blocks`
 /// is stated: 16 KiB of prompt at AIBrix's default 4-byte blocks.
 pub const AIBRIX_DENSE_BLOCKS: u32 = 4096;
+/// Table records in AIBrix mode unless `table_capacity_blocks` is stated:
+/// a prompt records up to 4096 blocks there, so the native default (200,000)
+/// holds under 50 prompts and a burst leaves holes that stop AIBrix's
+/// in-order walk. 2,000,000 records are 250,000 shared-data keys, ~32 MB.
+pub const AIBRIX_TABLE_CAPACITY: u32 = 2_000_000;
 /// AIBrix's default block size (`AIBRIX_PREFIX_CACHE_BLOCK_SIZE`).
 pub const AIBRIX_BLOCK_SIZE: usize = 4;
 
@@ -345,6 +350,9 @@ fn apply_aibrix(raw: &mut RawConfig, given: &dyn Fn(&str) -> bool) -> Result<(),
     if !given("dense_prefix_blocks") {
         raw.dense_prefix_blocks = AIBRIX_DENSE_BLOCKS;
     }
+    if !given("table_capacity_blocks") {
+        raw.table_capacity_blocks = AIBRIX_TABLE_CAPACITY;
+    }
     if raw.sync.full_scan_every > 1 && given("sync.full_scan_every") {
         return Err(err(
             "sync.full_scan_every",
@@ -552,15 +560,17 @@ mod tests {
         assert_eq!(s.compat, Compat::Aibrix);
         assert_eq!(s.block_size, AIBRIX_BLOCK_SIZE);
         assert_eq!(s.dense_prefix_blocks, AIBRIX_DENSE_BLOCKS);
+        assert_eq!(s.table_capacity_blocks, AIBRIX_TABLE_CAPACITY);
         assert_eq!(s.sync.full_scan_every, 1);
         assert_eq!(s.membership.pod_name, PodNaming::Hostname);
         assert_eq!(s.render(), crate::request::Render::Aibrix);
         // Stated values win where they can interoperate.
         let s = parse(
-            r#"{"compat":"aibrix","cluster":"pods","block_size":16,"dense_prefix_blocks":100,"sync":{"full_scan_every":1}}"#,
+            r#"{"compat":"aibrix","cluster":"pods","block_size":16,"dense_prefix_blocks":100,"table_capacity_blocks":1000,"sync":{"full_scan_every":1}}"#,
         )
         .unwrap();
         assert_eq!((s.block_size, s.dense_prefix_blocks), (16, 100));
+        assert_eq!(s.table_capacity_blocks, 1000);
         for (json, field) in [
             (r#"{"compat":"aibrix","endpoints":["a:1"]}"#, "endpoints"),
             (

@@ -56,10 +56,12 @@ pub enum Count {
     PassiveCooldowns,
     /// New table slots taken (an Envoy gauge, added to).
     SlotsUsed,
+    /// Blocks the table could not store (see `WriteOutcome::refused`).
+    TableRefused,
 }
 
 const ROUTED: [Reason; 3] = [Reason::PrefixMatch, Reason::NoMatch, Reason::LoadGuard];
-const FIXED: usize = 7;
+const FIXED: usize = 8;
 const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
 
 impl Count {
@@ -72,6 +74,7 @@ impl Count {
             Count::HandoffDropped => 4,
             Count::PassiveCooldowns => 5,
             Count::SlotsUsed => 6,
+            Count::TableRefused => 7,
             Count::Routed(r) => FIXED + ROUTED.iter().position(|x| *x == r).unwrap_or(0),
             Count::Pass(p) => {
                 FIXED + ROUTED.len() + PassReason::ALL.iter().position(|x| *x == p).unwrap_or(0)
@@ -88,6 +91,7 @@ impl Count {
             4 => "sync.handoff_dropped",
             5 => "fleet.passive_cooldowns",
             6 => "table.slots_used",
+            7 => "table.refused",
             i if i < FIXED + ROUTED.len() => match ROUTED[i - FIXED] {
                 Reason::PrefixMatch => "routed.prefix_match",
                 Reason::NoMatch => "routed.no_match",

@@ -64,6 +64,10 @@ pub struct WriteOutcome {
     pub failed_buckets: u32,
     /// Live records replaced because their bucket was full.
     pub evictions: u32,
+    /// Facts not stored: their bucket was full of live records at least as
+    /// recent (a burst filling a bucket within one second, or an old
+    /// pulled fact). Lost for this table; counted, never silent.
+    pub refused: u32,
 }
 
 /// The shared prefix table over a [`SharedStore`].
@@ -165,6 +169,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
             let bucket = group[0].0;
             let mut new_slots = 0;
             let mut evictions = 0;
+            let mut refused = 0;
             let res = cas_update(
                 self.store,
                 &bucket_key(bucket),
@@ -173,11 +178,18 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
                     let mut records = decode_bucket(cur.unwrap_or(&[]));
                     let used_before = records.iter().filter(|r| r.last_access != 0).count();
                     evictions = 0;
+                    refused = 0;
                     let mut changed = false;
                     for (_, fact) in group {
-                        let (c, e) = self.place(&mut records, fact, now);
-                        changed |= c;
-                        evictions += e;
+                        match self.place(&mut records, fact, now) {
+                            Placed::Kept => {}
+                            Placed::Stored => changed = true,
+                            Placed::Evicted => {
+                                changed = true;
+                                evictions += 1;
+                            }
+                            Placed::Refused => refused += 1,
+                        }
                     }
                     let used_after = records.iter().filter(|r| r.last_access != 0).count();
                     new_slots = used_after.saturating_sub(used_before) as u32;
@@ -187,6 +199,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
             match res {
                 Ok(o) => {
                     out.cas_retries += o.retries;
+                    out.refused += refused;
                     if o.written {
                         out.new_slots += new_slots;
                         out.evictions += evictions;
@@ -202,8 +215,8 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         out
     }
 
-    /// Puts one fact into a decoded bucket. Returns (changed, evicted a live record).
-    fn place(&self, records: &mut Vec<Record>, fact: &Record, now: u32) -> (bool, u32) {
+    /// Puts one fact into a decoded bucket.
+    fn place(&self, records: &mut Vec<Record>, fact: &Record, now: u32) -> Placed {
         if let Some(r) = records.iter_mut().find(|r| {
             r.block == fact.block
                 && r.model == fact.model
@@ -212,13 +225,13 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         }) {
             if fact.last_access > r.last_access {
                 r.last_access = fact.last_access;
-                return (true, 0);
+                return Placed::Stored;
             }
-            return (false, 0);
+            return Placed::Kept;
         }
         if records.len() < SLOTS_PER_BUCKET {
             records.push(*fact);
-            return (true, 0);
+            return Placed::Stored;
         }
         // Full: reuse an expired slot, else the least recently used one.
         let victim = records
@@ -235,15 +248,30 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         match victim {
             Some((i, live)) => {
                 if live && records[i].last_access >= fact.last_access {
-                    // Everything here is newer than the incoming fact.
-                    return (false, 0);
+                    // Everything here is at least as recent as the fact.
+                    return Placed::Refused;
                 }
                 records[i] = *fact;
-                (true, u32::from(live))
+                if live {
+                    Placed::Evicted
+                } else {
+                    Placed::Stored
+                }
             }
-            None => (false, 0),
+            None => Placed::Refused,
         }
     }
+}
+
+/// What [`PrefixTable::place`] did with one fact.
+enum Placed {
+    /// Already held at least as recently.
+    Kept,
+    Stored,
+    /// Stored in place of a live record.
+    Evicted,
+    /// Not stored (see [`WriteOutcome::refused`]).
+    Refused,
 }
 
 fn bucket_key(bucket: u32) -> String {
@@ -355,6 +383,33 @@ mod tests {
         assert!(holders(&t, 0, 0, 201).is_empty(), "oldest evicted");
         assert_eq!(holders(&t, 1, 0, 201), vec![0]);
         assert_eq!(holders(&t, 99, 0, 201), vec![0]);
+        assert_eq!(o.refused, 0);
+    }
+
+    #[test]
+    fn a_bucket_full_of_this_seconds_records_refuses_and_counts() {
+        let s = MemStore::new();
+        let t = PrefixTable::new(&s, TableConfig::new(8, 3600)); // one bucket
+        let o = t.record(&(0..8).collect::<Vec<u64>>(), 0, 0, 100);
+        assert_eq!((o.evictions, o.refused), (0, 0));
+        // A burst within the same second: nothing older to evict.
+        let o = t.record(&[50, 51], 0, 0, 100);
+        assert_eq!((o.evictions, o.refused), (0, 2));
+        assert!(holders(&t, 50, 0, 100).is_empty());
+        // A pulled fact older than everything held is refused too.
+        let o = t.upsert(
+            &[Record {
+                block: 60,
+                model: 0,
+                pod: 1,
+                last_access: 90,
+            }],
+            100,
+        );
+        assert_eq!(o.refused, 1);
+        // The next second evicts the least recently used.
+        let o = t.record(&[50], 0, 0, 101);
+        assert_eq!((o.evictions, o.refused), (1, 0));
     }
 
     #[test]

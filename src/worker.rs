@@ -140,6 +140,7 @@ impl Worker {
             m.add(Count::CasExhausted, u64::from(r.write.failed_buckets));
             m.add(Count::TableEvictions, u64::from(r.write.evictions));
             m.add(Count::SlotsUsed, u64::from(r.write.new_slots));
+            m.add(Count::TableRefused, u64::from(r.write.refused));
             if let (Some(model), false) = (r.model, r.recorded.is_empty()) {
                 if self.settings().sync.enabled {
                     let touched = Touched {
