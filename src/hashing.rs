@@ -7,7 +7,7 @@
 //! block size these hashes equal AIBrix's (`pkg/utils/prefixcacheindexer`),
 //! which is what lets a mixed fleet share one Redis namespace.
 
-use xxhash_rust::xxh64::Xxh64;
+use xxhash_rust::xxh64::xxh64;
 
 /// Cuts byte strings into chained XXH64 block hashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,27 +35,19 @@ impl BlockHasher {
         len / self.block_size
     }
 
-    /// Hashes every full block of `bytes`, in order, into `out` (cleared first),
-    /// so callers on the request path can reuse one buffer.
-    pub fn hash_into(&self, bytes: &[u8], out: &mut Vec<u64>) {
-        out.clear();
-        out.reserve(self.block_count(bytes.len()));
+    /// The chained hash of every full block of `bytes`, in order.
+    pub fn hash(&self, bytes: &[u8]) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.block_count(bytes.len()));
+        // `le_bytes(parent) || block` in one buffer, hashed in one shot: the
+        // streaming hasher's buffering cost more than the 128-byte copy.
+        let mut buf = vec![0u8; 8 + self.block_size];
         let mut parent = self.seed;
         for block in bytes.chunks_exact(self.block_size) {
-            // One streaming hasher per block: equal to hashing the concatenation
-            // `le_bytes(parent) || block` without copying the block.
-            let mut h = Xxh64::new(self.seed);
-            h.update(&parent.to_le_bytes());
-            h.update(block);
-            parent = h.digest();
+            buf[..8].copy_from_slice(&parent.to_le_bytes());
+            buf[8..].copy_from_slice(block);
+            parent = xxh64(&buf, self.seed);
             out.push(parent);
         }
-    }
-
-    /// Convenience form of [`BlockHasher::hash_into`].
-    pub fn hash(&self, bytes: &[u8]) -> Vec<u64> {
-        let mut out = Vec::new();
-        self.hash_into(bytes, &mut out);
         out
     }
 }
@@ -110,10 +102,22 @@ mod tests {
     }
 
     #[test]
-    fn hash_into_reuses_buffer() {
-        let h = BlockHasher::new(2, 7);
-        let mut buf = vec![1, 2, 3, 4, 5];
-        h.hash_into(b"abcd", &mut buf);
-        assert_eq!(buf, h.hash(b"abcd"));
+    fn one_shot_equals_the_streaming_definition() {
+        use xxhash_rust::xxh64::Xxh64;
+        let bytes: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        for (size, seed) in [(1, 0), (4, 9), (128, 3), (333, u64::MAX)] {
+            let mut parent = seed;
+            let want: Vec<u64> = bytes
+                .chunks_exact(size)
+                .map(|block| {
+                    let mut h = Xxh64::new(seed);
+                    h.update(&parent.to_le_bytes());
+                    h.update(block);
+                    parent = h.digest();
+                    parent
+                })
+                .collect();
+            assert_eq!(BlockHasher::new(size, seed).hash(&bytes), want);
+        }
     }
 }
