@@ -15,7 +15,7 @@
 
 mod support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -40,27 +40,38 @@ fn bench_bin() -> PathBuf {
     })
 }
 
+/// Runs `prefix-bench <args> --results-dir <out>`; panics with its output
+/// unless it succeeds; returns its stdout.
+fn run_bench(args: &[&str], out: &Path) -> String {
+    let run = Command::new(bench_bin())
+        .args(args)
+        .arg("--results-dir")
+        .arg(out)
+        .output()
+        .expect("run prefix-bench");
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "prefix-bench {} failed: {}\n{stdout}\n{stderr}",
+        args[0],
+        run.status
+    );
+    stdout
+}
+
 #[test]
 fn compare_smoke_run_writes_sane_results() {
     let dir = TestDir::new("bench-smoke");
     let out = dir.join("results");
-    let run = Command::new(bench_bin())
-        .args(["compare", "--pods", "3", "--routers", "round-robin,filter"])
-        .args(["--workloads", "shared-prefix", "--groups", "4"])
-        .args(["--prompts-per-group", "4", "--system-tokens", "256"])
-        .args(["--question-tokens", "32", "--output-tokens", "4"])
-        .args(["--rate", "20", "--time-scale", "0.1", "--seed", "3"])
-        .arg("--results-dir")
-        .arg(&out)
-        .output()
-        .expect("run prefix-bench");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        run.status.success(),
-        "prefix-bench compare failed: {}\n{stdout}\n{stderr}",
-        run.status
-    );
+    #[rustfmt::skip]
+    let stdout = run_bench(&[
+        "compare", "--pods", "3", "--routers", "round-robin,filter",
+        "--workloads", "shared-prefix", "--groups", "4",
+        "--prompts-per-group", "4", "--system-tokens", "256",
+        "--question-tokens", "32", "--output-tokens", "4",
+        "--rate", "20", "--time-scale", "0.1", "--seed", "3",
+    ], &out);
 
     let files: Vec<PathBuf> = std::fs::read_dir(&out)
         .expect("results dir")
@@ -131,27 +142,11 @@ fn compare_smoke_run_writes_sane_results() {
 fn compat_cost_smoke_run_counts_keys_exactly() {
     let dir = TestDir::new("bench-smoke-compat");
     let out = dir.join("results");
-    let run = Command::new(bench_bin())
-        .args(["compat-cost", "--prompts", "3", "--sizes-kib", "2"])
-        .args([
-            "--steady-prompts",
-            "2",
-            "--steady-kib",
-            "2",
-            "--steady-cycles",
-            "1",
-        ])
-        .arg("--results-dir")
-        .arg(&out)
-        .output()
-        .expect("run prefix-bench");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        run.status.success(),
-        "prefix-bench compat-cost failed: {}\n{stdout}\n{stderr}",
-        run.status
-    );
+    #[rustfmt::skip]
+    let stdout = run_bench(&[
+        "compat-cost", "--prompts", "3", "--sizes-kib", "2",
+        "--steady-prompts", "2", "--steady-kib", "2", "--steady-cycles", "1",
+    ], &out);
     assert!(stdout.contains("Holding the namespace"), "{stdout}");
     let file = std::fs::read_dir(&out)
         .expect("results dir")
