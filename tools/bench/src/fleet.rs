@@ -163,7 +163,11 @@ impl Fleet {
         let config = self.dir.join(&format!("{name}.yaml"));
         let text = std::fs::read_to_string(&rendered).expect("read rendered config");
         std::fs::write(&config, edit(text)).expect("write rendered config");
-        let _ = std::fs::remove_file(&rendered);
+        // (A replica named like its template, `plain` on plain.yaml, is the
+        // rendered file itself.)
+        if rendered != config {
+            let _ = std::fs::remove_file(&rendered);
+        }
         let options = EnvoyOptions {
             concurrency,
             log_level: "warning",
