@@ -282,7 +282,7 @@ fn where_time_goes(phases: [&Phase; 3], route_time: RouteTime, native: &[Native;
     // Envoy's histogram is cumulative: read after the matched workload, and
     // after both 8 KB workloads.
     t.row(&row(
-        "in Envoy: route_time_us p50 / p99, cumulative (excludes parse)",
+        "in Envoy: route_time_us p50 / p99, cumulative (1 in 8 sampled; parse to headers set)",
         &|i| match i {
             0 => p50_p99(route_time[0]),
             1 => format!("{} (with matched)", p50_p99(route_time[1])),
