@@ -229,7 +229,8 @@ pub fn run(args: &CompatCostArgs) {
         args.steady_kib,
         args.steady_cycles,
         args.table_capacity_blocks
-            .map_or("default (200000 native, 2000000 compat)".into(), |c| c.to_string())
+            .map_or("default (200000 native, 2000000 compat)".into(), |c| c
+                .to_string())
     );
     let load = crate::procstat::LoadMeter::start();
     let mut fleet = Fleet::new("bench-compat-cost");
