@@ -6,6 +6,8 @@
 //! ignores the turns that actually fill the KV cache). Anything we cannot read
 //! is a [`PassReason`]: the request goes on untouched and a stat counts why.
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -110,6 +112,95 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, PassReaso
     parse_body_as(kind, body, Render::Native)
 }
 
+// The fast path: the shapes nearly every request has (a string prompt;
+// messages with a string role and string or null content), read from
+// borrowed slices of the body instead of a `Value` tree. Anything else, or
+// anything it cannot read, goes to the `Value` path, which decides. A test
+// holds the two equal on every input it tries, but one: an unknown field of
+// a message nested past 128 levels, which the `Value` tree refuses and the
+// fast path skips (as both skip unknown top-level fields at any depth).
+
+#[derive(Deserialize)]
+struct FastCompletion<'a> {
+    #[serde(default)]
+    model: Option<Value>,
+    #[serde(default, borrow)]
+    prompt: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct FastChat<'a> {
+    #[serde(default)]
+    model: Option<Value>,
+    #[serde(default, borrow)]
+    messages: Option<Vec<&'a RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct FastMessage<'a> {
+    #[serde(default, borrow)]
+    role: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    content: Option<&'a RawValue>,
+}
+
+/// A JSON string's text, borrowed when it has no escapes; None if `raw` is
+/// not a string.
+fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let text = raw.get();
+    if !text.starts_with('"') {
+        return None;
+    }
+    match serde_json::from_str::<&str>(text) {
+        Ok(s) => Some(Cow::Borrowed(s)),
+        Err(_) => serde_json::from_str::<String>(text).ok().map(Cow::Owned),
+    }
+}
+
+/// The native layout of the common shapes, or None to let the `Value`
+/// path decide.
+fn fast_native(kind: ApiKind, body: &[u8]) -> Option<PromptRequest> {
+    match kind {
+        ApiKind::Completions => {
+            let b: FastCompletion = serde_json::from_slice(body).ok()?;
+            let prompt = json_str(b.prompt?)?;
+            Some(PromptRequest {
+                model: model_name(b.model),
+                prompt: prompt.as_bytes().to_vec(),
+            })
+        }
+        ApiKind::ChatCompletions => {
+            let b: FastChat = serde_json::from_slice(body).ok()?;
+            let messages = b.messages?;
+            if messages.is_empty() {
+                return None;
+            }
+            let mut prompt = Vec::with_capacity(body.len());
+            for raw in messages {
+                if !raw.get().starts_with('{') {
+                    return None;
+                }
+                let m: FastMessage = serde_json::from_str(raw.get()).ok()?;
+                let role = json_str(m.role?)?;
+                prompt.extend_from_slice(b"<|");
+                prompt.extend_from_slice(role.as_bytes());
+                prompt.extend_from_slice(b"|>");
+                match m.content {
+                    Some(c) if c.get() != "null" => {
+                        prompt.extend_from_slice(json_str(c)?.as_bytes());
+                    }
+                    _ => {}
+                }
+                prompt.push(b'\n');
+            }
+            Some(PromptRequest {
+                model: model_name(b.model),
+                prompt,
+            })
+        }
+    }
+}
+
 /// Parses a complete request body of the given kind, rendered as `render`.
 pub fn parse_body_as(
     kind: ApiKind,
@@ -123,6 +214,15 @@ pub fn parse_body_as(
     if render == Render::Aibrix {
         return parse_aibrix(kind, body);
     }
+    if let Some(req) = fast_native(kind, body) {
+        return Ok(req);
+    }
+    parse_native_value(kind, body)
+}
+
+/// The native layout through a `Value` tree: every shape, and the verdict
+/// on everything the fast path leaves.
+fn parse_native_value(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, PassReason> {
     match kind {
         ApiKind::Completions => {
             let b: CompletionBody =
@@ -686,5 +786,107 @@ mod tests {
             "]".repeat(100_000)
         );
         assert!(completions(&body).is_err());
+    }
+
+    /// The fast path decides only what the `Value` path decides the same
+    /// way: on every body here, from the generator and the fuzz corpus,
+    /// when it answers it equals the `Value` path's answer.
+    #[test]
+    fn fast_path_agrees_with_the_value_path() {
+        let pieces: &[&str] = &[
+            r#""hello""#,
+            r#""a\"b\\c\n""#,
+            r#""\u00e9t\u00e9 \ud83d\ude00""#,
+            "null",
+            "1",
+            "[]",
+            r#"[1,2]"#,
+            r#"["a","b"]"#,
+            r#"[[1],[2]]"#,
+            "{}",
+            "true",
+            r#"[{"type":"text","text":"x"}]"#,
+            r#""""#,
+            r#""\/""#,
+        ];
+        let keys: &[&str] = &["role", "content", "name", "role", "tool_calls"];
+        let mut rng = crate::rng::SplitMix64::new(11);
+        let mut bodies: Vec<(ApiKind, String)> = Vec::new();
+        for _ in 0..3000 {
+            let mut pick = |xs: &[&str]| xs[rng.below(xs.len())].to_string();
+            let n = 1 + (pick(&["0", "1", "2"]).parse::<usize>().unwrap());
+            let mut msgs = Vec::new();
+            for _ in 0..n {
+                let fields: Vec<String> = (0..3)
+                    .map(|_| format!(r#""{}":{}"#, pick(keys), pick(pieces)))
+                    .collect();
+                msgs.push(if pick(&["o", "o", "o", "x"]) == "o" {
+                    format!("{{{}}}", fields.join(","))
+                } else {
+                    pick(pieces)
+                });
+            }
+            let model = pick(&[r#""m""#, "1", "null", r#""\u006d""#]);
+            bodies.push((
+                ApiKind::ChatCompletions,
+                format!(r#"{{"model":{model},"messages":[{}]}}"#, msgs.join(" , ")),
+            ));
+            bodies.push((
+                ApiKind::Completions,
+                format!(
+                    r#"{{ "model":{model}, "prompt":{} , "max_tokens":{} }}"#,
+                    pick(pieces),
+                    pick(pieces)
+                ),
+            ));
+        }
+        // Deep nesting beside a fast-path shape.
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        bodies.push((
+            ApiKind::ChatCompletions,
+            format!(r#"{{"messages":[{{"role":"user","content":"x","extra":{deep}}}]}}"#),
+        ));
+        bodies.push((
+            ApiKind::Completions,
+            format!(r#"{{"prompt":"x","extra":{deep}}}"#),
+        ));
+        #[cfg(not(target_arch = "wasm32"))]
+        for (dir, kind) in [
+            ("parse_body_chat", ApiKind::ChatCompletions),
+            ("parse_body_completions", ApiKind::Completions),
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fuzz/corpus")
+                .join(dir);
+            for e in std::fs::read_dir(path).unwrap() {
+                let text = String::from_utf8_lossy(&std::fs::read(e.unwrap().path()).unwrap())
+                    .into_owned();
+                bodies.push((kind, text));
+            }
+        }
+        let mut fast = 0;
+        let mut deeper = 0;
+        for (kind, body) in &bodies {
+            if let Some(req) = fast_native(*kind, body.as_bytes()) {
+                fast += 1;
+                match parse_native_value(*kind, body.as_bytes()) {
+                    Ok(want) => assert_eq!(req, want, "{kind:?} {body}"),
+                    // The one difference: a `Value` tree stops at 128 levels,
+                    // which a message's unknown field may pass (the fast path
+                    // skips it, as both paths skip unknown top-level fields).
+                    Err(PassReason::NotJson) => {
+                        deeper += 1;
+                        assert!(body.contains(&"[".repeat(129)), "{kind:?} {body}");
+                    }
+                    Err(e) => panic!("{kind:?} {body}: fast path routed, Value path {e:?}"),
+                }
+            }
+        }
+        assert_eq!(deeper, 1, "only the deep message field differs");
+        assert!(
+            fast > bodies.len() / 10,
+            "the fast path took {fast} of {}",
+            bodies.len()
+        );
     }
 }
