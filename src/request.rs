@@ -120,76 +120,62 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, PassReaso
 // a message nested past 128 levels, which the `Value` tree refuses and the
 // fast path skips (as both skip unknown top-level fields at any depth).
 
+/// A JSON string, borrowed from the body when it has no escapes.
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
 #[derive(Deserialize)]
 struct FastCompletion<'a> {
     #[serde(default)]
     model: Option<Value>,
-    #[serde(default, borrow)]
-    prompt: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt: Text<'a>,
 }
 
 #[derive(Deserialize)]
 struct FastChat<'a> {
     #[serde(default)]
     model: Option<Value>,
-    #[serde(default, borrow)]
-    messages: Option<Vec<&'a RawValue>>,
+    /// Raw, to see each is an object (serde reads a struct from an array too).
+    #[serde(borrow)]
+    messages: Vec<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
 struct FastMessage<'a> {
+    #[serde(borrow)]
+    role: Text<'a>,
     #[serde(default, borrow)]
-    role: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    content: Option<&'a RawValue>,
+    content: Option<Text<'a>>,
 }
 
-/// A JSON string's text, borrowed when it has no escapes; None if `raw` is
-/// not a string.
-fn json_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    let text = raw.get();
-    if !text.starts_with('"') {
-        return None;
-    }
-    match serde_json::from_str::<&str>(text) {
-        Ok(s) => Some(Cow::Borrowed(s)),
-        Err(_) => serde_json::from_str::<String>(text).ok().map(Cow::Owned),
-    }
-}
-
-/// The native layout of the common shapes, or None to let the `Value`
-/// path decide.
+/// The native layout of the common shapes, in one pass over the body, or
+/// None to let the `Value` path decide.
 fn fast_native(kind: ApiKind, body: &[u8]) -> Option<PromptRequest> {
     match kind {
         ApiKind::Completions => {
             let b: FastCompletion = serde_json::from_slice(body).ok()?;
-            let prompt = json_str(b.prompt?)?;
             Some(PromptRequest {
                 model: model_name(b.model),
-                prompt: prompt.as_bytes().to_vec(),
+                prompt: b.prompt.0.as_bytes().to_vec(),
             })
         }
         ApiKind::ChatCompletions => {
             let b: FastChat = serde_json::from_slice(body).ok()?;
-            let messages = b.messages?;
-            if messages.is_empty() {
+            if b.messages.is_empty() {
                 return None;
             }
             let mut prompt = Vec::with_capacity(body.len());
-            for raw in messages {
+            for raw in &b.messages {
                 if !raw.get().starts_with('{') {
                     return None;
                 }
                 let m: FastMessage = serde_json::from_str(raw.get()).ok()?;
-                let role = json_str(m.role?)?;
                 prompt.extend_from_slice(b"<|");
-                prompt.extend_from_slice(role.as_bytes());
+                prompt.extend_from_slice(m.role.0.as_bytes());
                 prompt.extend_from_slice(b"|>");
-                match m.content {
-                    Some(c) if c.get() != "null" => {
-                        prompt.extend_from_slice(json_str(c)?.as_bytes());
-                    }
-                    _ => {}
+                if let Some(c) = &m.content {
+                    prompt.extend_from_slice(c.0.as_bytes());
                 }
                 prompt.push(b'\n');
             }
