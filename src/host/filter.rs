@@ -42,6 +42,19 @@ impl Context for PrefixFilter {
 
 impl HttpContext for PrefixFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "fault-injection")]
+        if super::abi::map_value(
+            proxy_wasm::types::MapType::HttpRequestHeaders,
+            "x-prefix-router-fault",
+        )
+        .ok()
+        .flatten()
+        .as_deref()
+            == Some(b"trap".as_slice())
+        {
+            // The fault-injection test build only: trap as a bug would.
+            core::arch::wasm32::unreachable();
+        }
         action(
             self.stream
                 .on_request_headers(&self.worker, &EnvoyHost, end_of_stream),

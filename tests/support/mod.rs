@@ -959,6 +959,17 @@ impl Setup {
         self
     }
 
+    /// Loads `module` in place of the filter's release build (e.g. the
+    /// fault-injection build).
+    pub fn module(mut self, module: PathBuf) -> Setup {
+        self.edits.push(Box::new(move |text: String| {
+            let from = wasm_module().display().to_string();
+            assert!(text.contains(&from), "config loads no {from}");
+            text.replace(&from, &module.display().to_string())
+        }));
+        self
+    }
+
     /// Renders the config into a scratch dir; Envoy is not started.
     pub fn render(mut self) -> (TestDir, Ports, PathBuf) {
         let dir = TestDir::new(self.config.trim_end_matches(".yaml"));
