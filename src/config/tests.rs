@@ -1,0 +1,163 @@
+//! The plugin configuration: defaults, compat mode, refusals by field.
+
+use super::*;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+fn parse(s: &str) -> Result<Settings, ConfigError> {
+    Settings::from_json(s.as_bytes())
+}
+
+#[test]
+fn aibrix_compat_sets_its_defaults_and_refuses_what_cannot_interoperate() {
+    let s = parse(r#"{"compat":"aibrix","cluster":"pods"}"#).unwrap();
+    assert_eq!(s.compat, Compat::Aibrix);
+    assert_eq!(s.block_size, AIBRIX_BLOCK_SIZE);
+    assert_eq!(s.dense_prefix_blocks, AIBRIX_DENSE_BLOCKS);
+    assert_eq!(s.table_capacity_blocks, AIBRIX_TABLE_CAPACITY);
+    assert_eq!(s.sync.full_scan_every, 1);
+    assert_eq!(s.membership.pod_name, PodNaming::Hostname);
+    assert_eq!(s.render(), crate::request::Render::Aibrix);
+    // Stated values win where they can interoperate.
+    let s = parse(
+        r#"{"compat":"aibrix","cluster":"pods","block_size":16,"dense_prefix_blocks":100,"table_capacity_blocks":1000,"sync":{"full_scan_every":1}}"#,
+    )
+    .unwrap();
+    assert_eq!((s.block_size, s.dense_prefix_blocks), (16, 100));
+    assert_eq!(s.table_capacity_blocks, 1000);
+    for (json, field) in [
+        (r#"{"compat":"aibrix","endpoints":["a:1"]}"#, "endpoints"),
+        (
+            r#"{"compat":"aibrix","cluster":"p","model_endpoints":{"m":["a:1"]}}"#,
+            "model_endpoints",
+        ),
+        (
+            r#"{"compat":"aibrix","cluster":"p","membership":{"pod_name":"address"}}"#,
+            "membership.pod_name",
+        ),
+        (
+            r#"{"compat":"aibrix","cluster":"p","sync":{"full_scan_every":6}}"#,
+            "sync.full_scan_every",
+        ),
+        (r#"{"compat":"sglang","cluster":"p"}"#, "compat"),
+    ] {
+        assert_eq!(parse(json).unwrap_err().field, field, "{json}");
+    }
+    // Without compat nothing changes.
+    let s = parse(r#"{"cluster":"pods"}"#).unwrap();
+    assert_eq!(
+        (s.compat, s.block_size, s.dense_prefix_blocks),
+        (Compat::None, 128, 32)
+    );
+}
+
+#[test]
+fn defaults_apply() {
+    let s = parse(r#"{"endpoints":["10.0.0.2:8000","10.0.0.1:8000"]}"#).unwrap();
+    assert_eq!(s.block_size, 128);
+    assert_eq!(s.hash_seed, 0);
+    assert_eq!(s.table_capacity_blocks, 200_000);
+    assert_eq!(s.table_idle_expiry_secs, 1200);
+    assert_eq!(s.imbalance_abs_count, 16);
+    assert_eq!(s.stddev_factor, 2.0);
+    assert_eq!(s.match_header, None);
+    assert_eq!(s.static_pools()[""], vec!["10.0.0.1:8000", "10.0.0.2:8000"]);
+    assert_eq!(s.membership.refresh_ms, 500);
+    assert_eq!(s.passive_cooldown_ms, 3000);
+    assert!(!s.sync.enabled);
+}
+
+#[test]
+fn model_pools_are_their_own_lists() {
+    let s = parse(r#"{"endpoints":["a:1","b:1"],"model_endpoints":{"m":["b:1","c:1"]}}"#).unwrap();
+    assert_eq!(s.static_pools()["m"], vec!["b:1", "c:1"]);
+    assert_eq!(s.static_pools()[""], vec!["a:1", "b:1"]);
+    assert!(s.cluster_pools().is_empty());
+}
+
+#[test]
+fn a_pool_names_a_list_or_a_cluster_never_both_or_neither() {
+    let s = parse(r#"{"cluster":"pods","model_clusters":{"m":"pods-m"}}"#).unwrap();
+    assert_eq!(s.cluster_pools()[""], "pods");
+    assert_eq!(s.cluster_pools()["m"], "pods-m");
+    for (cfg, field) in [
+        (r#"{"endpoints":["a:1"],"cluster":"pods"}"#, "cluster"),
+        (
+            r#"{"model_endpoints":{"m":["a:1"]},"model_clusters":{"m":"c"}}"#,
+            "model_clusters.m",
+        ),
+        (r#"{"model_clusters":{"m":""}}"#, "model_clusters"),
+        (
+            r#"{"cluster":"pods","membership":{"admin_cluster":""}}"#,
+            "membership.admin_cluster",
+        ),
+        (
+            r#"{"cluster":"pods","membership":{"refresh_ms":0}}"#,
+            "membership.refresh_ms",
+        ),
+        (
+            r#"{"cluster":"pods","membership":{"pod_name":"ip"}}"#,
+            "membership",
+        ),
+    ] {
+        let e = parse(cfg).unwrap_err();
+        assert_eq!(e.field, field, "{cfg}: {e}");
+    }
+}
+
+#[test]
+fn unknown_field_is_refused_by_name() {
+    let e = parse(r#"{"endpoints":["a:1"],"blocksize":4}"#).unwrap_err();
+    assert_eq!(e.field, "blocksize");
+    assert!(e.to_string().contains("blocksize"));
+}
+
+#[test]
+fn invalid_values_are_refused_by_name() {
+    for (cfg, field) in [
+        (r#"{"endpoints":["a:1"],"block_size":0}"#, "block_size"),
+        (
+            r#"{"endpoints":["a:1"],"table_capacity_blocks":1}"#,
+            "table_capacity_blocks",
+        ),
+        (
+            r#"{"endpoints":["a:1"],"table_idle_expiry_secs":0}"#,
+            "table_idle_expiry_secs",
+        ),
+        (
+            r#"{"endpoints":["a:1"],"stddev_factor":-1}"#,
+            "stddev_factor",
+        ),
+        (
+            r#"{"endpoints":["a:1"],"match_header":"Bad Header"}"#,
+            "match_header",
+        ),
+        (r#"{"endpoints":["nope"]}"#, "endpoints"),
+        (r#"{"endpoints":["a:0"]}"#, "endpoints"),
+        (r#"{}"#, "endpoints"),
+        (r#"{"model_endpoints":{"m":[]}}"#, "model_endpoints.m"),
+        (r#"{"endpoints":["a:1"],"block_size":"x"}"#, "block_size"),
+        (r#"{"endpoints":["a:1"],"sync":{"nope":1}}"#, "sync"),
+    ] {
+        let e = parse(cfg).unwrap_err();
+        assert_eq!(e.field, field, "{cfg}: {e}");
+    }
+}
+
+#[test]
+fn a_key_given_twice_is_refused_by_name() {
+    let e = parse(r#"{"endpoints":["a:1"],"block_size":4,"block_size":8}"#).unwrap_err();
+    assert_eq!(e.field, "block_size");
+    // The first of the two is bad on its own.
+    let e = parse(r#"{"endpoints":["a:1"],"membership":{"nope":1},"membership":{}}"#).unwrap_err();
+    assert_eq!(e.field, "membership");
+    // Both are fine alone: the repeated key is named.
+    let e = parse(r#"{"endpoints":["a:1"],"cluster":"c","cluster":"c"}"#).unwrap_err();
+    assert_eq!(e.field, "cluster");
+}
+
+#[test]
+fn not_json_is_refused() {
+    assert!(parse("endpoints: [a]").is_err());
+    assert!(parse("").is_err());
+}

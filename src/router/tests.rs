@@ -1,0 +1,225 @@
+//! Routing decisions end to end over an in-memory store.
+
+use super::*;
+use crate::policy::Reason;
+use crate::request::PromptRequest;
+use crate::store::MemStore;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+fn router(extra: &str) -> Router {
+    let cfg = format!(r#"{{"endpoints":["p:1","p:2","p:3"],"block_size":4{extra}}}"#);
+    Router::new(Settings::from_json(cfg.as_bytes()).unwrap())
+}
+
+fn req(prompt: &str) -> PromptRequest {
+    PromptRequest {
+        model: "m".into(),
+        prompt: prompt.as_bytes().to_vec(),
+    }
+}
+
+#[test]
+fn sampled_positions_dense_then_sparse_then_last() {
+    assert_eq!(sampled_positions(0, 32), Vec::<usize>::new());
+    assert_eq!(sampled_positions(5, 32), vec![0, 1, 2, 3, 4]);
+    let p = sampled_positions(3200, 32);
+    assert!(p.len() < 100, "{}", p.len());
+    assert_eq!(&p[..32], &(0..32).collect::<Vec<_>>()[..]);
+    assert_eq!(*p.last().unwrap(), 3199);
+    assert!(p.windows(2).all(|w| w[0] < w[1]));
+    // Positions do not depend on prompt length, apart from the last one:
+    // a longer prompt probes the positions a shorter one recorded.
+    let short = sampled_positions(1000, 32);
+    assert!(short[..short.len() - 1].iter().all(|i| p.contains(i)));
+    assert_eq!(sampled_positions(10, usize::MAX).len(), 10);
+}
+
+#[test]
+fn repeat_request_matches_fully_on_same_pod() {
+    let s = MemStore::new();
+    let r = router("");
+    let mut rng = SplitMix64::new(1);
+    let p = "abcd".repeat(300);
+    let first = r.route(&s, &req(&p), 100, &mut rng).unwrap();
+    assert_eq!(first.choice.reason, Reason::NoMatch);
+    r.release(first.choice.pod);
+    let second = r.route(&s, &req(&p), 101, &mut rng).unwrap();
+    assert_eq!(second.choice.reason, Reason::PrefixMatch);
+    assert_eq!(second.choice.pod, first.choice.pod);
+    assert_eq!(second.choice.match_percent, 100);
+}
+
+#[test]
+fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
+    let s = MemStore::new();
+    let r = router(r#","table_idle_expiry_secs":400"#); // touch interval 60 s
+    let mut rng = SplitMix64::new(1);
+    let prefix = "p".repeat(4 * 100);
+    let a = r
+        .route(&s, &req(&format!("{prefix}aaaa")), 1000, &mut rng)
+        .unwrap();
+    r.release(a.choice.pod);
+    assert_eq!(a.recorded.len(), sampled_positions(101, 32).len());
+    // Same prefix, new tail, 30 s later: only the new last block is written.
+    let b = r
+        .route(&s, &req(&format!("{prefix}bbbb")), 1030, &mut rng)
+        .unwrap();
+    r.release(b.choice.pod);
+    assert_eq!(b.choice.pod, a.choice.pod);
+    assert_eq!(
+        b.recorded,
+        vec![*r
+            .hasher
+            .hash(format!("{prefix}bbbb").as_bytes())
+            .last()
+            .unwrap()]
+    );
+    // Past the touch interval the whole prefix is refreshed.
+    let c = r
+        .route(&s, &req(&format!("{prefix}cccc")), 1100, &mut rng)
+        .unwrap();
+    assert_eq!(c.recorded.len(), a.recorded.len());
+    // 96 of 101 blocks: the match is known to the sampled position below its end.
+    assert_eq!(c.choice.match_percent, 95);
+}
+
+#[test]
+fn shared_prefix_matches_partially_and_sticks() {
+    let s = MemStore::new();
+    let r = router("");
+    let mut rng = SplitMix64::new(7);
+    let prefix = "x".repeat(4 * 200);
+    let a = r
+        .route(
+            &s,
+            &req(&format!("{prefix}{}", "a".repeat(800))),
+            100,
+            &mut rng,
+        )
+        .unwrap();
+    r.release(a.choice.pod);
+    let b = r
+        .route(
+            &s,
+            &req(&format!("{prefix}{}", "b".repeat(800))),
+            101,
+            &mut rng,
+        )
+        .unwrap();
+    assert_eq!(b.choice.pod, a.choice.pod);
+    assert_eq!(b.choice.reason, Reason::PrefixMatch);
+    // True match is 50 %; sampling may undercount by at most 1/8 of the length.
+    assert!(
+        (43..=50).contains(&b.choice.match_percent),
+        "{}",
+        b.choice.match_percent
+    );
+}
+
+#[test]
+fn reads_grow_logarithmically_with_prompt_length() {
+    let s = MemStore::new();
+    let r = router("");
+    let mut rng = SplitMix64::new(1);
+    for blocks in [100usize, 10_000] {
+        let p = "q".repeat(4 * blocks);
+        let a = r.route(&s, &req(&p), 100, &mut rng).unwrap();
+        r.release(a.choice.pod);
+        let b = r.route(&s, &req(&p), 100, &mut rng).unwrap();
+        assert!(b.probes <= 20, "{blocks} blocks took {} probes", b.probes);
+        assert!(
+            b.recorded.len() <= 120,
+            "{blocks} blocks recorded {}",
+            b.recorded.len()
+        );
+    }
+}
+
+#[test]
+fn in_flight_is_counted_and_released() {
+    let s = MemStore::new();
+    let r = router("");
+    let mut rng = SplitMix64::new(1);
+    let a = r.route(&s, &req("hello world!"), 100, &mut rng).unwrap();
+    assert_eq!(r.refresh_load(&s, 1000).unwrap().iter().sum::<u32>(), 1);
+    assert_eq!(r.release(a.choice.pod), 0);
+    assert_eq!(r.refresh_load(&s, 1250).unwrap().iter().sum::<u32>(), 0);
+}
+
+#[test]
+fn different_models_do_not_share_prefixes() {
+    let s = MemStore::new();
+    let r = router("");
+    let mut rng = SplitMix64::new(1);
+    let p = "z".repeat(400);
+    r.route(&s, &req(&p), 100, &mut rng).unwrap();
+    let other = PromptRequest {
+        model: "other".into(),
+        prompt: p.into_bytes(),
+    };
+    assert_eq!(
+        r.route(&s, &other, 100, &mut rng).unwrap().choice.reason,
+        Reason::NoMatch
+    );
+}
+
+#[test]
+fn model_pool_restricts_choice() {
+    let cfg = r#"{"endpoints":["p:1"],"model_endpoints":{"m":["p:2","p:3"]}}"#;
+    let r = Router::new(Settings::from_json(cfg.as_bytes()).unwrap());
+    let s = MemStore::new();
+    let mut rng = SplitMix64::new(1);
+    for _ in 0..20 {
+        let a = r.route(&s, &req("abc"), 100, &mut rng).unwrap();
+        assert_ne!(r.fleet().address(a.choice.pod), Some("p:1"));
+    }
+}
+
+#[test]
+fn cluster_pools_route_over_published_members_before_the_first_tick() {
+    let r = Router::new(Settings::from_json(br#"{"cluster":"pods"}"#).unwrap());
+    let s = MemStore::new();
+    let mut rng = SplitMix64::new(1);
+    // Nothing published yet: pass through (no endpoints), never a panic.
+    assert_eq!(
+        r.route(&s, &req("abcd"), 100, &mut rng),
+        Err(RouteError::NoEndpoints)
+    );
+    let hosts = std::collections::BTreeMap::from([(
+        String::new(),
+        vec![crate::fleet::membership::Host {
+            name: "pod-a".into(),
+            address: "10.0.0.1:80".into(),
+            healthy: true,
+        }],
+    )]);
+    let members = crate::fleet::cluster_members(&s, &hosts, 100, 1000).unwrap();
+    s.set(fleet::MEMBERS_KEY, &members.encode(), None).unwrap();
+    let a = r.route(&s, &req("abcd"), 100, &mut rng).unwrap();
+    assert_eq!(r.fleet().address(a.choice.pod), Some("10.0.0.1:80"));
+}
+
+#[test]
+fn store_failure_is_an_error_not_a_panic() {
+    struct Broken;
+    impl SharedStore for Broken {
+        fn get(&self, key: &str) -> Result<crate::store::Versioned, StoreError> {
+            Err(StoreError::Host {
+                key: key.into(),
+                status: "down".into(),
+            })
+        }
+        fn set(&self, key: &str, _: &[u8], _: Option<u32>) -> Result<(), StoreError> {
+            Err(StoreError::Host {
+                key: key.into(),
+                status: "down".into(),
+            })
+        }
+    }
+    let r = router("");
+    assert!(matches!(
+        r.route(&Broken, &req("abcdefgh"), 1, &mut SplitMix64::new(1)),
+        Err(RouteError::Store(_))
+    ));
+}
