@@ -53,7 +53,8 @@ pub struct SyncSettings {
     pub setex_chunk: usize,
     /// Keys per MGET, before the reply budget shrinks it.
     pub mget_batch: usize,
-    /// SCAN COUNT hint, before the reply budget shrinks it.
+    /// SCAN COUNT of a scan's first page (shrunk to fit the reply budget);
+    /// pages whose replies stay under a quarter of it double, up to 16,384.
     pub scan_count: usize,
     /// Allow components to write single entities at once (`put`/`delete`).
     pub write_through: bool,

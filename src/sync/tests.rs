@@ -139,10 +139,15 @@ fn pull_scans_then_mgets_in_batches() {
     run_cycle(&mut e, &mut r, 0);
     assert_eq!(comp.borrow().entries.len(), 1000);
     let scans: Vec<_> = r.log.iter().filter(|c| c[0] == b"SCAN").collect();
-    assert!(scans.len() >= 10);
-    assert!(scans
+    assert!(scans.len() >= 2);
+    assert!(scans.iter().all(|c| c[2] == b"MATCH" && c[4] == b"COUNT"));
+    // The first page asks for scan_count; small replies grow the next ones.
+    assert_eq!(scans[0][5], b"100");
+    let counts: Vec<usize> = scans
         .iter()
-        .all(|c| c[2] == b"MATCH" && c[4] == b"COUNT" && c[5] == b"100"));
+        .map(|c| std::str::from_utf8(&c[5]).unwrap().parse().unwrap())
+        .collect();
+    assert!(counts.windows(2).all(|w| w[1] >= w[0]), "{counts:?}");
     let mgets: Vec<_> = r.log.iter().filter(|c| c[0] == b"MGET").collect();
     // One MGET per 50 keys of each SCAN page.
     assert!((20..=30).contains(&mgets.len()), "{}", mgets.len());
@@ -150,6 +155,34 @@ fn pull_scans_then_mgets_in_batches() {
     assert_eq!(mgets.iter().map(|c| c.len() - 1).sum::<usize>(), 1000);
     assert_eq!(e.stats().applied, 1000);
     assert_eq!(e.stats().keys_pulled, 1000);
+}
+
+#[test]
+fn a_namespace_with_few_of_the_keyspaces_keys_scans_it_in_few_calls() {
+    let comp = MapComponent::shared(NS, caps(false, false, false, false));
+    let mut r = MemRedis::new();
+    for i in 0..20_000 {
+        r.setex(&format!("aibrix:{{other}}:e:{i}"), 600, b"not ours");
+    }
+    for i in 0..3 {
+        r.setex(&key(&i.to_string()), 600, b"v");
+    }
+    let s = SyncSettings {
+        scan_count: 100,
+        ..settings()
+    };
+    let mut e = engine(s, &[&comp], 1);
+    run_cycle(&mut e, &mut r, 0);
+    assert_eq!(comp.borrow().entries.len(), 3);
+    let counts: Vec<usize> = r
+        .log
+        .iter()
+        .filter(|c| c[0] == b"SCAN")
+        .map(|c| std::str::from_utf8(&c[5]).unwrap().parse().unwrap())
+        .collect();
+    // 100, 200, ... 12800, 16384: 20,003 keys walked in 9 calls, not 201.
+    assert!(counts.len() <= 10, "{counts:?}");
+    assert!(counts.iter().all(|&c| c <= super::engine::MAX_SCAN_COUNT));
 }
 
 #[test]

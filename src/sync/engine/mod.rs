@@ -54,6 +54,9 @@ pub const LARGE_SNAPSHOT_ENTITIES: usize = 10_000;
 pub const LARGE_SNAPSHOT_AVG_BYTES: usize = 512 * 1024;
 /// Halvings of a truncated MGET/SCAN/XRANGE before the cycle gives up.
 pub const MAX_TRUNCATION_RETRIES: u32 = 10;
+/// Largest SCAN COUNT a page grows to (Redis walks this many keys in one
+/// call, about a millisecond of its time).
+pub(crate) const MAX_SCAN_COUNT: usize = 16_384;
 /// RTT samples kept until drained.
 const MAX_RTT_SAMPLES: usize = 1024;
 

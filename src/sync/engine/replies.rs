@@ -9,7 +9,7 @@ use crate::sync::settings::SyncSettings;
 
 use super::runs::{Kind, Run};
 use super::sending::{Op, Read, Sent};
-use super::{Registered, SyncEngine, MAX_TRUNCATION_RETRIES};
+use super::{Registered, SyncEngine, MAX_SCAN_COUNT, MAX_TRUNCATION_RETRIES};
 
 impl SyncEngine {
     pub(super) fn on_run_reply(
@@ -38,7 +38,12 @@ impl SyncEngine {
         reply_len: usize,
     ) -> Result<(), SyncError> {
         match read {
-            Read::Scan { ns, with_head, .. } => self.on_scan(ns, with_head, frames),
+            Read::Scan {
+                ns,
+                with_head,
+                count,
+                ..
+            } => self.on_scan(ns, with_head, count, frames, reply_len),
             Read::Log {
                 ns, from, count, ..
             } => {
@@ -65,7 +70,14 @@ impl SyncEngine {
         }
     }
 
-    fn on_scan(&mut self, ns: usize, with_head: bool, frames: Vec<Frame>) -> Result<(), SyncError> {
+    fn on_scan(
+        &mut self,
+        ns: usize,
+        with_head: bool,
+        count: usize,
+        frames: Vec<Frame>,
+        reply_len: usize,
+    ) -> Result<(), SyncError> {
         let mut frames = frames.into_iter();
         if with_head {
             let head = frames
@@ -96,6 +108,18 @@ impl SyncEngine {
             .map(str::to_owned)
             .collect();
         self.stats.keys_scanned += ids.len() as u64;
+        // A page whose reply used under a quarter of the budget doubles the
+        // next one (up to MAX_SCAN_COUNT): SCAN walks the whole keyspace
+        // whatever it matches, so a namespace holding few of its keys (the
+        // one-key-per-replica `podload` beside a large `prefixcache`) would
+        // otherwise take hundreds of calls to find a handful. A reply over
+        // budget halves it again (see the truncation retry).
+        if reply_len.saturating_mul(4) < self.settings.max_reply_bytes {
+            let grown = count.saturating_mul(2).min(MAX_SCAN_COUNT);
+            let reg = &mut self.regs[ns];
+            reg.scan_cap = reg.scan_cap.max(grown);
+        }
+        let reg = &self.regs[ns];
         let scan_cap = reg.scan_cap;
         let Some(cycle) = self.run.as_mut() else {
             return Ok(());
