@@ -309,12 +309,28 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    #[test]
-    fn payload_is_aibrix_shaped_and_merges_newer_time() {
+    /// A replica's prefixcache sync over a fresh store, its clock at `secs`.
+    fn sync_at(secs: u64) -> (Rc<MemStore>, Rc<Settings>, PrefixCacheSync<Rc<MemStore>>) {
         let store = Rc::new(MemStore::new());
         let s = settings();
-        let mut sync =
-            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
+        let sync =
+            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(secs), 100);
+        (store, s, sync)
+    }
+
+    /// Blocks a worker recorded for model 0 on pod 0.
+    fn touched(blocks: &[u64]) -> Touched {
+        Touched {
+            model: 0,
+            pod: 0,
+            time: 1,
+            blocks: blocks.to_vec(),
+        }
+    }
+
+    #[test]
+    fn payload_is_aibrix_shaped_and_merges_newer_time() {
+        let (store, s, mut sync) = sync_at(1000);
         let model = NameRegistry::models(&*store)
             .intern(&["llama"], 1, 100)
             .unwrap()
@@ -365,10 +381,7 @@ mod tests {
 
     #[test]
     fn other_writers_pods_and_models_are_carried_in_what_it_pushes() {
-        let store = Rc::new(MemStore::new());
-        let s = settings();
-        let mut sync =
-            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
+        let (store, s, mut sync) = sync_at(1000);
         local_fact(&store, &s, &mut sync);
         // Another gateway's pod on our model, one on a model we never saw,
         // and an older time for our own pod (ours, newer, wins).
@@ -459,10 +472,7 @@ mod tests {
 
     #[test]
     fn remote_times_from_the_future_are_clamped_to_now() {
-        let store = Rc::new(MemStore::new());
-        let s = settings();
-        let mut sync =
-            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
+        let (store, s, mut sync) = sync_at(1000);
         let model = NameRegistry::models(&*store)
             .intern(&["m"], 1, 100)
             .unwrap()
@@ -484,10 +494,7 @@ mod tests {
 
     #[test]
     fn hostile_values_naming_many_models_leave_room_for_real_ones() {
-        let store = Rc::new(MemStore::new());
-        let s = settings();
-        let mut sync =
-            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
+        let (store, s, mut sync) = sync_at(1000);
         for batch in 0..8 {
             let models: BTreeMap<String, BTreeMap<String, u64>> = (0..300)
                 .map(|i| {
@@ -513,10 +520,7 @@ mod tests {
 
     #[test]
     fn mark_all_queues_every_live_block_for_the_next_push() {
-        let store = Rc::new(MemStore::new());
-        let s = settings();
-        let mut sync =
-            PrefixCacheSync::new(store.clone(), s.clone(), view(&store, &s), clock(1000), 100);
+        let (store, s, mut sync) = sync_at(1000);
         let model = NameRegistry::models(&*store)
             .intern(&["m"], 1, 100)
             .unwrap()
@@ -532,60 +536,24 @@ mod tests {
 
     #[test]
     fn clear_dirty_only_clears_what_delta_saw() {
-        let store = Rc::new(MemStore::new());
-        let mut sync = PrefixCacheSync::new(
-            store.clone(),
-            settings(),
-            view(&store, &settings()),
-            clock(1000),
-            100,
-        );
-        sync.mark(&Touched {
-            model: 0,
-            pod: 0,
-            time: 1,
-            blocks: vec![1, 2],
-        });
+        let (_, _, mut sync) = sync_at(1000);
+        sync.mark(&touched(&[1, 2]));
         let _ = sync.delta();
-        sync.mark(&Touched {
-            model: 0,
-            pod: 0,
-            time: 1,
-            blocks: vec![3],
-        });
+        sync.mark(&touched(&[3]));
         sync.clear_dirty(&[]);
         assert_eq!(sync.dirty_len(), 1);
     }
 
     #[test]
     fn evicted_dirty_block_is_skipped() {
-        let store = Rc::new(MemStore::new());
-        let mut sync = PrefixCacheSync::new(
-            store.clone(),
-            settings(),
-            view(&store, &settings()),
-            clock(1000),
-            100,
-        );
-        sync.mark(&Touched {
-            model: 0,
-            pod: 0,
-            time: 1,
-            blocks: vec![5],
-        });
+        let (_, _, mut sync) = sync_at(1000);
+        sync.mark(&touched(&[5]));
         assert!(sync.delta().updated.is_empty());
     }
 
     #[test]
     fn bad_remote_payloads_are_rejected() {
-        let store = Rc::new(MemStore::new());
-        let mut sync = PrefixCacheSync::new(
-            store.clone(),
-            settings(),
-            view(&store, &settings()),
-            clock(1000),
-            100,
-        );
+        let (_, _, mut sync) = sync_at(1000);
         assert!(sync.apply_remote("x", b"{}").is_err());
         assert!(sync.apply_remote("1", b"nope").is_err());
     }
