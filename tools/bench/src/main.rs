@@ -1,8 +1,8 @@
 //! `prefix-bench`: the demo (`run`) and the benchmarks (`overhead`,
-//! `sync-cost`, `compat-cost`, `convergence`, `compare`, `real`, `iperf`) of
-//! the Envoy prefix-router filter, on real Envoy, podsim pods and
-//! redis-server processes on loopback. Every command prints tables and writes
-//! JSON under `results/`; see README.md.
+//! `sync-cost`, `compat-cost`, `convergence`, `memory`, `compare`, `real`,
+//! `iperf`) of the Envoy prefix-router filter, on real Envoy, podsim pods and
+//! redis-server processes on loopback. Every command prints tables; all but
+//! `run` and `memory` also write JSON under `results/`; see README.md.
 
 // A failed setup can only stop the tool, with the reason.
 #![allow(clippy::expect_used)]
@@ -125,6 +125,22 @@ enum Command {
         #[arg(long)]
         results_dir: Option<std::path::PathBuf>,
     },
+    /// Measurement: Envoy's resident memory with the filter under large
+    /// bodies (beside plain Envoy) and under hostile Redis values.
+    Memory {
+        /// Large chat requests per Envoy.
+        #[arg(long, default_value_t = 40)]
+        bodies: usize,
+        /// Size of each, MiB (single.yaml buffers up to 8 MiB).
+        #[arg(long, default_value_t = 3)]
+        body_mib: usize,
+        /// Hostile values per flood (one of unknown pods, one of models).
+        #[arg(long, default_value_t = 1000)]
+        hostile_values: usize,
+        /// Distinct names in each hostile value.
+        #[arg(long, default_value_t = 100)]
+        names_per_value: usize,
+    },
     /// Benchmark: delay until replica B can route a prompt replica A saw.
     Convergence {
         /// Trials per mode (periodic, write-through).
@@ -210,6 +226,17 @@ fn main() {
             poll_ms,
             model_only,
             seed,
+        }),
+        Command::Memory {
+            bodies,
+            body_mib,
+            hostile_values,
+            names_per_value,
+        } => commands::memory::run(&commands::memory::MemoryArgs {
+            bodies,
+            body_mib,
+            hostile_values,
+            names_per_value,
         }),
         Command::CompatCost {
             prompts,

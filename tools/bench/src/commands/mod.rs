@@ -5,6 +5,7 @@ pub mod compat_cost;
 pub mod convergence;
 pub mod demo;
 pub mod iperf;
+pub mod memory;
 pub mod overhead;
 pub mod real;
 pub mod sync_cost;
