@@ -318,6 +318,15 @@ mod tests {
         (store, s, sync)
     }
 
+    /// Registers `model` (seen at second 1) and returns its slot.
+    fn model_slot(store: &MemStore, model: &str) -> u16 {
+        NameRegistry::models(store)
+            .intern(&[model], 1, 100)
+            .unwrap()
+            .0[0]
+            .unwrap()
+    }
+
     /// Blocks a worker recorded for model 0 on pod 0.
     fn touched(blocks: &[u64]) -> Touched {
         Touched {
@@ -331,11 +340,7 @@ mod tests {
     #[test]
     fn payload_is_aibrix_shaped_and_merges_newer_time() {
         let (store, s, mut sync) = sync_at(1000);
-        let model = NameRegistry::models(&*store)
-            .intern(&["llama"], 1, 100)
-            .unwrap()
-            .0[0]
-            .unwrap();
+        let model = model_slot(&store, "llama");
         let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
         table.record(&[77], model, 0, 990);
         sync.mark(&Touched {
@@ -473,11 +478,7 @@ mod tests {
     #[test]
     fn remote_times_from_the_future_are_clamped_to_now() {
         let (store, s, mut sync) = sync_at(1000);
-        let model = NameRegistry::models(&*store)
-            .intern(&["m"], 1, 100)
-            .unwrap()
-            .0[0]
-            .unwrap();
+        let model = model_slot(&store, "m");
         let forever = format!(r#"{{"model_to_pods":{{"m":{{"a:1":{}}}}}}}"#, u64::MAX);
         sync.apply_remote("9", forever.as_bytes()).unwrap();
         let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
@@ -521,11 +522,7 @@ mod tests {
     #[test]
     fn mark_all_queues_every_live_block_for_the_next_push() {
         let (store, s, mut sync) = sync_at(1000);
-        let model = NameRegistry::models(&*store)
-            .intern(&["m"], 1, 100)
-            .unwrap()
-            .0[0]
-            .unwrap();
+        let model = model_slot(&store, "m");
         let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
         table.record(&[1, 2, 3], model, 0, 990);
         table.record(&[3], model, 1, 990);

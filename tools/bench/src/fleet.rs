@@ -40,6 +40,15 @@ impl Replica {
         self.envoy.settled_router_stats()
     }
 
+    /// Sync cycles the replica finished (ok or failed), read with a narrow
+    /// stats filter: the admin endpoint's cost lands on the Envoy measured.
+    pub fn cycles_done(&self) -> i64 {
+        self.envoy
+            .stats_matching(r"^wasmcustom\.prefix_router\.sync\.cycles_(ok|failed)$")
+            .values()
+            .sum()
+    }
+
     /// One filter stat, 0 when it does not exist yet.
     pub fn stat(&self, name: &str) -> i64 {
         self.envoy.router_stat(name)

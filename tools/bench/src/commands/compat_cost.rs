@@ -349,7 +349,7 @@ fn start_replica(
     });
     let r = &fleet.replicas[i];
     let ready = support::wait_until(DEADLINE, || {
-        r.stat("prefix_router.membership.healthy") == PODS && cycles_done(r) >= 1
+        r.stat("prefix_router.membership.healthy") == PODS && r.cycles_done() >= 1
     });
     assert!(ready, "{} replica not ready: {:?}", mode.name(), r.stats());
     empty
@@ -381,21 +381,12 @@ fn redis_info(redis: &mut RedisConn) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// Cycles the replica finished, ok or failed.
-fn cycles_done(replica: &Replica) -> i64 {
-    replica
-        .envoy
-        .stats_matching(r"^wasmcustom\.prefix_router\.sync\.cycles_(ok|failed)$")
-        .values()
-        .sum()
-}
-
 /// Waits for the next finished cycle; returns the count.
 fn next_cycle(replica: &Replica) -> i64 {
-    let start = cycles_done(replica);
+    let start = replica.cycles_done();
     let mut now = start;
     support::wait_until(DEADLINE, || {
-        now = cycles_done(replica);
+        now = replica.cycles_done();
         now > start
     });
     now
@@ -538,14 +529,14 @@ fn push_cell(
     next_cycle(r);
     let (sum0, count0) = route_time(r);
     let s0 = snapshot(r, meter, redis);
-    let c0 = cycles_done(r);
+    let c0 = r.cycles_done();
     let t0 = Instant::now();
     let bodies = send_prompts(r, args.prompts, kib, next_id);
     let quiet = wait_quiet(r, meter);
     let s1 = snapshot(r, meter, redis);
     let window_s = t0.elapsed().as_secs_f64();
     let aibrix = (mode == Mode::Compat).then(|| aibrix_lookups(fleet.redis_port, &bodies));
-    let window_cycles = cycles_done(r) - c0;
+    let window_cycles = r.cycles_done() - c0;
     // Histograms reach the admin after a stats flush (every 5 s); the
     // filter times one routed request in SAMPLE_EVERY per worker.
     let n = args.prompts as f64;

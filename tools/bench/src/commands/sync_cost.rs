@@ -337,26 +337,16 @@ fn real_costs(args: &SyncCostArgs) -> RealCosts {
     }
 }
 
-/// Cycles the replica finished (ok or failed), read with a narrow stats
-/// filter: the admin endpoint's cost lands on the Envoy being measured.
-fn cycles_done(replica: &Replica) -> i64 {
-    replica
-        .envoy
-        .stats_matching(r"^wasmcustom\.prefix_router\.sync\.cycles_(ok|failed)$")
-        .values()
-        .sum()
-}
-
 /// Waits for `n` more completed cycles of `replica`; returns each one's work.
 fn observe(replica: &Replica, n: usize, timeout: Duration) -> Vec<Cycle> {
     let mut last = replica.stats();
-    let mut last_done = cycles_done(replica);
+    let mut last_done = replica.cycles_done();
     let mut last_cpu = cpu_sample(replica.pid);
     let deadline = Instant::now() + timeout * n.max(1) as u32;
     let mut out = Vec::new();
     while out.len() < n && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
-        let done = cycles_done(replica);
+        let done = replica.cycles_done();
         if done == last_done {
             continue;
         }
