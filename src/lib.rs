@@ -29,6 +29,7 @@ pub mod request;
 pub mod resp;
 pub mod rng;
 pub mod router;
+pub mod signals;
 pub mod store;
 pub mod stream;
 pub mod sync;

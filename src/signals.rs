@@ -1,0 +1,395 @@
+//! Pod signals: what each pod says about its own load, read from its
+//! Prometheus `/metrics` (vLLM's names by default): requests waiting for a
+//! slot, requests running, and KV-cache usage.
+//!
+//! Three parts, all pure (no `proxy_wasm` here):
+//! - [`parse`] turns a `/metrics` body into [`PodSignals`], or says why it
+//!   cannot (a required series missing, a value that is not a finite number,
+//!   an absurd value). It never panics and reads at most the bytes it is
+//!   given; the host caps those at `signals.max_body_bytes`.
+//! - [`Scraper`] is the sync singleton's sans-IO schedule: which pods are due
+//!   for a scrape, what each reply means, and the value to publish.
+//! - [`encode`] / [`decode`] are the one shared-data value ([`KEY`]) the
+//!   singleton writes and the workers read on their tick, at most
+//!   [`MAX_SLOTS`] records of [`RECORD`] bytes (20 KiB).
+//!
+//! A pod whose scrape fails or returns absurd values has no record (or a
+//! stale one, which readers ignore): routing falls back to in-flight counts
+//! for it. The singleton counts those fallbacks (`signals.fallbacks`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::registry::MAX_SLOTS;
+
+/// Shared-data key of the published signals.
+pub const KEY: &str = "signals/pods";
+/// Bytes per published record: `slot u16 | at_ms u64 | waiting u32 |
+/// running u32 | kv_permille u16` (little endian; `kv_permille` 0xFFFF =
+/// not reported).
+pub const RECORD: usize = 20;
+/// Waiting or running counts above this are absurd (no server queues a
+/// million requests): the pod falls back to in-flight counts.
+pub const MAX_REQUESTS: f64 = 1_000_000.0;
+const KV_UNKNOWN: u16 = u16::MAX;
+
+/// The metric names read, each a list tried in order (the first present
+/// wins): vLLM renamed `gpu_cache_usage_perc` to `kv_cache_usage_perc`, and
+/// other servers have names of their own (SGLang: `sglang:num_queue_reqs`,
+/// `sglang:num_running_reqs`, `sglang:token_usage`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricNames {
+    pub waiting: Vec<String>,
+    pub running: Vec<String>,
+    pub kv_usage: Vec<String>,
+}
+
+impl Default for MetricNames {
+    fn default() -> Self {
+        Self {
+            waiting: vec!["vllm:num_requests_waiting".into()],
+            running: vec!["vllm:num_requests_running".into()],
+            kv_usage: vec![
+                "vllm:kv_cache_usage_perc".into(),
+                "vllm:gpu_cache_usage_perc".into(),
+            ],
+        }
+    }
+}
+
+/// What one pod reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PodSignals {
+    /// Requests queued for a slot (summed over the series' label sets).
+    pub waiting: u32,
+    /// Requests holding a slot (summed).
+    pub running: u32,
+    /// KV-cache usage in thousandths (the highest series), if reported.
+    pub kv_permille: Option<u16>,
+}
+
+/// Why a body gave no signals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignalError {
+    /// None of the names for this role is in the body.
+    Missing(&'static str),
+    /// A value of this role is not a number, negative, not finite, or out
+    /// of range (waiting/running above [`MAX_REQUESTS`], KV usage above 1).
+    Absurd(&'static str),
+}
+
+impl fmt::Display for SignalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SignalError::Missing(role) => write!(f, "no {role} metric"),
+            SignalError::Absurd(role) => write!(f, "absurd {role} value"),
+        }
+    }
+}
+
+/// One role's value as found in the body: which name (index in the list)
+/// and the value combined over label sets.
+#[derive(Clone, Copy)]
+struct Found {
+    rank: usize,
+    value: f64,
+    bad: bool,
+}
+
+fn fold(slot: &mut Option<Found>, rank: usize, value: Option<f64>, sum: bool) {
+    let bad = value.is_none();
+    let v = value.unwrap_or(0.0);
+    match slot {
+        Some(f) if f.rank < rank => {}
+        Some(f) if f.rank == rank => {
+            f.bad |= bad;
+            f.value = if sum { f.value + v } else { f.value.max(v) };
+        }
+        _ => {
+            *slot = Some(Found {
+                rank,
+                value: v,
+                bad,
+            })
+        }
+    }
+}
+
+/// Parses a Prometheus text body. Waiting and running are required (summed
+/// over label sets, e.g. one series per model); KV usage is optional (the
+/// highest series). Lines that are not samples are skipped.
+pub fn parse(body: &[u8], names: &MetricNames) -> Result<PodSignals, SignalError> {
+    let (mut waiting, mut running, mut kv) = (None, None, None);
+    for line in body.split(|&b| b == b'\n') {
+        let Some((name, value)) = sample(line) else {
+            continue;
+        };
+        let rank = |list: &[String]| list.iter().position(|n| n.as_bytes() == name);
+        if let Some(r) = rank(&names.waiting) {
+            fold(&mut waiting, r, value, true);
+        }
+        if let Some(r) = rank(&names.running) {
+            fold(&mut running, r, value, true);
+        }
+        if let Some(r) = rank(&names.kv_usage) {
+            fold(&mut kv, r, value, false);
+        }
+    }
+    let count = |f: Option<Found>, role: &'static str| -> Result<u32, SignalError> {
+        let f = f.ok_or(SignalError::Missing(role))?;
+        if f.bad || !(0.0..=MAX_REQUESTS).contains(&f.value) {
+            return Err(SignalError::Absurd(role));
+        }
+        Ok(f.value.round() as u32)
+    };
+    let waiting = count(waiting, "waiting")?;
+    let running = count(running, "running")?;
+    let kv_permille = match kv {
+        None => None,
+        Some(f) if f.bad || !(0.0..=1.0).contains(&f.value) => {
+            return Err(SignalError::Absurd("kv_usage"))
+        }
+        Some(f) => Some((f.value * 1000.0).round() as u16),
+    };
+    Ok(PodSignals {
+        waiting,
+        running,
+        kv_permille,
+    })
+}
+
+/// One sample line: its metric name and value (None if the value is not a
+/// finite number >= 0). None for comments, blank and malformed lines.
+fn sample(line: &[u8]) -> Option<(&[u8], Option<f64>)> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let start = line.iter().position(|b| !b.is_ascii_whitespace())?;
+    let line = &line[start..];
+    if line.first() == Some(&b'#') {
+        return None;
+    }
+    let name_end = line
+        .iter()
+        .position(|&b| b == b'{' || b.is_ascii_whitespace())?;
+    let name = &line[..name_end];
+    let mut rest = &line[name_end..];
+    if rest.first() == Some(&b'{') {
+        rest = &rest[labels_end(rest)?..];
+    }
+    let value = rest
+        .split(|b| b.is_ascii_whitespace())
+        .find(|t| !t.is_empty())?;
+    let value = std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v >= 0.0);
+    Some((name, value))
+}
+
+/// Index just past the `}` closing a label set that starts at 0 (quoted
+/// values may hold `}` and escaped quotes).
+fn labels_end(s: &[u8]) -> Option<usize> {
+    let (mut quoted, mut escaped) = (false, false);
+    for (i, &b) in s.iter().enumerate().skip(1) {
+        match (quoted, escaped, b) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (true, false, b'"') => quoted = false,
+            (false, _, b'"') => quoted = true,
+            (false, _, b'}') => return Some(i + 1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// One published record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    pub slot: u16,
+    /// When the scrape answered, unix ms.
+    pub at_ms: u64,
+    pub signals: PodSignals,
+}
+
+/// The published value: one record per pod with good signals, by slot.
+pub fn encode(records: &[Record]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(records.len().min(MAX_SLOTS) * RECORD);
+    for r in records.iter().take(MAX_SLOTS) {
+        out.extend_from_slice(&r.slot.to_le_bytes());
+        out.extend_from_slice(&r.at_ms.to_le_bytes());
+        out.extend_from_slice(&r.signals.waiting.to_le_bytes());
+        out.extend_from_slice(&r.signals.running.to_le_bytes());
+        out.extend_from_slice(&r.signals.kv_permille.unwrap_or(KV_UNKNOWN).to_le_bytes());
+    }
+    out
+}
+
+/// Decodes a published value (a trailing partial record is ignored).
+pub fn decode(bytes: &[u8]) -> Vec<Record> {
+    bytes
+        .chunks_exact(RECORD)
+        .take(MAX_SLOTS)
+        .map(|c| {
+            let u16_at = |i: usize| u16::from_le_bytes([c[i], c[i + 1]]);
+            let u32_at = |i: usize| u32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
+            let mut at = [0u8; 8];
+            at.copy_from_slice(&c[2..10]);
+            let kv = u16_at(18);
+            Record {
+                slot: u16_at(0),
+                at_ms: u64::from_le_bytes(at),
+                signals: PodSignals {
+                    waiting: u32_at(10),
+                    running: u32_at(14),
+                    kv_permille: (kv != KV_UNKNOWN).then_some(kv),
+                },
+            }
+        })
+        .collect()
+}
+
+/// A worker's view of the published signals: fresh records by slot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SignalView {
+    by_slot: BTreeMap<u16, PodSignals>,
+}
+
+impl SignalView {
+    /// The records of `bytes` younger than `stale_ms` at `now_ms`.
+    pub fn from_published(bytes: &[u8], now_ms: u64, stale_ms: u64) -> Self {
+        let by_slot = decode(bytes)
+            .into_iter()
+            .filter(|r| now_ms.saturating_sub(r.at_ms) <= stale_ms)
+            .map(|r| (r.slot, r.signals))
+            .collect();
+        Self { by_slot }
+    }
+
+    pub fn get(&self, slot: u16) -> Option<PodSignals> {
+        self.by_slot.get(&slot).copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_slot.is_empty()
+    }
+}
+
+/// A pod the scraper may be asked to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub slot: u16,
+    /// `host:port`, what the scrape call names.
+    pub address: String,
+    /// The Envoy cluster the call goes through.
+    pub cluster: String,
+}
+
+/// What a reply did (the host counts it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Good signals; the pod's record is replaced.
+    Scraped,
+    /// The call failed or the body was refused: the pod's record is dropped
+    /// (routing uses in-flight counts for it) and the reason is given.
+    Fallback(String),
+}
+
+/// The singleton's scrape schedule, sans IO: every `interval_ms`, one call
+/// per target not already in flight; replies update one record per pod.
+#[derive(Debug)]
+pub struct Scraper {
+    interval_ms: u64,
+    next_ms: u64,
+    names: MetricNames,
+    /// Slots with a call in flight.
+    in_flight: Vec<u16>,
+    records: BTreeMap<u16, Record>,
+    dirty: bool,
+}
+
+impl Scraper {
+    pub fn new(interval_ms: u64, names: MetricNames) -> Self {
+        Self {
+            interval_ms: interval_ms.max(1),
+            next_ms: 0,
+            names,
+            in_flight: Vec::new(),
+            records: BTreeMap::new(),
+            dirty: false,
+        }
+    }
+
+    /// The targets to call now (none before the next round is due). Records
+    /// of pods no longer among `targets` are dropped.
+    pub fn due(&mut self, now_ms: u64, targets: &[Target]) -> Vec<Target> {
+        if now_ms < self.next_ms {
+            return Vec::new();
+        }
+        self.next_ms = now_ms + self.interval_ms;
+        let before = self.records.len();
+        self.records
+            .retain(|slot, _| targets.iter().any(|t| t.slot == *slot));
+        self.dirty |= self.records.len() != before;
+        let mut out: Vec<Target> = Vec::new();
+        for t in targets.iter().take(MAX_SLOTS) {
+            if !self.in_flight.contains(&t.slot) && !out.iter().any(|o| o.slot == t.slot) {
+                out.push(t.clone());
+            }
+        }
+        self.in_flight.extend(out.iter().map(|t| t.slot));
+        out
+    }
+
+    /// A call could not be sent (counts as a failed scrape).
+    pub fn not_sent(&mut self, slot: u16, why: &str) -> Outcome {
+        self.on_reply(slot, Err(why), 0)
+    }
+
+    /// A reply for `slot`: the body, or why there is none.
+    pub fn on_reply(&mut self, slot: u16, reply: Result<&[u8], &str>, now_ms: u64) -> Outcome {
+        self.in_flight.retain(|s| *s != slot);
+        let parsed = match reply {
+            Ok(body) => parse(body, &self.names).map_err(|e| e.to_string()),
+            Err(why) => Err(why.to_string()),
+        };
+        match parsed {
+            Ok(signals) => {
+                self.records.insert(
+                    slot,
+                    Record {
+                        slot,
+                        at_ms: now_ms,
+                        signals,
+                    },
+                );
+                self.dirty = true;
+                Outcome::Scraped
+            }
+            Err(why) => {
+                self.dirty |= self.records.remove(&slot).is_some();
+                Outcome::Fallback(why)
+            }
+        }
+    }
+
+    /// The value to publish, once per change.
+    pub fn take_publish(&mut self) -> Option<Vec<u8>> {
+        if !self.dirty {
+            return None;
+        }
+        self.dirty = false;
+        let records: Vec<Record> = self.records.values().copied().collect();
+        Some(encode(&records))
+    }
+
+    /// Pods with good signals now.
+    pub fn good(&self) -> usize {
+        self.records.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,265 @@
+//! Parsing pods' `/metrics`, the scrape schedule and the published value.
+
+use super::*;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const VLLM: &str = "\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0
+vllm:gpu_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25
+vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.5
+vllm:prompt_tokens_total{model_name=\"m\"} 1234.0
+";
+
+fn names() -> MetricNames {
+    MetricNames::default()
+}
+
+#[test]
+fn vllm_body_gives_waiting_running_and_kv_usage_by_the_first_listed_name() {
+    let s = parse(VLLM.as_bytes(), &names()).unwrap();
+    assert_eq!(
+        s,
+        PodSignals {
+            waiting: 2,
+            running: 3,
+            kv_permille: Some(500)
+        }
+    );
+}
+
+#[test]
+fn older_vllm_name_is_used_when_the_new_one_is_absent() {
+    let body = VLLM.replace("vllm:kv_cache_usage_perc", "other");
+    let s = parse(body.as_bytes(), &names()).unwrap();
+    assert_eq!(s.kv_permille, Some(250));
+}
+
+#[test]
+fn series_of_several_models_are_summed_and_kv_takes_the_highest() {
+    let body = "vllm:num_requests_waiting{model_name=\"a\"} 1\n\
+                vllm:num_requests_waiting{model_name=\"b\"} 4\n\
+                vllm:num_requests_running{model_name=\"a\"} 2\n\
+                vllm:num_requests_running{model_name=\"b\"} 2\n\
+                vllm:kv_cache_usage_perc{model_name=\"a\"} 0.1\n\
+                vllm:kv_cache_usage_perc{model_name=\"b\"} 0.7\n";
+    let s = parse(body.as_bytes(), &names()).unwrap();
+    assert_eq!((s.waiting, s.running, s.kv_permille), (5, 4, Some(700)));
+}
+
+#[test]
+fn kv_usage_is_optional_but_waiting_and_running_are_required() {
+    let s = parse(
+        b"vllm:num_requests_waiting 0\nvllm:num_requests_running 1\n",
+        &names(),
+    )
+    .unwrap();
+    assert_eq!(s.kv_permille, None);
+    assert_eq!(
+        parse(b"vllm:num_requests_running 1\n", &names()),
+        Err(SignalError::Missing("waiting"))
+    );
+    assert_eq!(
+        parse(b"vllm:num_requests_waiting 1\n", &names()),
+        Err(SignalError::Missing("running"))
+    );
+    assert_eq!(parse(b"", &names()), Err(SignalError::Missing("waiting")));
+}
+
+#[test]
+fn absurd_values_are_refused() {
+    let ok_running = "vllm:num_requests_running 1\n";
+    for bad in ["-1", "NaN", "+Inf", "abc", "1e12"] {
+        let body = format!("{ok_running}vllm:num_requests_waiting {bad}\n");
+        assert_eq!(
+            parse(body.as_bytes(), &names()),
+            Err(SignalError::Absurd("waiting")),
+            "{bad}"
+        );
+    }
+    let body = format!("{ok_running}vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 1.5\n");
+    assert_eq!(
+        parse(body.as_bytes(), &names()),
+        Err(SignalError::Absurd("kv_usage"))
+    );
+    // One bad series of several spoils the sum.
+    let body = format!(
+        "{ok_running}vllm:num_requests_waiting{{a=\"1\"}} 1\nvllm:num_requests_waiting{{a=\"2\"}} x\n"
+    );
+    assert_eq!(
+        parse(body.as_bytes(), &names()),
+        Err(SignalError::Absurd("waiting"))
+    );
+}
+
+#[test]
+fn labels_with_braces_quotes_timestamps_and_crlf_are_read() {
+    let body = "vllm:num_requests_waiting{path=\"}{\",q=\"a\\\"}\"} 7 1700000000000\r\n\
+                  vllm:num_requests_running   2\r\n";
+    let s = parse(body.as_bytes(), &names()).unwrap();
+    assert_eq!((s.waiting, s.running), (7, 2));
+}
+
+#[test]
+fn names_are_configurable_for_other_servers() {
+    let sglang = MetricNames {
+        waiting: vec!["sglang:num_queue_reqs".into()],
+        running: vec!["sglang:num_running_reqs".into()],
+        kv_usage: vec!["sglang:token_usage".into()],
+    };
+    let body = "sglang:num_queue_reqs{model_name=\"m\"} 3\n\
+                sglang:num_running_reqs{model_name=\"m\"} 8\n\
+                sglang:token_usage{model_name=\"m\"} 0.9\n";
+    let s = parse(body.as_bytes(), &sglang).unwrap();
+    assert_eq!((s.waiting, s.running, s.kv_permille), (3, 8, Some(900)));
+    assert!(parse(body.as_bytes(), &names()).is_err());
+}
+
+#[test]
+fn a_metric_whose_name_only_starts_like_a_wanted_one_is_not_read() {
+    let body = "vllm:num_requests_waiting_total 9\nvllm:num_requests_waiting 1\n\
+                vllm:num_requests_running 1\n";
+    assert_eq!(parse(body.as_bytes(), &names()).unwrap().waiting, 1);
+}
+
+#[test]
+fn garbage_never_panics() {
+    let inputs: [&[u8]; 8] = [
+        b"{",
+        b"vllm:num_requests_waiting{",
+        b"vllm:num_requests_waiting{a=\"",
+        b"\xff\xfe vllm:num_requests_waiting \xff",
+        b"#\n#\n\n\n",
+        b"vllm:num_requests_waiting",
+        b"   \t  ",
+        b"}}}} 1 2 3",
+    ];
+    for i in inputs {
+        assert!(parse(i, &names()).is_err());
+    }
+}
+
+#[test]
+fn records_round_trip_and_a_partial_record_is_ignored() {
+    let records = vec![
+        Record {
+            slot: 3,
+            at_ms: 1_700_000_000_123,
+            signals: PodSignals {
+                waiting: 1,
+                running: 2,
+                kv_permille: Some(999),
+            },
+        },
+        Record {
+            slot: 1023,
+            at_ms: 5,
+            signals: PodSignals {
+                waiting: u32::MAX,
+                running: 0,
+                kv_permille: None,
+            },
+        },
+    ];
+    let mut bytes = encode(&records);
+    assert_eq!(bytes.len(), 2 * RECORD);
+    bytes.extend_from_slice(&[1, 2, 3]);
+    assert_eq!(decode(&bytes), records);
+}
+
+#[test]
+fn the_published_value_is_bounded() {
+    let records: Vec<Record> = (0..MAX_SLOTS as u16 + 100)
+        .map(|slot| Record {
+            slot,
+            at_ms: 0,
+            signals: PodSignals::default(),
+        })
+        .collect();
+    assert_eq!(encode(&records).len(), MAX_SLOTS * RECORD);
+}
+
+#[test]
+fn workers_ignore_stale_records() {
+    let rec = |slot, at_ms| Record {
+        slot,
+        at_ms,
+        signals: PodSignals {
+            waiting: 1,
+            running: 1,
+            kv_permille: None,
+        },
+    };
+    let bytes = encode(&[rec(1, 1_000), rec(2, 9_000)]);
+    let view = SignalView::from_published(&bytes, 10_000, 2_000);
+    assert_eq!(view.get(1), None);
+    assert!(view.get(2).is_some());
+}
+
+fn target(slot: u16) -> Target {
+    Target {
+        slot,
+        address: format!("10.0.0.{slot}:8000"),
+        cluster: "pods".into(),
+    }
+}
+
+#[test]
+fn scraper_calls_each_pod_once_per_interval_and_never_twice_in_flight() {
+    let mut s = Scraper::new(250, names());
+    let targets = [target(1), target(2), target(2)];
+    assert_eq!(
+        s.due(0, &targets).len(),
+        2,
+        "a slot listed twice is called once"
+    );
+    assert!(s.due(100, &targets).is_empty(), "not due yet");
+    // Pod 1 answered, pod 2 still in flight at the next round.
+    s.on_reply(1, Ok(VLLM.as_bytes()), 120);
+    let next = s.due(250, &targets);
+    assert_eq!(next.iter().map(|t| t.slot).collect::<Vec<_>>(), vec![1]);
+}
+
+#[test]
+fn a_failed_or_absurd_scrape_drops_the_pods_record_and_says_why() {
+    let mut s = Scraper::new(250, names());
+    s.due(0, &[target(1)]);
+    assert_eq!(s.on_reply(1, Ok(VLLM.as_bytes()), 10), Outcome::Scraped);
+    let published = s.take_publish().unwrap();
+    assert_eq!(decode(&published)[0].signals.waiting, 2);
+    assert_eq!(s.take_publish(), None, "published once per change");
+    s.due(250, &[target(1)]);
+    let out = s.on_reply(1, Ok(b"vllm:num_requests_waiting -3\n"), 260);
+    assert!(matches!(out, Outcome::Fallback(ref why) if why.contains("absurd")));
+    assert!(decode(&s.take_publish().unwrap()).is_empty());
+    s.due(500, &[target(1)]);
+    assert!(matches!(
+        s.on_reply(1, Err("timeout"), 510),
+        Outcome::Fallback(_)
+    ));
+    assert_eq!(s.good(), 0);
+}
+
+#[test]
+fn a_pod_that_left_loses_its_record() {
+    let mut s = Scraper::new(250, names());
+    s.due(0, &[target(1), target(2)]);
+    s.on_reply(1, Ok(VLLM.as_bytes()), 1);
+    s.on_reply(2, Ok(VLLM.as_bytes()), 1);
+    s.take_publish();
+    s.due(250, &[target(2)]);
+    let left = decode(&s.take_publish().unwrap());
+    assert_eq!(left.iter().map(|r| r.slot).collect::<Vec<_>>(), vec![2]);
+}
+
+#[test]
+fn a_call_that_could_not_be_sent_frees_the_slot_for_the_next_round() {
+    let mut s = Scraper::new(250, names());
+    s.due(0, &[target(1)]);
+    assert!(matches!(s.not_sent(1, "no cluster"), Outcome::Fallback(_)));
+    assert_eq!(s.due(250, &[target(1)]).len(), 1);
+}
