@@ -1,9 +1,142 @@
-//! The routing policy (AIBrix `prefix-cache`, the baseline we match):
-//! a load guard first, then the longest cached prefix among pods that are not
-//! overloaded, else the least loaded pod. Pure: loads and matches come in,
-//! a choice comes out; randomness only breaks ties.
+//! The routing policies. Pure: loads and matches come in, a choice comes
+//! out; randomness only breaks ties.
+//!
+//! - [`PolicyMode::LoadAware`] ([`choose_load_aware`]): the longest match
+//!   unless its pod's load is clearly above the least loaded pod's, or the
+//!   queueing that extra load costs exceeds the prefill the match saves.
+//!   Loads are in-flight counts, raised to what the pod itself reports when
+//!   pod signals are on ([`effective_load`]).
+//! - [`PolicyMode::Aibrix`] ([`choose`]): AIBrix `prefix-cache`, exactly: a
+//!   load guard first, then the longest cached prefix among pods within
+//!   mean + k·σ of in-flight, else the least loaded pod.
+
+use serde::Deserialize;
 
 use crate::rng::SplitMix64;
+use crate::signals::PodSignals;
+
+/// Which rules choose the pod.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyMode {
+    /// [`choose_load_aware`].
+    #[default]
+    LoadAware,
+    /// [`choose`]: AIBrix's rules (mixed fleets with AIBrix gateways).
+    Aibrix,
+}
+
+/// Knobs of [`choose_load_aware`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadAwareConfig {
+    /// A pod above the least loaded pod's load `min` + max(`slack_abs`,
+    /// `slack_rel` x `min`) is never chosen.
+    pub slack_abs: u32,
+    pub slack_rel: f64,
+    /// Prefill blocks one request of load above `min` costs in queueing.
+    pub queue_cost_blocks: u32,
+    /// KV-cache usage (thousandths) at which a pod counts `slack_abs + 1`
+    /// busier.
+    pub kv_high_permille: u16,
+}
+
+impl Default for LoadAwareConfig {
+    fn default() -> Self {
+        Self {
+            slack_abs: 4,
+            slack_rel: 0.5,
+            queue_cost_blocks: 16,
+            kv_high_permille: 950,
+        }
+    }
+}
+
+/// A pod's load for [`choose_load_aware`]: its in-flight count, or what
+/// it reports (running + waiting, which includes other replicas' traffic)
+/// when that is higher; a pod whose KV cache is at or above `kv_high`
+/// counts `slack_abs + 1` more.
+pub fn effective_load(inflight: u32, signals: Option<PodSignals>, cfg: &LoadAwareConfig) -> u32 {
+    let Some(s) = signals else {
+        return inflight;
+    };
+    let reported = s.running.saturating_add(s.waiting);
+    let hot = s.kv_permille.is_some_and(|kv| kv >= cfg.kv_high_permille);
+    let penalty = if hot {
+        cfg.slack_abs.saturating_add(1)
+    } else {
+        0
+    };
+    inflight.max(reported).saturating_add(penalty)
+}
+
+/// The load-aware rule. Over the pool's loads (`load[pod]`, missing = 0),
+/// `min` the lowest:
+/// 1. a pod above `min + max(slack_abs, ceil(slack_rel x min))` is out;
+/// 2. every other pod scores `matched blocks - (load - min) x
+///    queue_cost_blocks`: the prefill a match saves, less the queueing its
+///    extra load costs;
+/// 3. the highest score wins; ties go to the longer match, then the lower
+///    load; ties among unmatched pods rotate with `turn` (as in [`choose`]),
+///    among matched pods they are shuffled.
+///
+/// Reason: `PrefixMatch` when the chosen pod holds part of the prompt,
+/// `LoadGuard` when another pod held some and was passed over, else
+/// `NoMatch`. None only for an empty pool.
+pub fn choose_load_aware(
+    cfg: &LoadAwareConfig,
+    pool: &[u16],
+    load: &[u32],
+    matches: &[(u16, u32)],
+    total_blocks: usize,
+    turn: usize,
+    rng: &mut SplitMix64,
+) -> Option<Choice> {
+    let load_of = |pod: u16| load.get(usize::from(pod)).copied().unwrap_or(0);
+    let matched_of = |pod: u16| -> u32 {
+        matches
+            .iter()
+            .filter(|(p, _)| *p == pod)
+            .map(|(_, m)| *m)
+            .max()
+            .unwrap_or(0)
+    };
+    let min = pool.iter().map(|&p| load_of(p)).min()?;
+    let rel = (cfg.slack_rel * f64::from(min))
+        .ceil()
+        .min(f64::from(u32::MAX)) as u32;
+    let bound = min.saturating_add(cfg.slack_abs.max(rel));
+    let score = |pod: u16| -> i64 {
+        let extra = i64::from(load_of(pod) - min);
+        i64::from(matched_of(pod)) - extra.saturating_mul(i64::from(cfg.queue_cost_blocks))
+    };
+    // (score, match, -load) decides; equal keys tie.
+    let key = |pod: u16| (score(pod), matched_of(pod), std::cmp::Reverse(load_of(pod)));
+    let eligible = pool.iter().copied().filter(|&p| load_of(p) <= bound);
+    let best = eligible.clone().map(key).max()?;
+    let mut tied: Vec<u16> = eligible.filter(|&p| key(p) == best).collect();
+    let pod = if best.1 == 0 {
+        tied[turn % tied.len()]
+    } else {
+        rng.shuffle(&mut tied);
+        tied[0]
+    };
+    let any_match = pool.iter().any(|&p| matched_of(p) > 0);
+    let reason = match (best.1 > 0, any_match) {
+        (true, _) => Reason::PrefixMatch,
+        (false, true) => Reason::LoadGuard,
+        (false, false) => Reason::NoMatch,
+    };
+    let match_percent = if total_blocks == 0 {
+        0
+    } else {
+        ((u64::from(best.1) * 100) / total_blocks as u64).min(100) as u8
+    };
+    Some(Choice {
+        pod,
+        reason,
+        match_percent,
+    })
+}
 
 /// The policy's two knobs (AIBrix ships 16 and 2).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -269,6 +402,164 @@ mod tests {
     fn single_pod_pool_ignores_imbalance() {
         let c = run(&[0], &[100], &[], 1, 1);
         assert_eq!((c.pod, c.reason), (0, Reason::NoMatch));
+    }
+
+    const LA: LoadAwareConfig = LoadAwareConfig {
+        slack_abs: 2,
+        slack_rel: 0.5,
+        queue_cost_blocks: 4,
+        kv_high_permille: 900,
+    };
+
+    fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: usize) -> Choice {
+        choose_load_aware(
+            &LA,
+            pool,
+            load,
+            matches,
+            total,
+            turn,
+            &mut SplitMix64::new(turn as u64),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn load_aware_empty_pool_has_no_choice() {
+        let none = choose_load_aware(&LA, &[], &[], &[], 0, 0, &mut SplitMix64::new(1));
+        assert_eq!(none, None);
+    }
+
+    #[test]
+    fn load_aware_longest_match_wins_among_equally_loaded_pods() {
+        let c = la(&[0, 1, 2], &[1, 1, 1], &[(0, 20), (1, 50)], 100, 0);
+        assert_eq!(
+            c,
+            Choice {
+                pod: 1,
+                reason: Reason::PrefixMatch,
+                match_percent: 50
+            }
+        );
+    }
+
+    #[test]
+    fn load_aware_single_hot_pod_of_four_is_excluded_where_mean_plus_2_sigma_keeps_it() {
+        // Loads k,0,0,0: AIBrix's bound is mean + 2 sigma ~ 1.12k, so the hot
+        // pod always passes it (and k = 12 is under its imbalance guard).
+        let load = [12, 0, 0, 0];
+        let aibrix = run(&[0, 1, 2, 3], &load, &[(0, 100)], 100, 1);
+        assert_eq!((aibrix.pod, aibrix.reason), (0, Reason::PrefixMatch));
+        // Load-aware: 12 > 0 + max(2, 0) -> out, whatever the match.
+        let c = la(&[0, 1, 2, 3], &load, &[(0, 1000)], 1000, 0);
+        assert_ne!(c.pod, 0);
+        assert_eq!((c.reason, c.match_percent), (Reason::LoadGuard, 0));
+    }
+
+    #[test]
+    fn load_aware_works_with_two_pods() {
+        // 3 > 0 + 2: out. 2 is within the slack and the match pays for it.
+        let out = la(&[0, 1], &[3, 0], &[(0, 100)], 100, 0);
+        assert_eq!((out.pod, out.reason), (1, Reason::LoadGuard));
+        let kept = la(&[0, 1], &[2, 0], &[(0, 100)], 100, 0);
+        assert_eq!((kept.pod, kept.reason), (0, Reason::PrefixMatch));
+    }
+
+    #[test]
+    fn load_aware_slack_grows_with_the_least_loaded_pods_load() {
+        // min 10: bound 10 + max(2, 5) = 15. 15 stays, 16 is out.
+        let pool = [0, 1];
+        assert_eq!(la(&pool, &[15, 10], &[(0, 100)], 100, 0).pod, 0);
+        assert_eq!(la(&pool, &[16, 10], &[(0, 100)], 100, 0).pod, 1);
+    }
+
+    #[test]
+    fn load_aware_match_worth_less_than_its_queue_cost_goes_to_least_loaded() {
+        // 2 extra requests cost 8 blocks: a 6-block match does not pay, a
+        // 9-block one does; an 8-block one ties with the idle pod and wins
+        // on its match.
+        let pool = [0, 1];
+        let c = la(&pool, &[2, 0], &[(0, 6)], 100, 0);
+        assert_eq!((c.pod, c.reason), (1, Reason::LoadGuard));
+        assert_eq!(la(&pool, &[2, 0], &[(0, 9)], 100, 0).pod, 0);
+        assert_eq!(la(&pool, &[2, 0], &[(0, 8)], 100, 0).pod, 0);
+    }
+
+    #[test]
+    fn load_aware_shorter_match_on_an_idle_pod_beats_a_longer_one_on_a_busy_pod() {
+        // Pod 0: 40 blocks at +2 load (score 32); pod 1: 36 blocks at min (36).
+        let c = la(&[0, 1, 2], &[2, 0, 0], &[(0, 40), (1, 36)], 40, 0);
+        assert_eq!(
+            (c.pod, c.reason, c.match_percent),
+            (1, Reason::PrefixMatch, 90)
+        );
+    }
+
+    #[test]
+    fn load_aware_no_match_goes_to_least_loaded_and_ties_rotate() {
+        let c = la(&[0, 1, 2], &[2, 0, 1], &[], 4, 0);
+        assert_eq!((c.pod, c.reason), (1, Reason::NoMatch));
+        let mut seen = [0u32; 3];
+        for turn in 0..30 {
+            seen[usize::from(la(&[0, 1, 2], &[0, 0, 0], &[], 4, turn).pod)] += 1;
+        }
+        assert_eq!(seen, [10, 10, 10]);
+    }
+
+    #[test]
+    fn load_aware_equal_matches_and_loads_are_shuffled() {
+        let mut seen = [false; 2];
+        for turn in 0..32 {
+            seen[usize::from(la(&[0, 1], &[0, 0], &[(0, 4), (1, 4)], 4, turn).pod)] = true;
+        }
+        assert_eq!(seen, [true, true]);
+    }
+
+    #[test]
+    fn load_aware_ignores_matches_outside_the_pool() {
+        let c = la(&[1, 2], &[0, 0, 0], &[(0, 8)], 8, 0);
+        assert_eq!(c.reason, Reason::NoMatch);
+        assert_ne!(c.pod, 0);
+    }
+
+    #[test]
+    fn load_aware_never_overflows_on_extreme_loads() {
+        let c = la(&[0, 1], &[u32::MAX, u32::MAX - 1], &[(0, u32::MAX)], 1, 0);
+        assert_eq!(c.match_percent, 100);
+        let cfg = LoadAwareConfig {
+            slack_abs: u32::MAX,
+            slack_rel: 100.0,
+            queue_cost_blocks: u32::MAX,
+            kv_high_permille: 0,
+        };
+        let c = choose_load_aware(
+            &cfg,
+            &[0, 1],
+            &[u32::MAX, 0],
+            &[(0, 1)],
+            1,
+            0,
+            &mut SplitMix64::new(1),
+        )
+        .unwrap();
+        assert_eq!(c.pod, 1);
+    }
+
+    #[test]
+    fn effective_load_is_the_higher_of_in_flight_and_reported_and_kv_pressure_adds_slack() {
+        assert_eq!(effective_load(3, None, &LA), 3);
+        let s = |waiting, running, kv| PodSignals {
+            waiting,
+            running,
+            kv_permille: kv,
+        };
+        // Other replicas' requests show in what the pod reports.
+        assert_eq!(effective_load(1, Some(s(2, 4, None)), &LA), 6);
+        // Requests sent since the scrape show in the in-flight count.
+        assert_eq!(effective_load(7, Some(s(0, 2, Some(100))), &LA), 7);
+        // KV at kv_high: slack_abs + 1 more, so it leaves the slack.
+        assert_eq!(effective_load(1, Some(s(0, 1, Some(900))), &LA), 4);
+        assert_eq!(effective_load(1, Some(s(0, 1, Some(899))), &LA), 1);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::meter::{Count, Meter, MetricSink};
 use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
 use crate::router::{RouteError, Routed, Router};
+use crate::signals::SignalView;
 use crate::store::SharedStore;
 
 /// Ticks between rebuilds of static pools (they change only with the
@@ -226,6 +227,9 @@ impl Worker {
         let now_nanos = host.now_nanos();
         self.refresh_fleet(host, tick, secs(now_nanos));
         self.exchange_load(host, now_nanos / 1_000_000);
+        if self.settings().signals.enabled {
+            self.read_signals(host, now_nanos / 1_000_000);
+        }
         if tick % LIVENESS_TICKS == 0 && self.settings().sync.enabled {
             self.report_liveness(host, now_nanos / 1_000_000);
         }
@@ -273,6 +277,22 @@ impl Worker {
             let n = counts.get(usize::from(slot)).copied().unwrap_or(0);
             self.meter.inflight(host, address, n);
         }
+    }
+
+    /// Reads the pods' signals the singleton published (one get per tick);
+    /// records older than `signals.stale_ms()` are dropped, and those pods
+    /// are weighed by in-flight counts alone.
+    fn read_signals<H: Host>(&self, host: &H, now_ms: u64) {
+        let bytes = match host.get(crate::signals::KEY) {
+            Ok((v, _)) => v.unwrap_or_default(),
+            Err(e) => {
+                log::warn!("prefix_router: pod signals unreadable: {e}");
+                Vec::new()
+            }
+        };
+        let stale = self.settings().signals.stale_ms();
+        self.router
+            .set_signals(SignalView::from_published(&bytes, now_ms, stale));
     }
 
     /// Records the sync liveness gauges from the singleton's heartbeat; they

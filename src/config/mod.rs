@@ -12,7 +12,9 @@ use serde::Deserialize;
 
 use crate::fleet::membership::PodNaming;
 use crate::fleet::DEFAULT_POOL;
+use crate::policy::{LoadAwareConfig, PolicyMode};
 use crate::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
+use crate::signals::MetricNames;
 use crate::sync::SyncSettings;
 
 /// Raw configuration as written by the operator; every field has a default.
@@ -36,6 +38,8 @@ pub struct RawConfig {
     pub match_header: String,
     pub original_dst_header: bool,
     pub max_body_bytes: usize,
+    pub policy: PolicySettings,
+    pub signals: SignalSettings,
     pub sync: SyncSettings,
 }
 
@@ -62,8 +66,94 @@ impl Default for RawConfig {
             // (1 MiB by default), where plain Envoy would stream it: stay a
             // frame's worth below that unless the operator raises both.
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            policy: PolicySettings::default(),
+            signals: SignalSettings::default(),
             sync: SyncSettings::default(),
         }
+    }
+}
+
+/// The routing policy (`"policy": {...}`): which rules, and the knobs of
+/// the load-aware rule (AIBrix's knobs are the top-level
+/// `imbalance_abs_count` and `stddev_factor`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicySettings {
+    /// `load_aware` or `aibrix`; with `compat: aibrix`, `aibrix` unless stated.
+    pub mode: PolicyMode,
+    /// A matched pod is never chosen with a load above the least loaded
+    /// pod's + max(`slack_abs`, `slack_rel` x that load).
+    pub slack_abs: u32,
+    pub slack_rel: f64,
+    /// Prefill blocks one request of load above the least loaded pod is
+    /// taken to cost: a match must save more blocks than its pod's extra
+    /// load costs.
+    pub queue_cost_blocks: u32,
+    /// A pod reporting KV-cache usage at or above this (0..=1) counts
+    /// `slack_abs + 1` requests busier (pod signals only).
+    pub kv_high: f64,
+}
+
+impl Default for PolicySettings {
+    fn default() -> Self {
+        let d = LoadAwareConfig::default();
+        Self {
+            mode: PolicyMode::LoadAware,
+            slack_abs: d.slack_abs,
+            slack_rel: d.slack_rel,
+            queue_cost_blocks: d.queue_cost_blocks,
+            kv_high: f64::from(d.kv_high_permille) / 1000.0,
+        }
+    }
+}
+
+/// Pod signals (`"signals": {...}`): the sync singleton reads each live
+/// pod's Prometheus metrics through an Envoy cluster, naming the pod in a
+/// header (`override_host` or `ORIGINAL_DST` with `use_http_header`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SignalSettings {
+    pub enabled: bool,
+    /// The cluster the scrapes go through; empty = each cluster pool's own
+    /// cluster (static pools then need one named here).
+    pub cluster: String,
+    /// Header naming the pod (`host:port`) on each scrape.
+    pub host_header: String,
+    pub path: String,
+    /// `:authority` of scrapes; empty = the pod's `host:port`.
+    pub authority: String,
+    /// How often each pod is read.
+    pub interval_ms: u32,
+    /// A scrape unanswered after this long counts as failed.
+    pub timeout_ms: u32,
+    /// Bytes of a `/metrics` reply read at most (the rest is ignored).
+    pub max_body_bytes: usize,
+    /// Metric names, each a list tried in order.
+    pub names: MetricNames,
+}
+
+impl Default for SignalSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            cluster: String::new(),
+            host_header: "x-gateway-destination-endpoint".into(),
+            path: "/metrics".into(),
+            authority: String::new(),
+            interval_ms: 250,
+            timeout_ms: 1000,
+            max_body_bytes: 256 * 1024,
+            names: MetricNames::default(),
+        }
+    }
+}
+
+impl SignalSettings {
+    /// How old a published record may be and still count: three intervals
+    /// plus the timeout (a pod is read once per interval; a slow reply is
+    /// not yet a failed one).
+    pub fn stale_ms(&self) -> u64 {
+        3 * u64::from(self.interval_ms) + u64::from(self.timeout_ms)
     }
 }
 
@@ -181,6 +271,10 @@ pub struct Settings {
     /// fallback of its own). Off: one header call less per request.
     pub original_dst_header: bool,
     pub max_body_bytes: usize,
+    /// Which policy, with its knobs.
+    pub policy: PolicyMode,
+    pub load_aware: LoadAwareConfig,
+    pub signals: SignalSettings,
     pub sync: SyncSettings,
 }
 
@@ -207,6 +301,9 @@ impl Settings {
         if raw.compat == Compat::Aibrix {
             let given = given_fields(bytes);
             apply_aibrix(&mut raw, &|f: &str| given.iter().any(|g| g == f))?;
+            if !given.iter().any(|g| g == "policy.mode") {
+                raw.policy.mode = PolicyMode::Aibrix;
+            }
         }
         Self::from_raw(raw)
     }
@@ -248,6 +345,63 @@ impl Settings {
                 "must name the Envoy cluster of the admin listener when a pool is a cluster",
             ));
         }
+        let p = &raw.policy;
+        if !(p.slack_rel.is_finite() && (0.0..=100.0).contains(&p.slack_rel)) {
+            return Err(err("policy.slack_rel", "must be a number in 0..=100"));
+        }
+        if !(p.kv_high.is_finite() && p.kv_high > 0.0 && p.kv_high <= 1.0) {
+            return Err(err("policy.kv_high", "must be a number in (0, 1]"));
+        }
+        if p.slack_abs > 1_000_000 {
+            return Err(err("policy.slack_abs", "must be <= 1000000"));
+        }
+        let g = &raw.signals;
+        if g.enabled {
+            if !(50..=60_000).contains(&g.interval_ms) {
+                return Err(err("signals.interval_ms", "must be in 50..=60000"));
+            }
+            if !(10..=60_000).contains(&g.timeout_ms) {
+                return Err(err("signals.timeout_ms", "must be in 10..=60000"));
+            }
+            if !(1024..=16 * 1024 * 1024).contains(&g.max_body_bytes) {
+                return Err(err("signals.max_body_bytes", "must be in 1024..=16777216"));
+            }
+            if !g.path.starts_with('/') {
+                return Err(err("signals.path", "must start with /"));
+            }
+            if g.host_header.is_empty() || !is_header_name(&g.host_header) {
+                return Err(err(
+                    "signals.host_header",
+                    "must be a lowercase HTTP header name",
+                ));
+            }
+            let n = &g.names;
+            for (field, list) in [
+                ("waiting", &n.waiting),
+                ("running", &n.running),
+                ("kv_usage", &n.kv_usage),
+            ] {
+                if list.len() > 8 || list.iter().any(|name| name.is_empty() || name.len() > 200) {
+                    return Err(err(
+                        format!("signals.names.{field}"),
+                        "at most 8 non-empty names of at most 200 bytes",
+                    ));
+                }
+            }
+            if n.waiting.is_empty() || n.running.is_empty() {
+                return Err(err(
+                    "signals.names",
+                    "`waiting` and `running` need at least one name",
+                ));
+            }
+            let static_pools = pools.values().any(|p| matches!(p, PoolSource::Static(_)));
+            if g.cluster.is_empty() && static_pools {
+                return Err(err(
+                    "signals.cluster",
+                    "must name the cluster to scrape through when a pool is a static `endpoints` list",
+                ));
+            }
+        }
         raw.sync
             .validate()
             .map_err(|e| err(format!("sync.{}", e.field), e.reason))?;
@@ -263,6 +417,14 @@ impl Settings {
             match_header: (!raw.match_header.is_empty()).then_some(raw.match_header),
             original_dst_header: raw.original_dst_header,
             max_body_bytes: raw.max_body_bytes,
+            policy: raw.policy.mode,
+            load_aware: LoadAwareConfig {
+                slack_abs: raw.policy.slack_abs,
+                slack_rel: raw.policy.slack_rel,
+                queue_cost_blocks: raw.policy.queue_cost_blocks,
+                kv_high_permille: (raw.policy.kv_high * 1000.0).round() as u16,
+            },
+            signals: raw.signals,
             sync: raw.sync,
             pools,
             membership: raw.membership,

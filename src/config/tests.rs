@@ -1,6 +1,7 @@
 //! The plugin configuration: defaults, compat mode, refusals by field.
 
 use super::*;
+use crate::policy::{LoadAwareConfig, PolicyMode};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -160,4 +161,99 @@ fn a_key_given_twice_is_refused_by_name() {
 fn not_json_is_refused() {
     assert!(parse("endpoints: [a]").is_err());
     assert!(parse("").is_err());
+}
+
+#[test]
+fn policy_defaults_to_load_aware_and_compat_aibrix_to_aibrix_unless_stated() {
+    let s = parse(r#"{"endpoints":["a:1"]}"#).unwrap();
+    assert_eq!(s.policy, PolicyMode::LoadAware);
+    assert_eq!(s.load_aware, LoadAwareConfig::default());
+    let s = parse(r#"{"compat":"aibrix","cluster":"pods"}"#).unwrap();
+    assert_eq!(s.policy, PolicyMode::Aibrix);
+    let s =
+        parse(r#"{"compat":"aibrix","cluster":"pods","policy":{"mode":"load_aware"}}"#).unwrap();
+    assert_eq!(s.policy, PolicyMode::LoadAware);
+    let s = parse(
+        r#"{"endpoints":["a:1"],"policy":{"mode":"aibrix","slack_abs":3,"slack_rel":1.0,"queue_cost_blocks":2,"kv_high":0.8}}"#,
+    )
+    .unwrap();
+    assert_eq!(s.policy, PolicyMode::Aibrix);
+    assert_eq!(
+        s.load_aware,
+        LoadAwareConfig {
+            slack_abs: 3,
+            slack_rel: 1.0,
+            queue_cost_blocks: 2,
+            kv_high_permille: 800
+        }
+    );
+}
+
+#[test]
+fn signals_are_off_by_default_and_need_a_cluster_for_static_pools() {
+    let s = parse(r#"{"endpoints":["a:1"]}"#).unwrap();
+    assert!(!s.signals.enabled);
+    let s = parse(r#"{"cluster":"pods","signals":{"enabled":true}}"#).unwrap();
+    assert!(s.signals.enabled && s.signals.cluster.is_empty());
+    assert_eq!(s.signals.stale_ms(), 3 * 250 + 1000);
+    let s = parse(r#"{"endpoints":["a:1"],"signals":{"enabled":true,"cluster":"pods"}}"#).unwrap();
+    assert_eq!(s.signals.cluster, "pods");
+}
+
+#[test]
+fn bad_policy_and_signal_settings_are_refused_by_field() {
+    for (json, field) in [
+        (
+            r#"{"endpoints":["a:1"],"policy":{"mode":"fastest"}}"#,
+            "policy",
+        ),
+        (
+            r#"{"endpoints":["a:1"],"policy":{"slack_rel":-1}}"#,
+            "policy.slack_rel",
+        ),
+        (
+            r#"{"endpoints":["a:1"],"policy":{"kv_high":0}}"#,
+            "policy.kv_high",
+        ),
+        (
+            r#"{"endpoints":["a:1"],"policy":{"kv_high":1.5}}"#,
+            "policy.kv_high",
+        ),
+        (
+            r#"{"endpoints":["a:1"],"signals":{"enabled":true}}"#,
+            "signals.cluster",
+        ),
+        (
+            r#"{"cluster":"p","signals":{"enabled":true,"interval_ms":10}}"#,
+            "signals.interval_ms",
+        ),
+        (
+            r#"{"cluster":"p","signals":{"enabled":true,"timeout_ms":0}}"#,
+            "signals.timeout_ms",
+        ),
+        (
+            r#"{"cluster":"p","signals":{"enabled":true,"max_body_bytes":10}}"#,
+            "signals.max_body_bytes",
+        ),
+        (
+            r#"{"cluster":"p","signals":{"enabled":true,"path":"metrics"}}"#,
+            "signals.path",
+        ),
+        (
+            r#"{"cluster":"p","signals":{"enabled":true,"host_header":"X Bad"}}"#,
+            "signals.host_header",
+        ),
+        (
+            r#"{"cluster":"p","signals":{"enabled":true,"names":{"waiting":[]}}}"#,
+            "signals.names",
+        ),
+        (
+            r#"{"cluster":"p","signals":{"enabled":true,"names":{"kv_usage":[""]}}}"#,
+            "signals.names.kv_usage",
+        ),
+        (r#"{"cluster":"p","signals":{"every":1}}"#, "signals"),
+    ] {
+        let e = parse(json).unwrap_err();
+        assert_eq!(e.field, field, "{json}: {e}");
+    }
 }

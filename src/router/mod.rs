@@ -21,10 +21,11 @@ use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
 use crate::hashing::BlockHasher;
 use crate::load::VmLoad;
-use crate::policy::{choose, Choice, PolicyConfig};
+use crate::policy::{choose, choose_load_aware, effective_load, Choice, PolicyConfig, PolicyMode};
 use crate::registry::{NameRegistry, SEEN_EVERY_SECS};
 use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
+use crate::signals::SignalView;
 use crate::store::{SharedStore, StoreError};
 use crate::table::{PrefixTable, TableConfig, WriteOutcome};
 
@@ -86,6 +87,8 @@ pub struct Router {
     turn: Cell<Option<usize>>,
     /// In-flight counts: this VM's, and the others' as of the last tick.
     load: RefCell<VmLoad>,
+    /// What the pods reported, as of the last tick (load-aware policy only).
+    signals: RefCell<SignalView>,
     /// (model, first block) -> sampled index where the longest match ended
     /// last time: the probe starts there (see [`longest_matches`]).
     hints: RefCell<HashMap<(u16, u64), u32>>,
@@ -108,6 +111,7 @@ impl Router {
             touch_interval_secs: touch_interval_secs(&settings),
             turn: Cell::new(None),
             load: RefCell::new(VmLoad::new(0)),
+            signals: RefCell::new(SignalView::default()),
             hints: RefCell::new(HashMap::new()),
             settings,
         }
@@ -134,6 +138,12 @@ impl Router {
 
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// Replaces the pods' signals (read on the tick from what the singleton
+    /// published; see [`crate::signals`]).
+    pub fn set_signals(&self, signals: SignalView) {
+        *self.signals.borrow_mut() = signals;
     }
 
     /// This VM's view of the fleet (members, health, cooldowns).
@@ -277,8 +287,23 @@ impl Router {
         // Each VM starts its rotation at a random pod, so workers and
         // replicas do not all begin with the first one.
         let turn = self.turn.get().unwrap_or_else(|| rng.next_u64() as usize);
-        let choice = choose(&self.policy, pool, &load, &lengths, hashes.len(), turn, rng)
-            .ok_or(RouteError::NoEndpoints)?;
+        let choice = match self.settings.policy {
+            PolicyMode::Aibrix => {
+                choose(&self.policy, pool, &load, &lengths, hashes.len(), turn, rng)
+            }
+            PolicyMode::LoadAware => {
+                let cfg = &self.settings.load_aware;
+                let signals = self.signals.borrow();
+                let mut effective = load;
+                for &pod in pool {
+                    if let Some(l) = effective.get_mut(usize::from(pod)) {
+                        *l = effective_load(*l, signals.get(pod), cfg);
+                    }
+                }
+                choose_load_aware(cfg, pool, &effective, &lengths, hashes.len(), turn, rng)
+            }
+        }
+        .ok_or(RouteError::NoEndpoints)?;
         let advance = usize::from(choice.reason != crate::policy::Reason::PrefixMatch);
         self.turn.set(Some(turn.wrapping_add(advance)));
         // The chosen pod's matched prefix needs no rewrite while it is fresh:
