@@ -127,6 +127,16 @@ pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
 /// reset call arrives without headers: reading `:status` then returns
 /// BadArgument (the SDK's getter trapped the VM on it), so nothing is read.
 pub fn call_reply(num_headers: usize, body_size: usize) -> Result<Vec<u8>, CallFailed> {
+    call_ok(num_headers)?;
+    Ok(buffer(BufferType::HttpCallResponseBody, 0, body_size)
+        .ok()
+        .flatten()
+        .unwrap_or_default())
+}
+
+/// Whether a `dispatch_http_call` reply is a 200 (see [`call_reply`]); the
+/// caller reads as much of the body as it wants.
+pub fn call_ok(num_headers: usize) -> Result<(), CallFailed> {
     if num_headers == 0 {
         return Err(CallFailed::Timeout);
     }
@@ -135,10 +145,7 @@ pub fn call_reply(num_headers: usize, body_size: usize) -> Result<Vec<u8>, CallF
         .flatten()
         .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u32>().ok());
     match status {
-        Some(200) => Ok(buffer(BufferType::HttpCallResponseBody, 0, body_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default()),
+        Some(200) => Ok(()),
         Some(code) => Err(CallFailed::Status(code)),
         None => Err(CallFailed::Status(0)),
     }

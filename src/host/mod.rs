@@ -11,6 +11,7 @@ mod envoy;
 mod filter;
 mod fleet_service;
 mod root;
+mod signal_service;
 mod sync_service;
 
 use proxy_wasm::traits::RootContext;

@@ -21,6 +21,7 @@ use proxy_wasm::types::MetricType;
 use super::abi;
 use super::envoy::EnvoyHost;
 use super::fleet_service::FleetService;
+use super::signal_service::SignalService;
 use super::{now_millis, now_nanos, now_secs};
 use crate::config::Settings;
 use crate::fleet::SharedView;
@@ -49,6 +50,8 @@ pub struct SyncRoot {
     fleet: Option<FleetService>,
     /// The singleton's view of the fleet (the syncables name pods through it).
     view: SharedView,
+    /// Pod signals (`signals.enabled`; started on the first tick).
+    signals: Option<SignalService>,
 }
 
 struct SyncState {
@@ -105,6 +108,11 @@ impl Context for SyncRoot {
                 return;
             }
         }
+        if let Some(signals) = self.signals.as_mut() {
+            if signals.on_response(token_id, num_headers, body_size, now_millis()) {
+                return;
+            }
+        }
         let Some(state) = self.state.as_mut() else {
             return;
         };
@@ -158,6 +166,16 @@ impl RootContext for SyncRoot {
         }
         if let Some(fleet) = self.fleet.as_mut() {
             fleet.on_tick(now_millis());
+        }
+        if self.signals.is_none() {
+            self.signals = self
+                .settings
+                .clone()
+                .filter(|s| s.signals.enabled)
+                .map(|s| SignalService::new(s, self.view.clone()));
+        }
+        if let Some(signals) = self.signals.as_mut() {
+            signals.on_tick(now_millis());
         }
         self.drain_queue();
         let Some(state) = self.state.as_mut() else {

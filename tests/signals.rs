@@ -1,0 +1,116 @@
+//! Pod signals through a real Envoy: the singleton reads each pod's
+//! `/metrics` through the pods' own `override_host` cluster, and routing
+//! sees load the filter did not send (another replica's, or clients going
+//! straight to the pod).
+
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::thread;
+use std::time::Duration;
+
+use serde_json::json;
+use support::{completion_body, send, text, wait_until, Running, Setup, CLIENT_TIMEOUT};
+
+fn with_signals() -> Running {
+    Setup::new("single.yaml")
+        .plugin_field(
+            "signals",
+            json!({"enabled": true, "cluster": "pods", "interval_ms": 100}),
+        )
+        .plugin_field("policy", json!({"mode": "load_aware"}))
+        .start()
+}
+
+#[test]
+fn load_the_filter_never_saw_moves_a_matched_prefix_off_the_busy_pod() {
+    let mut run = with_signals();
+    assert!(
+        run.envoy
+            .router_stat_within("prefix_router.signals.scrapes", 8, Duration::from_secs(10))
+            >= 8,
+        "{:?}",
+        run.envoy.router_stats()
+    );
+    let prefix = text(71, 4096);
+    let body = |i: u64| completion_body(&json!(format!("{prefix}{}", text(9000 + i, 200))));
+    let home = run.post("/v1/completions", &body(0)).expect_pod();
+    // Control: idle fleet, the prefix stays home.
+    assert_eq!(run.post("/v1/completions", &body(1)).expect_pod(), home);
+
+    // The home pod again, on its port, now with real (simulated) compute
+    // time and 2 slots; the table still says it holds the prefix.
+    let port = run.pod_named(&home).port;
+    {
+        let dir = &run.dir;
+        let pod = run.pods.iter_mut().find(|p| p.name == home).unwrap();
+        pod.kill();
+        *pod = support::Pod::start_with(dir, &home, port, &["--time-scale", "1", "--slots", "2"]);
+    }
+    // Eight long requests straight to it (2 run, 6 wait: 8 > the slack of
+    // 4), bypassing Envoy: only the pod's own metrics show them.
+    let holders: Vec<_> = (0..8)
+        .map(|i| {
+            let url = format!("http://127.0.0.1:{port}/v1/completions");
+            let body =
+                json!({"model": "m", "prompt": text(500 + i, 64), "max_tokens": 1500}).to_string();
+            thread::spawn(move || {
+                send(
+                    "POST",
+                    &url,
+                    &[("content-type", "application/json")],
+                    Some(body.as_bytes()),
+                    CLIENT_TIMEOUT,
+                )
+            })
+        })
+        .collect();
+    let busy = wait_until(Duration::from_secs(5), || {
+        support::get(&format!("http://127.0.0.1:{port}/metrics"))
+            .map(|r| {
+                r.body
+                    .contains("vllm:num_requests_waiting{model_name=\"sim-model\"} 6")
+            })
+            .unwrap_or(false)
+    });
+    assert!(busy, "the home pod never showed 6 waiting");
+    // Published by the singleton, read by the workers on their tick.
+    thread::sleep(Duration::from_millis(800));
+    let moved = run.post("/v1/completions", &body(2)).expect_pod();
+    assert_ne!(moved, home, "the busy pod still took its prefix");
+    assert_eq!(
+        run.envoy.router_stat("prefix_router.signals.fallbacks"),
+        0,
+        "{:?}",
+        run.envoy.router_stats()
+    );
+    for h in holders {
+        assert_eq!(h.join().unwrap().unwrap().status, 200);
+    }
+}
+
+#[test]
+fn a_pod_whose_metrics_fail_is_counted_and_leaves_the_published_signals() {
+    let mut run = with_signals();
+    assert!(
+        run.envoy
+            .router_stat_within("prefix_router.signals.scrapes", 4, Duration::from_secs(10))
+            >= 4
+    );
+    run.pod_named_mut("pod-4").kill();
+    assert!(
+        run.envoy.router_stat_within(
+            "prefix_router.signals.fallbacks",
+            1,
+            Duration::from_secs(10)
+        ) >= 1,
+        "{:?}",
+        run.envoy.router_stats()
+    );
+    let gauge = wait_until(Duration::from_secs(5), || {
+        run.envoy.router_stat("prefix_router.signals.pods") == 3
+    });
+    assert!(gauge, "{:?}", run.envoy.router_stats());
+}
