@@ -4,8 +4,8 @@
 //! - [`PolicyMode::LoadAware`] ([`choose_load_aware`]): the longest match
 //!   unless its pod's load is clearly above the least loaded pod's, or the
 //!   queueing that extra load costs exceeds the prefill the match saves.
-//!   Loads are in-flight counts, raised to what the pod itself reports when
-//!   pod signals are on ([`effective_load`]).
+//!   Loads are in-flight counts, or with pod signals the requests a pod is
+//!   estimated to have queued ([`effective_load`]).
 //! - [`PolicyMode::Aibrix`] ([`choose`]): AIBrix `prefix-cache`, exactly: a
 //!   load guard first, then the longest cached prefix among pods within
 //!   mean + k·σ of in-flight, else the least loaded pod.
@@ -51,22 +51,40 @@ impl Default for LoadAwareConfig {
     }
 }
 
-/// A pod's load for [`choose_load_aware`]: its in-flight count, or what
-/// it reports (running + waiting, which includes other replicas' traffic)
-/// when that is higher; a pod whose KV cache is at or above `kv_high`
-/// counts `slack_abs + 1` more.
-pub fn effective_load(inflight: u32, signals: Option<PodSignals>, cfg: &LoadAwareConfig) -> u32 {
+/// A pod's load for [`choose_load_aware`]: the requests it is estimated to
+/// have queued. `E` = its in-flight count, or what it reports (running +
+/// waiting, which includes other replicas' traffic) when that is higher;
+/// the estimate is `E` less `capacity`, the most requests it was seen
+/// running at once (0 without signals: every in-flight request counts). A
+/// pod whose KV cache is at or above `kv_high` counts `slack_abs + 1` more.
+pub fn effective_load(
+    inflight: u32,
+    signals: Option<PodSignals>,
+    capacity: u32,
+    cfg: &LoadAwareConfig,
+) -> u32 {
     let Some(s) = signals else {
         return inflight;
     };
-    let reported = s.running.saturating_add(s.waiting);
     let hot = s.kv_permille.is_some_and(|kv| kv >= cfg.kv_high_permille);
     let penalty = if hot {
         cfg.slack_abs.saturating_add(1)
     } else {
         0
     };
-    inflight.max(reported).saturating_add(penalty)
+    busy_load(inflight, signals)
+        .saturating_sub(capacity)
+        .saturating_add(penalty)
+}
+
+/// `E` of [`effective_load`]: the in-flight count, or running + waiting
+/// as the pod reports them when that is higher. Breaks ties between pods
+/// of equal estimated queue (the less busy pod, e.g. the faster one of a
+/// mixed fleet, is more often free).
+pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
+    signals.map_or(inflight, |s| {
+        inflight.max(s.running.saturating_add(s.waiting))
+    })
 }
 
 /// The load-aware rule. Over the pool's loads (`load[pod]`, missing = 0),
@@ -76,22 +94,26 @@ pub fn effective_load(inflight: u32, signals: Option<PodSignals>, cfg: &LoadAwar
 ///    queue_cost_blocks`: the prefill a match saves, less the queueing its
 ///    extra load costs;
 /// 3. the highest score wins; ties go to the longer match, then the lower
-///    load; ties among unmatched pods rotate with `turn` (as in [`choose`]),
-///    among matched pods they are shuffled.
+///    load, then the lower `busy` ([`busy_load`]); ties among unmatched pods
+///    rotate with `turn` (as in [`choose`]), among matched pods they are
+///    shuffled.
 ///
 /// Reason: `PrefixMatch` when the chosen pod holds part of the prompt,
 /// `LoadGuard` when another pod held some and was passed over, else
 /// `NoMatch`. None only for an empty pool.
+#[allow(clippy::too_many_arguments)]
 pub fn choose_load_aware(
     cfg: &LoadAwareConfig,
     pool: &[u16],
     load: &[u32],
+    busy: &[u32],
     matches: &[(u16, u32)],
     total_blocks: usize,
     turn: usize,
     rng: &mut SplitMix64,
 ) -> Option<Choice> {
     let load_of = |pod: u16| load.get(usize::from(pod)).copied().unwrap_or(0);
+    let busy_of = |pod: u16| busy.get(usize::from(pod)).copied().unwrap_or(0);
     let matched_of = |pod: u16| -> u32 {
         matches
             .iter()
@@ -109,8 +131,15 @@ pub fn choose_load_aware(
         let extra = i64::from(load_of(pod) - min);
         i64::from(matched_of(pod)) - extra.saturating_mul(i64::from(cfg.queue_cost_blocks))
     };
-    // (score, match, -load) decides; equal keys tie.
-    let key = |pod: u16| (score(pod), matched_of(pod), std::cmp::Reverse(load_of(pod)));
+    // (score, match, -load, -busy) decides; equal keys tie.
+    let key = |pod: u16| {
+        (
+            score(pod),
+            matched_of(pod),
+            std::cmp::Reverse(load_of(pod)),
+            std::cmp::Reverse(busy_of(pod)),
+        )
+    };
     let eligible = pool.iter().copied().filter(|&p| load_of(p) <= bound);
     let best = eligible.clone().map(key).max()?;
     let mut tied: Vec<u16> = eligible.filter(|&p| key(p) == best).collect();
@@ -416,6 +445,7 @@ mod tests {
             &LA,
             pool,
             load,
+            load,
             matches,
             total,
             turn,
@@ -426,7 +456,7 @@ mod tests {
 
     #[test]
     fn load_aware_empty_pool_has_no_choice() {
-        let none = choose_load_aware(&LA, &[], &[], &[], 0, 0, &mut SplitMix64::new(1));
+        let none = choose_load_aware(&LA, &[], &[], &[], &[], 0, 0, &mut SplitMix64::new(1));
         assert_eq!(none, None);
     }
 
@@ -507,6 +537,25 @@ mod tests {
     }
 
     #[test]
+    fn load_aware_equal_queues_go_to_the_less_busy_pod_before_rotating() {
+        // Both pods queue nothing (under capacity); pod 0 runs 3, pod 1 runs 1.
+        for turn in 0..8 {
+            let c = choose_load_aware(
+                &LA,
+                &[0, 1],
+                &[0, 0],
+                &[3, 1],
+                &[],
+                4,
+                turn,
+                &mut SplitMix64::new(1),
+            )
+            .unwrap();
+            assert_eq!(c.pod, 1);
+        }
+    }
+
+    #[test]
     fn load_aware_equal_matches_and_loads_are_shuffled() {
         let mut seen = [false; 2];
         for turn in 0..32 {
@@ -536,6 +585,7 @@ mod tests {
             &cfg,
             &[0, 1],
             &[u32::MAX, 0],
+            &[u32::MAX, 0],
             &[(0, 1)],
             1,
             0,
@@ -546,20 +596,23 @@ mod tests {
     }
 
     #[test]
-    fn effective_load_is_the_higher_of_in_flight_and_reported_and_kv_pressure_adds_slack() {
-        assert_eq!(effective_load(3, None, &LA), 3);
+    fn effective_load_is_the_queue_beyond_what_the_pod_runs_at_once() {
+        // No signals: every in-flight request counts, capacity unknown.
+        assert_eq!(effective_load(3, None, 4, &LA), 3);
         let s = |waiting, running, kv| PodSignals {
             waiting,
             running,
             kv_permille: kv,
         };
-        // Other replicas' requests show in what the pod reports.
-        assert_eq!(effective_load(1, Some(s(2, 4, None)), &LA), 6);
+        // Other replicas' requests show in what the pod reports: 4 run, 2 wait.
+        assert_eq!(effective_load(1, Some(s(2, 4, None)), 4, &LA), 2);
         // Requests sent since the scrape show in the in-flight count.
-        assert_eq!(effective_load(7, Some(s(0, 2, Some(100))), &LA), 7);
+        assert_eq!(effective_load(7, Some(s(0, 2, Some(100))), 4, &LA), 3);
+        // Under its capacity a pod queues nothing.
+        assert_eq!(effective_load(3, Some(s(0, 3, None)), 4, &LA), 0);
         // KV at kv_high: slack_abs + 1 more, so it leaves the slack.
-        assert_eq!(effective_load(1, Some(s(0, 1, Some(900))), &LA), 4);
-        assert_eq!(effective_load(1, Some(s(0, 1, Some(899))), &LA), 1);
+        assert_eq!(effective_load(1, Some(s(0, 1, Some(900))), 4, &LA), 3);
+        assert_eq!(effective_load(1, Some(s(0, 1, Some(899))), 4, &LA), 0);
     }
 
     #[test]

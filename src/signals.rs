@@ -251,25 +251,45 @@ pub fn decode(bytes: &[u8]) -> Vec<Record> {
         .collect()
 }
 
-/// A worker's view of the published signals: fresh records by slot.
+/// A worker's view of the published signals: fresh records by slot, and
+/// each pod's concurrency as seen so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SignalView {
     by_slot: BTreeMap<u16, PodSignals>,
+    /// The most requests each pod was seen running at once (since this VM
+    /// started): what it serves without queueing. At most [`MAX_SLOTS`].
+    capacity: BTreeMap<u16, u32>,
 }
 
 impl SignalView {
     /// The records of `bytes` younger than `stale_ms` at `now_ms`.
     pub fn from_published(bytes: &[u8], now_ms: u64, stale_ms: u64) -> Self {
-        let by_slot = decode(bytes)
+        let mut view = Self::default();
+        view.update(bytes, now_ms, stale_ms);
+        view
+    }
+
+    /// Replaces the records by those of `bytes` younger than `stale_ms`;
+    /// raises each pod's capacity to its running count.
+    pub fn update(&mut self, bytes: &[u8], now_ms: u64, stale_ms: u64) {
+        self.by_slot = decode(bytes)
             .into_iter()
             .filter(|r| now_ms.saturating_sub(r.at_ms) <= stale_ms)
             .map(|r| (r.slot, r.signals))
             .collect();
-        Self { by_slot }
+        for (slot, s) in &self.by_slot {
+            let cap = self.capacity.entry(*slot).or_default();
+            *cap = (*cap).max(s.running);
+        }
     }
 
     pub fn get(&self, slot: u16) -> Option<PodSignals> {
         self.by_slot.get(&slot).copied()
+    }
+
+    /// The most requests `slot` was seen running at once (0 if never read).
+    pub fn capacity(&self, slot: u16) -> u32 {
+        self.capacity.get(&slot).copied().unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {

@@ -14,7 +14,6 @@ use crate::meter::{Count, Meter, MetricSink};
 use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
 use crate::router::{RouteError, Routed, Router};
-use crate::signals::SignalView;
 use crate::store::SharedStore;
 
 /// Ticks between rebuilds of static pools (they change only with the
@@ -291,8 +290,7 @@ impl Worker {
             }
         };
         let stale = self.settings().signals.stale_ms();
-        self.router
-            .set_signals(SignalView::from_published(&bytes, now_ms, stale));
+        self.router.set_signals(&bytes, now_ms, stale);
     }
 
     /// Records the sync liveness gauges from the singleton's heartbeat; they

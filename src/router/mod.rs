@@ -21,7 +21,9 @@ use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
 use crate::hashing::BlockHasher;
 use crate::load::VmLoad;
-use crate::policy::{choose, choose_load_aware, effective_load, Choice, PolicyConfig, PolicyMode};
+use crate::policy::{
+    busy_load, choose, choose_load_aware, effective_load, Choice, PolicyConfig, PolicyMode,
+};
 use crate::registry::{NameRegistry, SEEN_EVERY_SECS};
 use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
@@ -140,10 +142,11 @@ impl Router {
         &self.settings
     }
 
-    /// Replaces the pods' signals (read on the tick from what the singleton
-    /// published; see [`crate::signals`]).
-    pub fn set_signals(&self, signals: SignalView) {
-        *self.signals.borrow_mut() = signals;
+    /// Replaces the pods' signals with the value the singleton published
+    /// (read on the tick; see [`crate::signals`]), keeping what was learned
+    /// of each pod's capacity.
+    pub fn set_signals(&self, bytes: &[u8], now_ms: u64, stale_ms: u64) {
+        self.signals.borrow_mut().update(bytes, now_ms, stale_ms);
     }
 
     /// This VM's view of the fleet (members, health, cooldowns).
@@ -294,13 +297,17 @@ impl Router {
             PolicyMode::LoadAware => {
                 let cfg = &self.settings.load_aware;
                 let signals = self.signals.borrow();
-                let mut effective = load;
+                let mut queue = load.clone();
+                let mut busy = load;
                 for &pod in pool {
-                    if let Some(l) = effective.get_mut(usize::from(pod)) {
-                        *l = effective_load(*l, signals.get(pod), cfg);
+                    let i = usize::from(pod);
+                    if let (Some(q), Some(b)) = (queue.get_mut(i), busy.get_mut(i)) {
+                        let s = signals.get(pod);
+                        *q = effective_load(*q, s, signals.capacity(pod), cfg);
+                        *b = busy_load(*b, s);
                     }
                 }
-                choose_load_aware(cfg, pool, &effective, &lengths, hashes.len(), turn, rng)
+                choose_load_aware(cfg, pool, &queue, &busy, &lengths, hashes.len(), turn, rng)
             }
         }
         .ok_or(RouteError::NoEndpoints)?;

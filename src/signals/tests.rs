@@ -263,3 +263,25 @@ fn a_call_that_could_not_be_sent_frees_the_slot_for_the_next_round() {
     assert!(matches!(s.not_sent(1, "no cluster"), Outcome::Fallback(_)));
     assert_eq!(s.due(250, &[target(1)]).len(), 1);
 }
+
+#[test]
+fn workers_remember_the_most_a_pod_ran_at_once() {
+    let rec = |running| Record {
+        slot: 7,
+        at_ms: 1_000,
+        signals: PodSignals {
+            waiting: 0,
+            running,
+            kv_permille: None,
+        },
+    };
+    let mut view = SignalView::default();
+    assert_eq!(view.capacity(7), 0);
+    view.update(&encode(&[rec(4)]), 1_000, 500);
+    view.update(&encode(&[rec(1)]), 1_000, 500);
+    assert_eq!(view.get(7).unwrap().running, 1);
+    assert_eq!(view.capacity(7), 4);
+    // A stale record is not current, and teaches nothing.
+    view.update(&encode(&[rec(9)]), 5_000, 500);
+    assert_eq!((view.get(7), view.capacity(7)), (None, 4));
+}

@@ -31,6 +31,9 @@ pub enum Router {
     RoundRobin,
     /// One Envoy with the filter (`single.yaml`).
     Filter,
+    /// One Envoy with the filter in `policy.mode: aibrix`, no pod signals
+    /// (AIBrix's rules on in-flight counts).
+    FilterAibrix,
     /// Three `single.yaml` Envoys, no sync; the client alternates them.
     Filter3NoSync,
     /// Three `sync.yaml` Envoys + Redis, periodic sync.
@@ -44,9 +47,10 @@ pub enum Router {
 }
 
 impl Router {
-    pub const ALL: [Router; 7] = [
+    pub const ALL: [Router; 8] = [
         Router::RoundRobin,
         Router::Filter,
+        Router::FilterAibrix,
         Router::Filter3NoSync,
         Router::Filter3Sync,
         Router::Filter3WriteThrough,
@@ -59,6 +63,7 @@ impl Router {
         match self {
             Router::RoundRobin => "round-robin",
             Router::Filter => "filter",
+            Router::FilterAibrix => "filter-aibrix",
             Router::Filter3NoSync => "filter-3x-nosync",
             Router::Filter3Sync => "filter-3x-sync",
             Router::Filter3WriteThrough => "filter-3x-wt",
@@ -71,7 +76,13 @@ impl Router {
     pub fn describe(self, sync_period_ms: u64) -> String {
         match self {
             Router::RoundRobin => "Envoy, envoy/plain.yaml (round robin, no filter)".into(),
-            Router::Filter => "one Envoy with the filter (envoy/single.yaml)".into(),
+            Router::Filter => {
+                "one Envoy with the filter (envoy/single.yaml: load-aware policy, pod signals)"
+                    .into()
+            }
+            Router::FilterAibrix => "one Envoy with the filter, policy.mode aibrix, signals off \
+                 (envoy/single.yaml patched)"
+                .into(),
             Router::Filter3NoSync => {
                 "3 Envoys with the filter, no sync (3 x single.yaml), client round robin".into()
             }
@@ -127,6 +138,7 @@ impl Router {
         matches!(
             self,
             Router::Filter
+                | Router::FilterAibrix
                 | Router::Filter3NoSync
                 | Router::Filter3Sync
                 | Router::Filter3WriteThrough
@@ -245,6 +257,20 @@ impl Gateway {
                     0,
                     opts.single_concurrency,
                     &mut |_| {},
+                )?);
+            }
+            Router::FilterAibrix => {
+                gw.envoys.push(start_envoy(
+                    dir,
+                    "filter-aibrix",
+                    "single.yaml",
+                    backends,
+                    0,
+                    opts.single_concurrency,
+                    &mut |c| {
+                        c["policy"] = json!({"mode": "aibrix"});
+                        c["signals"] = json!({"enabled": false});
+                    },
                 )?);
             }
             Router::Filter3NoSync => {
@@ -570,10 +596,31 @@ pub struct PodSet {
 
 impl PodSet {
     pub fn start(dir: &TestDir, n: usize, model: &PodModel) -> PodSet {
+        PodSet::start_with_slow(dir, n, model, None)
+    }
+
+    /// [`PodSet::start`], with pod `slow.0` (0-based) `slow.1` times slower
+    /// (its `--time-scale` multiplied).
+    pub fn start_with_slow(
+        dir: &TestDir,
+        n: usize,
+        model: &PodModel,
+        slow: Option<(usize, f64)>,
+    ) -> PodSet {
         let args = model.args();
-        let flags: Vec<&str> = args.iter().map(String::as_str).collect();
         let pods = (1..=n)
-            .map(|i| Pod::start_with(dir, &format!("pod-{i}"), support::free_port(), &flags))
+            .map(|i| {
+                let own = match slow {
+                    Some((k, f)) if k + 1 == i => PodModel {
+                        time_scale: model.time_scale * f,
+                        ..model.clone()
+                    }
+                    .args(),
+                    _ => args.clone(),
+                };
+                let flags: Vec<&str> = own.iter().map(String::as_str).collect();
+                Pod::start_with(dir, &format!("pod-{i}"), support::free_port(), &flags)
+            })
             .collect();
         PodSet { pods, args }
     }

@@ -235,6 +235,74 @@ pub fn chat_sessions(cfg: &ChatSessions) -> Vec<Request> {
         .collect()
 }
 
+/// Many distinct prefixes reused with Zipf-distributed popularity: group
+/// `k` (0-based) is drawn with probability proportional to `1 / (k+1)^s`.
+/// With far more distinct prefix tokens than the pods' caches hold, the
+/// popular groups stay cached and the tail keeps evicting.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ZipfPrefix {
+    pub groups: usize,
+    pub requests: usize,
+    pub exponent: f64,
+    pub system_prompt_len: usize,
+    pub question_len: usize,
+    pub api: ApiMix,
+    pub body: BodyOptions,
+    pub seed: u64,
+}
+
+/// Builds a [`ZipfPrefix`] workload: each request draws its group, then
+/// gets a fresh question after the group's system prompt. `member` counts
+/// the group's requests so far.
+pub fn zipf_prefix(cfg: &ZipfPrefix) -> Vec<Request> {
+    let mut rng = SplitMix64::new(cfg.seed);
+    let groups = cfg.groups.max(1);
+    let systems: Vec<String> = (0..groups)
+        .map(|_| crate::support::text(rng.next_u64(), cfg.system_prompt_len))
+        .collect();
+    let weights: Vec<f64> = (0..groups)
+        .map(|k| 1.0 / ((k + 1) as f64).powf(cfg.exponent))
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut cumulative = Vec::with_capacity(groups);
+    let mut acc = 0.0;
+    for w in &weights {
+        acc += w / total;
+        cumulative.push(acc);
+    }
+    let mut seen = vec![0usize; groups];
+    (0..cfg.requests)
+        .map(|_| {
+            let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+            let group = cumulative.partition_point(|&c| c < u).min(groups - 1);
+            let member = seen[group];
+            seen[group] += 1;
+            let system = &systems[group];
+            let question = crate::support::text(rng.next_u64(), cfg.question_len);
+            let api = cfg.api.for_family(group);
+            let stream = cfg.body.streaming.for_member(member);
+            let body = match api {
+                Api::Completions => {
+                    completion_body(&format!("{system}\n{question}"), &cfg.body, stream)
+                }
+                Api::Chat => chat_body(
+                    &[("system", system), ("user", &question)],
+                    &cfg.body,
+                    stream,
+                ),
+            };
+            Request {
+                api,
+                body,
+                stream,
+                family: Some(group),
+                member,
+                prompt_len: system.len() + question.len(),
+            }
+        })
+        .collect()
+}
+
 /// Unique prompts: the control workload.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NoSharing {
@@ -466,6 +534,34 @@ mod tests {
                 assert!(w[1].prompt_len > w[0].prompt_len);
             }
         }
+    }
+
+    #[test]
+    fn zipf_groups_are_skewed_deterministic_and_share_their_system_prompt() {
+        let cfg = ZipfPrefix {
+            groups: 64,
+            requests: 2000,
+            exponent: 1.0,
+            system_prompt_len: 64,
+            question_len: 16,
+            api: ApiMix::Alternate,
+            body: BodyOptions::default(),
+            seed: 3,
+        };
+        let a = zipf_prefix(&cfg);
+        assert_eq!(a, zipf_prefix(&cfg));
+        let count = |g| a.iter().filter(|r| r.family == Some(g)).count();
+        // 1/H(64) ~ 21 % of draws for the top group, ~1/64 of that for the last.
+        assert!(count(0) > 300 && count(0) < 560, "{}", count(0));
+        assert!(count(0) > 8 * count(63).max(1));
+        let of_group: Vec<String> = a
+            .iter()
+            .filter(|r| r.family == Some(0) && r.api == Api::Completions)
+            .map(prompt_of)
+            .collect();
+        assert!(of_group.len() > 2);
+        assert!(of_group.iter().all(|p| p[..64] == of_group[0][..64]));
+        assert_ne!(of_group[0], of_group[1]);
     }
 
     #[test]

@@ -16,6 +16,13 @@
 //!   time: where do new prefixes go when every pod is idle?
 //! - `chat`: multi-turn sessions resending a growing history, Poisson;
 //! - `no-sharing`: unique prompts, the control, Poisson;
+//! - `high-load`: `shared-prefix` at `--high-load` (90 %) instead of `--load`;
+//! - `cache-pressure`: `--pressure-groups` (256) system prompts, far more
+//!   distinct prefix tokens than the pods' caches, each request's group
+//!   drawn Zipf(`--zipf-exponent`), Poisson at `--load`;
+//! - `hetero-fleet`: `shared-prefix` with pod-1 `--slow-factor` (3) times
+//!   slower (podsim `--time-scale`), Poisson at `--load` of the nominal
+//!   (all-fast) fleet;
 //! - `live-fleet`: a pod leaves and returns mid-run (killed at 1/3 of the
 //!   run, restarted on its port at 2/3) under a steady shared-prefix load
 //!   with fresh prompts mixed in (Poisson, `--live-rate` for `--live-secs`);
@@ -49,8 +56,8 @@ use crate::runner::{Outcome, Pacing};
 use crate::scenario::{sum_stat, Gateway, GatewayOptions, PodModel, PodSet, Router};
 use crate::support::TestDir;
 use crate::workload::{
-    chat_sessions, no_sharing, shared_prefix, Api, ApiMix, BodyOptions, ChatSessions, NoSharing,
-    Order, Request, SharedPrefix, Streaming,
+    chat_sessions, no_sharing, shared_prefix, zipf_prefix, Api, ApiMix, BodyOptions, ChatSessions,
+    NoSharing, Order, Request, SharedPrefix, Streaming, ZipfPrefix,
 };
 
 /// podsim's tokenizer: 4 bytes of text per token.
@@ -65,15 +72,21 @@ pub enum WorkloadKind {
     Chat,
     NoSharing,
     LiveFleet,
+    HighLoad,
+    CachePressure,
+    HeteroFleet,
 }
 
 impl WorkloadKind {
-    pub const ALL: [WorkloadKind; 5] = [
+    pub const ALL: [WorkloadKind; 8] = [
         WorkloadKind::SharedPrefix,
         WorkloadKind::Concurrency1,
         WorkloadKind::Chat,
         WorkloadKind::NoSharing,
         WorkloadKind::LiveFleet,
+        WorkloadKind::HighLoad,
+        WorkloadKind::CachePressure,
+        WorkloadKind::HeteroFleet,
     ];
 
     pub fn key(self) -> &'static str {
@@ -83,6 +96,9 @@ impl WorkloadKind {
             WorkloadKind::Chat => "chat",
             WorkloadKind::NoSharing => "no-sharing",
             WorkloadKind::LiveFleet => "live-fleet",
+            WorkloadKind::HighLoad => "high-load",
+            WorkloadKind::CachePressure => "cache-pressure",
+            WorkloadKind::HeteroFleet => "hetero-fleet",
         }
     }
 }
@@ -100,7 +116,7 @@ pub fn parse_workloads(s: &str) -> Result<Vec<WorkloadKind>, String> {
                 .find(|w| w.key() == p.trim())
                 .ok_or_else(|| {
                     format!(
-                        "unknown workload {p:?}; one of: all, shared-prefix, concurrency-1, chat, no-sharing, live-fleet"
+                        "unknown workload {p:?}; one of: all, shared-prefix, concurrency-1, chat, no-sharing, live-fleet, high-load, cache-pressure, hetero-fleet"
                     )
                 })
         })
@@ -135,6 +151,14 @@ pub struct CompareArgs {
     pub live_secs: f64,
     pub live_rate: f64,
     pub live_groups: usize,
+    /// high-load: utilisation of a never-hitting router.
+    pub high_load: f64,
+    /// cache-pressure: system prompts, requests, Zipf exponent.
+    pub pressure_groups: usize,
+    pub pressure_requests: usize,
+    pub zipf_exponent: f64,
+    /// hetero-fleet: pod-1's time scale relative to the others.
+    pub slow_factor: f64,
     pub pod: PodModel,
     pub sync_period_ms: u64,
     /// Every request on a new connection (no keep-alive).
@@ -167,6 +191,11 @@ impl CompareArgs {
             live_secs: 45.0,
             live_rate: 20.0,
             live_groups: 16,
+            high_load: 0.9,
+            pressure_groups: 256,
+            pressure_requests: 512,
+            zipf_exponent: 1.0,
+            slow_factor: 3.0,
             pod: PodModel {
                 slots: 4,
                 prefill_us_per_token: 50.0,
@@ -264,6 +293,21 @@ pub struct CompareCli {
     /// cache pressure).
     #[arg(long, default_value_t = 16)]
     pub live_groups: usize,
+    /// high-load: pod utilisation a router that never hits would cause.
+    #[arg(long, default_value_t = 0.9)]
+    pub high_load: f64,
+    /// cache-pressure: distinct system prompts (Zipf-popular).
+    #[arg(long, default_value_t = 256)]
+    pub pressure_groups: usize,
+    /// cache-pressure: requests (times --scale).
+    #[arg(long, default_value_t = 512)]
+    pub pressure_requests: usize,
+    /// cache-pressure: Zipf exponent of group popularity.
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf_exponent: f64,
+    /// hetero-fleet: pod-1 is this many times slower (podsim --time-scale).
+    #[arg(long, default_value_t = 3.0)]
+    pub slow_factor: f64,
     /// podsim --slots.
     #[arg(long, default_value_t = 4)]
     pub slots: u32,
@@ -320,6 +364,11 @@ impl CompareCli {
             live_secs: self.live_secs,
             live_rate: self.live_rate,
             live_groups: self.live_groups,
+            high_load: self.high_load,
+            pressure_groups: self.pressure_groups,
+            pressure_requests: self.pressure_requests,
+            zipf_exponent: self.zipf_exponent,
+            slow_factor: self.slow_factor,
             pod: PodModel {
                 slots: self.slots,
                 prefill_us_per_token: self.prefill_us,
@@ -357,6 +406,8 @@ pub struct Built {
     pub mean_prompt_tokens: f64,
     /// A pod that leaves and returns during the run (live-fleet).
     pub outage: Option<Outage>,
+    /// (pod index, time scale factor): one pod slower than the others.
+    pub slow_pod: Option<(usize, f64)>,
 }
 
 fn body(args: &CompareArgs) -> BodyOptions {
@@ -375,6 +426,11 @@ fn mean_tokens(requests: &[Request]) -> f64 {
 /// The derived Poisson rate: `load` x slots of the fleet / the service time
 /// of the mean prompt with nothing cached.
 pub fn derived_rate(args: &CompareArgs, mean_prompt_tokens: f64) -> f64 {
+    derived_rate_at(args, mean_prompt_tokens, args.load)
+}
+
+/// [`derived_rate`] at utilisation `load`.
+pub fn derived_rate_at(args: &CompareArgs, mean_prompt_tokens: f64, load: f64) -> f64 {
     let service = args
         .pod
         .service_s(mean_prompt_tokens, f64::from(args.output_tokens));
@@ -382,11 +438,36 @@ pub fn derived_rate(args: &CompareArgs, mean_prompt_tokens: f64) -> f64 {
     if service <= 0.0 {
         return 50.0;
     }
-    (args.load * slots / service * 10.0).round() / 10.0
+    (load * slots / service * 10.0).round() / 10.0
 }
 
 /// Builds workload `kind` with its pacing.
 pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
+    let open_at = |requests: &[Request], load: f64| -> (Pacing, String) {
+        if let Some(c) = args.concurrency {
+            return (
+                Pacing::Closed { concurrency: c },
+                format!("closed loop, {c} in flight"),
+            );
+        }
+        let rate = args
+            .rate
+            .unwrap_or_else(|| derived_rate_at(args, mean_tokens(requests), load));
+        (
+            Pacing::Poisson {
+                rate_per_sec: rate,
+                seed: args.seed,
+            },
+            format!(
+                "Poisson {rate} req/s{}",
+                if args.rate.is_none() {
+                    format!(" (pods {:.0} % busy if nothing hit)", load * 100.0)
+                } else {
+                    String::new()
+                }
+            ),
+        )
+    };
     let open = |requests: &[Request]| -> (Pacing, String) {
         if let Some(c) = args.concurrency {
             return (
@@ -438,6 +519,69 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 requests,
                 pacing,
                 outage: None,
+                slow_pod: None,
+            }
+        }
+        WorkloadKind::HighLoad | WorkloadKind::HeteroFleet => {
+            let ppg = args.scaled(args.prompts_per_group);
+            let requests = shared_prefix(&gsp(args.groups, ppg, Order::Shuffled));
+            let hetero = kind == WorkloadKind::HeteroFleet;
+            let load = if hetero { args.load } else { args.high_load };
+            let (pacing, how) = open_at(&requests, load);
+            let slow = if hetero {
+                format!(
+                    "; pod-1 {}x slower (podsim --time-scale), the rate is of the all-fast fleet",
+                    args.slow_factor
+                )
+            } else {
+                String::new()
+            };
+            Built {
+                kind,
+                description: format!(
+                    "shared-prefix shape, {} groups x {ppg} prompts, {}-token system prompt + {}-token \
+                     question, {} output tokens, shuffled; {how}{slow}",
+                    args.groups, args.system_tokens, args.question_tokens, args.output_tokens
+                ),
+                mean_prompt_tokens: mean_tokens(&requests),
+                requests,
+                pacing,
+                outage: None,
+                slow_pod: hetero.then_some((0, args.slow_factor)),
+            }
+        }
+        WorkloadKind::CachePressure => {
+            let count = args.scaled(args.pressure_requests);
+            let requests = zipf_prefix(&ZipfPrefix {
+                groups: args.pressure_groups,
+                requests: count,
+                exponent: args.zipf_exponent,
+                system_prompt_len: args.system_tokens * BYTES_PER_TOKEN,
+                question_len: args.question_tokens * BYTES_PER_TOKEN,
+                api: ApiMix::Alternate,
+                body: body(args),
+                seed: args.seed,
+            });
+            let (pacing, how) = open(&requests);
+            let m = args.pod_model();
+            let distinct = args.pressure_groups * args.system_tokens;
+            let cache = (m.kv_capacity_blocks * m.kv_block_tokens) as usize;
+            Built {
+                kind,
+                description: format!(
+                    "{count} requests over {} system prompts of {} tokens (+ {}-token question), \
+                     group drawn Zipf(s = {}); distinct prefix tokens = {:.1} x one pod's cache; {how}",
+                    args.pressure_groups,
+                    args.system_tokens,
+                    args.question_tokens,
+                    args.zipf_exponent,
+                    distinct as f64 / cache.max(1) as f64
+                ),
+                mean_prompt_tokens: mean_tokens(&requests),
+                requests,
+                pacing,
+                outage: None,
+                slow_pod: None,
             }
         }
         WorkloadKind::Concurrency1 => {
@@ -453,6 +597,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 requests,
                 pacing: Pacing::Closed { concurrency: 1 },
                 outage: None,
+                slow_pod: None,
             }
         }
         WorkloadKind::Chat => {
@@ -481,6 +626,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 requests,
                 pacing,
                 outage: None,
+                slow_pod: None,
             }
         }
         WorkloadKind::NoSharing => {
@@ -504,6 +650,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 requests,
                 pacing,
                 outage: None,
+                slow_pod: None,
             }
         }
         WorkloadKind::LiveFleet => {
@@ -554,6 +701,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                     seed: args.seed,
                 },
                 outage: Some(outage),
+                slow_pod: None,
             }
         }
     }
@@ -664,7 +812,7 @@ pub fn run_one(
         }
     }
     let dir = TestDir::new(&format!("cmp-{}-{}", built.kind.key(), router.key()));
-    let mut pods = PodSet::start(&dir, args.pods, &args.pod_model());
+    let mut pods = PodSet::start_with_slow(&dir, args.pods, &args.pod_model(), built.slow_pod);
     let gateway = match Gateway::start(router, &pods.ports(), &dir, opts) {
         Ok(g) => g,
         Err(e) => {
@@ -1045,6 +1193,31 @@ pub fn targets(results: &[WorkloadResult]) -> Vec<Target> {
     if let Some(w) = find(WorkloadKind::LiveFleet) {
         out.extend(live_targets(w));
     }
+    for kind in [
+        WorkloadKind::HighLoad,
+        WorkloadKind::CachePressure,
+        WorkloadKind::HeteroFleet,
+    ] {
+        if let Some(w) = find(kind) {
+            out.extend(peer_targets(w));
+        }
+    }
+    if let Some(w) = find(WorkloadKind::NoSharing) {
+        let p99 = |r: Router| w.get(r).and_then(|s| s.ttft_ms).map(|t| t.p99);
+        let one = p99(Router::Filter);
+        for r in [Router::Filter3Sync, Router::Filter3WriteThrough] {
+            let three = p99(r);
+            out.push(target(
+                &format!("no sharing: {} TTFT p99 <= 1.1 x one Envoy's", r.key()),
+                format!(
+                    "{} vs 1.1 x {} ms",
+                    three.map_or("-".into(), |v| num(v, 0)),
+                    one.map_or("-".into(), |v| num(v, 0))
+                ),
+                three.zip(one).map(|(t, o)| t <= 1.1 * o),
+            ));
+        }
+    }
     if let Some(w) = find(WorkloadKind::Concurrency1) {
         let s = w.get(Router::Filter);
         out.push(target(
@@ -1065,6 +1238,57 @@ pub fn targets(results: &[WorkloadResult]) -> Vec<Target> {
             detail: others.join(", "),
             verdict: "INFO".into(),
         });
+    }
+    out
+}
+
+/// The issue's targets on one scenario, for every filter row that ran (one
+/// Envoy and the 3-Envoy fleets): hit rate >= the best peer's, TTFT p90 and
+/// p99 <= the best peer's (peers: sglang, vllm-router, round robin; the
+/// best of each figure, whichever router has it).
+fn peer_targets(w: &WorkloadResult) -> Vec<Target> {
+    let peers = [Router::Sglang, Router::Vllm, Router::RoundRobin];
+    let stats: Vec<&Stats> = peers.iter().filter_map(|&r| w.get(r)).collect();
+    let best_hit = stats
+        .iter()
+        .filter_map(|s| s.hit_rate)
+        .fold(None, |a: Option<f64>, h| Some(a.map_or(h, |a| a.max(h))));
+    let best = |f: fn(&Summary) -> f64| {
+        stats
+            .iter()
+            .filter_map(|s| s.ttft_ms.as_ref().map(f))
+            .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v))))
+    };
+    let (best_p90, best_p99) = (best(|t| t.p90), best(|t| t.p99));
+    let f0 = |v: Option<f64>| v.map_or("-".into(), |v| num(v, 0));
+    let f3 = |v: Option<f64>| v.map_or("-".into(), |v| num(v, 3));
+    let mut out = Vec::new();
+    for r in &w.results {
+        if !r.router.is_filter() || r.router == Router::Filter3NoSync {
+            continue;
+        }
+        let Some(s) = &r.stats else { continue };
+        let k = format!("{}: {}", w.workload.key(), r.router.key());
+        out.push(target(
+            &format!("{k} hit rate >= best peer"),
+            format!("{} vs {}", f3(s.hit_rate), f3(best_hit)),
+            s.hit_rate.zip(best_hit).map(|(a, b)| a >= b),
+        ));
+        let p = |f: fn(&Summary) -> f64| s.ttft_ms.as_ref().map(f);
+        out.push(target(
+            &format!("{k} TTFT p90 and p99 <= best peer"),
+            format!(
+                "{}/{} ms vs {}/{} ms",
+                f0(p(|t| t.p90)),
+                f0(p(|t| t.p99)),
+                f0(best_p90),
+                f0(best_p99)
+            ),
+            p(|t| t.p90)
+                .zip(best_p90)
+                .zip(p(|t| t.p99).zip(best_p99))
+                .map(|((a, b), (c, d))| a <= b && c <= d),
+        ));
     }
     out
 }
