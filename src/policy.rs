@@ -43,8 +43,8 @@ pub struct LoadAwareConfig {
 impl Default for LoadAwareConfig {
     fn default() -> Self {
         Self {
-            slack_abs: 4,
-            slack_rel: 0.5,
+            slack_abs: 8,
+            slack_rel: 1.0,
             queue_cost_blocks: 16,
             kv_high_permille: 950,
         }
