@@ -240,11 +240,11 @@ impl CompareArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct CompareCli {
     /// Workloads, comma-separated: shared-prefix, concurrency-1, chat,
-    /// no-sharing, or all.
+    /// no-sharing, live-fleet, high-load, cache-pressure, hetero-fleet, or all.
     #[arg(long, default_value = "all")]
     pub workloads: String,
-    /// Routers, comma-separated: round-robin, filter, filter-3x-nosync,
-    /// filter-3x-sync, filter-3x-wt, sglang, vllm, or all.
+    /// Routers, comma-separated: round-robin, filter, filter-aibrix,
+    /// filter-3x-nosync, filter-3x-sync, filter-3x-wt, sglang, vllm, or all.
     #[arg(long, default_value = "all")]
     pub routers: String,
     /// Simulated pods (1 to 4).
