@@ -522,3 +522,47 @@ fn header_maps_decode_and_malformed_ones_never_panic() {
     }
     assert_eq!(RequestHead::decode(&[0xff, 0xff, 0xff, 0xff]), None);
 }
+
+/// Pod signals cost the request path nothing: the same requests make the
+/// same hostcalls with signals on (and published) as with them off; the
+/// worker reads them once per tick.
+#[test]
+fn pod_signals_add_no_hostcall_to_a_request_and_one_read_per_tick() {
+    let sys = "You are a careful assistant. Answer briefly and cite sources. ";
+    let mut counts = Vec::new();
+    for extra in ["", r#","signals":{"enabled":true,"cluster":"pods"}"#] {
+        let host = TestHost::default();
+        let w = worker_on(&host, extra);
+        let record = crate::signals::Record {
+            slot: 0,
+            at_ms: host.now.get() / 1_000_000,
+            signals: crate::signals::PodSignals {
+                waiting: 1,
+                running: 2,
+                kv_permille: Some(300),
+            },
+        };
+        host.store
+            .set(
+                crate::signals::KEY,
+                &crate::signals::encode(&[record]),
+                None,
+            )
+            .unwrap();
+        host.reset_calls();
+        w.on_tick(&host);
+        let reads = |calls: &BTreeMap<&'static str, u32>| calls.get("get_shared_data").copied();
+        let tick = reads(&host.calls.borrow().clone());
+        let per_request: Vec<u32> = ["first", "second", "third"]
+            .iter()
+            .map(|q| calls_of(&w, &host, &chat(sys, 8 * 1024, q)).0)
+            .collect();
+        counts.push((tick, per_request));
+    }
+    assert_eq!(counts[0].1, counts[1].1, "per-request hostcalls differ");
+    assert_eq!(
+        counts[1].0.unwrap_or(0),
+        counts[0].0.unwrap_or(0) + 1,
+        "the tick reads the signals once"
+    );
+}
