@@ -1273,6 +1273,127 @@ fn singleton_survives_slow_and_garbage_redis_and_reports_liveness() {
     );
 }
 
+/// Issue 9, item 8: a middlebox between the bridge and Redis that closes
+/// both directions when Envoy half-closes (after the request) loses every
+/// reply. It is not a size problem: the calls are counted as empty replies,
+/// an error log line names the likely cause, nothing is retried smaller or
+/// blamed on values, and clients see nothing. (Before: each empty reply was
+/// taken for a truncation, MGETs were halved down to single keys and every
+/// key was reported oversized.)
+#[test]
+fn a_middlebox_closing_on_half_close_is_named_not_taken_for_truncation() {
+    const PERIOD: u64 = 500;
+    let dir = TestDir::new("sync-middlebox");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let proxy = support::FaultProxy::start(redis.port);
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        proxy.port,
+        vec![Spec::new("a", sync_patch(PERIOD, json!({})))],
+    );
+    let a = &fleet[0];
+    a.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);
+    // Something to read: values another writer left in the namespace.
+    let entries: Vec<(String, String)> = (0..40)
+        .map(|i| (format!("aibrix:{{prefixcache}}:e:{i}"), "{}".to_string()))
+        .collect();
+    db.setex_many(&entries, 600);
+
+    // Redis answers after the middlebox has closed: nothing comes back.
+    proxy.set_delay(Duration::from_millis(50));
+    proxy.set_close_on_half_close(true);
+    let failed0 = a.stat("cycles_failed");
+    let client_failures = steady_load(a, 9100..9140);
+    a.wait_stat("cycles_failed", Duration::from_secs(20), |v| {
+        v >= failed0 + 2
+    });
+    assert_eq!(client_failures, 0, "clients failed behind the middlebox");
+    assert!(a.stat("empty_replies") >= 2, "{}", a.sync_stats());
+    assert_eq!(
+        (a.stat("truncations"), a.stat("oversized_values")),
+        (0, 0),
+        "empty replies taken for truncations\n{}",
+        a.sync_stats()
+    );
+    let log = a.envoy.log_text();
+    assert!(
+        log.contains("empty reply") && log.contains("half-close"),
+        "no log line naming the cause:\n{}",
+        a.log_tail()
+    );
+
+    // A path that passes the half-close on: sync resumes.
+    proxy.set_close_on_half_close(false);
+    proxy.set_delay(Duration::ZERO);
+    let ok = a.stat("cycles_ok");
+    let resume = Duration::from_millis(a.stat("backoff_ms").max(0) as u64) + SLACK * 4;
+    a.wait_stat("cycles_ok", resume, |v| v > ok);
+}
+
+/// Issue 9, item 8: a writer of values too large for one reply slowed every
+/// full scan: each one fetched them again (or, when the bridge cut the reply,
+/// split its way down to them again), and the MGET batch shrank to one key
+/// for a while after each. Now a full scan finds each such value once; the
+/// next ones skip it and read the rest in full batches.
+#[test]
+fn oversized_values_from_a_hostile_writer_are_split_once_not_every_scan() {
+    const PERIOD: u64 = 500;
+    let dir = TestDir::new("sync-oversized");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let pods = Pods::start(&dir);
+    let big = "x".repeat(1024 * 1024);
+    let mut entries: Vec<(String, String)> = (0..200)
+        .map(|i| (format!("aibrix:{{prefixcache}}:e:{i}"), "{}".to_string()))
+        .collect();
+    entries.extend((0..3).map(|i| (format!("aibrix:{{prefixcache}}:e:big{i}"), big.clone())));
+    db.setex_many(&entries, 600);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![Spec::new(
+            "a",
+            // Every cycle is a full scan.
+            sync_patch(PERIOD, json!({ "full_scan_every": 1 })),
+        )],
+    );
+    let a = &fleet[0];
+    a.wait_stat("oversized_values", SLACK * 2, |v| v >= 3);
+    let ok = a.stat("cycles_ok");
+    let (truncations, calls, bytes) = (
+        a.stat("truncations"),
+        a.stat("calls_sent"),
+        a.stat("bytes_received"),
+    );
+    a.wait_stat("cycles_ok", SLACK * 4, |v| v >= ok + 4);
+    let cycles = a.stat("cycles_ok") - ok;
+    assert_eq!(
+        (a.stat("truncations"), a.stat("oversized_values")),
+        (truncations, 3),
+        "later scans fetched the large values again\n{}",
+        a.sync_stats()
+    );
+    assert!(
+        a.stat("oversized_skipped") >= 3 * cycles,
+        "{}",
+        a.sync_stats()
+    );
+    // Per cycle: a SCAN page or two, two MGETs, the podload namespace's
+    // reads and pushes; not the 3 MiB and the one-key MGETs of fetching the
+    // large values again.
+    let per_cycle = (a.stat("calls_sent") - calls) / cycles;
+    let bytes_per_cycle = (a.stat("bytes_received") - bytes) / cycles;
+    assert!(
+        per_cycle <= 10 && bytes_per_cycle < 256 * 1024,
+        "{per_cycle} calls and {bytes_per_cycle} bytes per cycle\n{}",
+        a.sync_stats()
+    );
+}
+
 /// Issue 8: replicas whose endpoint lists come in different orders and differ
 /// by one pod share one table correctly. Pods travel by name, and each
 /// replica's slots are its own: every shared prefix A learned on a pod that B
