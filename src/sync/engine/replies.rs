@@ -15,6 +15,9 @@ use super::{
     Registered, SyncEngine, MAX_OVERSIZED_REMEMBERED, MAX_SCAN_COUNT, MAX_TRUNCATION_RETRIES,
 };
 
+/// The change-log position before any entry (`XRANGE` reads after it).
+const LOG_START: &str = "0-0";
+
 impl SyncEngine {
     pub(super) fn on_run_reply(
         &mut self,
@@ -89,9 +92,15 @@ impl SyncEngine {
             let head = frames
                 .next()
                 .ok_or_else(|| proto("XREVRANGE reply missing"))?;
-            let pos = log_entries(head)?.into_iter().next().map(|e| e.id);
+            // No log yet (a fresh Redis, or one idle past the log's TTL):
+            // everything appended from now on is new, so read from the start
+            // instead of keeping polls off until a later cycle finds a head.
+            let pos = log_entries(head)?
+                .into_iter()
+                .next()
+                .map_or_else(|| LOG_START.to_string(), |e| e.id);
             if let Some(c) = self.run.as_mut() {
-                c.ns[ns].new_pos = pos;
+                c.ns[ns].new_pos = Some(pos);
             }
         }
         let (cursor, keys) = match frames.next() {
@@ -160,8 +169,10 @@ impl SyncEngine {
             return Ok(());
         };
         // Trimming removes the oldest entries first, so our last-seen entry
-        // still being there proves nothing after it was lost.
-        let lost = entries.first().map(|e| e.id.as_str()) != Some(from);
+        // still being there proves nothing after it was lost. From the start
+        // of a log (none existed at the last scan) every entry is new.
+        let from_start = from == LOG_START;
+        let lost = !from_start && entries.first().map(|e| e.id.as_str()) != Some(from);
         if lost && cycle.kind == Kind::Poll {
             // A poll does not scan: the next cycle does (unknown position).
             log::info!(
@@ -192,7 +203,7 @@ impl SyncEngine {
         let full_page = entries.len() >= count;
         let mut ids = Vec::new();
         let mut last = None;
-        for entry in entries.into_iter().skip(1) {
+        for entry in entries.into_iter().skip(usize::from(!from_start)) {
             if entry.origin.as_deref() != Some(self.origin.as_str()) {
                 for id in entry.ids.split(',').filter(|s| !s.is_empty()) {
                     if cycle.ns[ns].seen.insert(id.to_owned()) {
