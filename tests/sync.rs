@@ -1458,13 +1458,14 @@ fn prefix_keys(redis: &Redis) -> i64 {
 }
 
 /// Issue 9, items 4 and 5: Redis restarted empty. Before, 68 keys became 3
-/// (nothing re-pushed what the replica knew) and sync waited out a backoff
-/// of up to 60 s. Now the singleton probes Redis every 2 s while failing,
-/// starts a cycle as soon as it answers, sees the new `run_id` and pushes the
-/// whole table again: without a single new request.
+/// (nothing re-pushed what the replica knew), sync waited out a backoff of
+/// up to 60 s, and change-log polls stayed off for another cycle. Now the
+/// singleton probes Redis every 2 s while failing, starts a cycle as soon as
+/// it answers, sees the new `run_id` and pushes the whole table again
+/// (without a single new request), and polls right after that cycle.
 #[test]
 fn redis_restarted_empty_gets_the_table_back_within_seconds() {
-    const PERIOD: u64 = 1000;
+    const PERIOD: u64 = 3000;
     let dir = TestDir::new("sync-redis-restart");
     let port = free_port();
     let mut redis = Redis::start(&dir, port, None);
@@ -1495,6 +1496,8 @@ fn redis_restarted_empty_gets_the_table_back_within_seconds() {
     a.wait_stat("cycles_failed", Duration::from_secs(20), |v| {
         v >= failed + 2
     });
+    // Nothing succeeds while Redis is down: neither cycles nor polls.
+    let (cycles, polls) = (a.stat("cycles_ok"), a.stat("polls_ok"));
     redis = Redis::start(&dir, port, None);
     let restarted = Instant::now();
     assert!(
@@ -1510,6 +1513,18 @@ fn redis_restarted_empty_gets_the_table_back_within_seconds() {
         back,
         "{after} of {before} keys back after {:?}\n{}",
         restarted.elapsed(),
+        a.sync_stats()
+    );
+    // Item 5: change-log polls resume right after the first good cycle (the
+    // one that pushed the table back), not a cycle later: that cycle found
+    // no log in the empty Redis and reads the one its push created from the
+    // start. (Cycles are >= period/2 apart, polls every 175 ms.)
+    a.wait_stat("polls_ok", Duration::from_millis(PERIOD * 3), |v| v > polls);
+    let cycles_since = a.stat("cycles_ok") - cycles;
+    assert_eq!(
+        cycles_since,
+        1,
+        "polls resumed {cycles_since} cycles after Redis came back\n{}",
         a.sync_stats()
     );
     eprintln!(
