@@ -960,6 +960,39 @@ fn redis_stopped_mid_run_requests_still_succeed_and_sync_resumes() {
     drop(redis);
 }
 
+/// Issue 9: Redis absent when Envoy starts. Clients are served as usual, the
+/// singleton keeps probing, and once Redis comes up sync starts without a
+/// restart: cycles succeed and change-log polls run from the first one.
+#[test]
+fn redis_absent_at_start_then_up_sync_starts_and_clients_never_fail() {
+    const PERIOD: u64 = 500;
+    let dir = TestDir::new("sync-redis-absent");
+    let port = free_port();
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        port,
+        vec![Spec::new("a", sync_patch(PERIOD, json!({})))],
+    );
+    let a = &fleet[0];
+    let client_failures = steady_load(a, 9200..9240);
+    a.wait_stat("cycles_failed", SLACK * 2, |v| v >= 1);
+    assert_eq!(client_failures, 0, "clients failed with Redis absent");
+    assert_eq!(a.stat("cycles_ok"), 0, "{}", a.sync_stats());
+
+    let redis = Redis::start(&dir, port, None);
+    let resume = Duration::from_millis(a.stat("backoff_ms").max(0) as u64) + SLACK * 4;
+    a.wait_stat("cycles_ok", resume, |v| v >= 1);
+    a.wait_stat("polls_ok", Duration::from_millis(PERIOD * 2), |v| v >= 1);
+    // What it routed while Redis was absent reaches Redis.
+    assert!(
+        wait_until(sync_deadline(PERIOD), || prefix_keys(&redis) > 0),
+        "nothing pushed after Redis came up\n{}",
+        a.sync_stats()
+    );
+}
+
 #[test]
 fn auth_protected_redis_works() {
     const PERIOD: u64 = 500;
