@@ -993,6 +993,91 @@ fn redis_absent_at_start_then_up_sync_starts_and_clients_never_fail() {
     );
 }
 
+/// Issue 9, items 2 and 3, through real Redis: values naming 2,400 models
+/// do not fill the model registry (a client's new model still gets prefix
+/// matches), and a record stamped far in the future does not pin its prefix
+/// to a pod: once the key is gone it idles out like any other. (Before: the
+/// registry filled for good, and the time was clamped to `u32::MAX` seconds,
+/// so the record never idled out and won every merge.)
+#[test]
+fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
+    const PERIOD: u64 = 500;
+    const IDLE_SECS: u64 = 4;
+    const PIN_TTL_SECS: u64 = 3;
+    let dir = TestDir::new("sync-hostile-values");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let pods = Pods::start(&dir);
+    let pod = pods.endpoint_of(&pods.name(0));
+    let flood: Vec<(String, String)> = (0..8u64)
+        .map(|i| {
+            let models: serde_json::Map<String, Value> = (0..300)
+                .map(|j| {
+                    (
+                        format!("flood-{i}-{j}"),
+                        json!({ pod.as_str(): now_nanos() }),
+                    )
+                })
+                .collect();
+            (
+                entity_key(0xF100D + i),
+                json!({ "model_to_pods": models }).to_string(),
+            )
+        })
+        .collect();
+    db.setex_many(&flood, 600);
+    let pinned = text(9300, PROMPT_LEN);
+    let pin: Vec<(String, String)> = block_keys(&pinned, 0)
+        .into_iter()
+        .map(|k| {
+            let value = json!({ "model_to_pods": { "test-model": { pod.as_str(): i64::MAX } } });
+            (k, value.to_string())
+        })
+        .collect();
+    db.setex_many(&pin, PIN_TTL_SECS);
+
+    let mut patch = sync_patch(PERIOD, json!({}));
+    merge(&mut patch, &json!({ "table_idle_expiry_secs": IDLE_SECS }));
+    let fleet = start_replicas(&dir, &pods, redis.port, vec![Spec::new("a", patch)]);
+    let a = &fleet[0];
+    a.wait_stat("applied", SLACK * 2, |v| v >= pin.len() as i64);
+
+    // A model no request named before: matched on its second request.
+    let url = a.envoy.url("/v1/completions");
+    let fresh =
+        json!({ "model": "a-new-model", "prompt": text(9301, PROMPT_LEN), "max_tokens": 8 });
+    let ask = || {
+        send(
+            "POST",
+            &url,
+            &[("content-type", "application/json")],
+            Some(fresh.to_string().as_bytes()),
+            CLIENT_TIMEOUT,
+        )
+        .expect("POST a-new-model")
+    };
+    assert_eq!(ask().status, 200);
+    let again = ask();
+    assert_eq!(
+        again.match_percent(),
+        100,
+        "a new model got no prefix match: the registry is full?\n{}",
+        a.sync_stats()
+    );
+
+    // The pinned keys expire from Redis; past the idle expiry the record
+    // is gone here too.
+    thread::sleep(Duration::from_secs(PIN_TTL_SECS + IDLE_SECS + 2));
+    let r = a.complete(&pinned);
+    assert_eq!(
+        r.match_percent(),
+        0,
+        "a record stamped in the future still routes its prefix (to {})\n{}",
+        r.served_by(),
+        a.sync_stats()
+    );
+}
+
 #[test]
 fn auth_protected_redis_works() {
     const PERIOD: u64 = 500;
