@@ -78,9 +78,7 @@ pub fn effective_load(
 }
 
 /// `E` of [`effective_load`]: the in-flight count, or running + waiting
-/// as the pod reports them when that is higher. Breaks ties between pods
-/// of equal estimated queue (the less busy pod, e.g. the faster one of a
-/// mixed fleet, is more often free).
+/// as the pod reports them when that is higher.
 pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
     signals.map_or(inflight, |s| {
         inflight.max(s.running.saturating_add(s.waiting))
@@ -94,26 +92,26 @@ pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
 ///    queue_cost_blocks`: the prefill a match saves, less the queueing its
 ///    extra load costs;
 /// 3. the highest score wins; ties go to the longer match, then the lower
-///    load, then the lower `busy` ([`busy_load`]); ties among unmatched pods
-///    rotate with `turn` (as in [`choose`]), among matched pods they are
-///    shuffled.
+///    load, then fewer in flight (fresh, where reports lag), then the pod
+///    this VM placed fewer new prefixes on (`placed`: spreads the prefixes,
+///    so no pod's cache holds more than its share); remaining ties among
+///    unmatched pods rotate with `turn` (as in [`choose`]), among matched
+///    pods they are shuffled.
 ///
 /// Reason: `PrefixMatch` when the chosen pod holds part of the prompt,
 /// `LoadGuard` when another pod held some and was passed over, else
 /// `NoMatch`. None only for an empty pool.
-#[allow(clippy::too_many_arguments)]
 pub fn choose_load_aware(
     cfg: &LoadAwareConfig,
     pool: &[u16],
-    load: &[u32],
-    busy: &[u32],
+    loads: &PodLoads<'_>,
     matches: &[(u16, u32)],
     total_blocks: usize,
     turn: usize,
     rng: &mut SplitMix64,
 ) -> Option<Choice> {
-    let load_of = |pod: u16| load.get(usize::from(pod)).copied().unwrap_or(0);
-    let busy_of = |pod: u16| busy.get(usize::from(pod)).copied().unwrap_or(0);
+    let at = |v: &[u32], pod: u16| v.get(usize::from(pod)).copied().unwrap_or(0);
+    let load_of = |pod: u16| at(loads.queue, pod);
     let matched_of = |pod: u16| -> u32 {
         matches
             .iter()
@@ -131,13 +129,14 @@ pub fn choose_load_aware(
         let extra = i64::from(load_of(pod) - min);
         i64::from(matched_of(pod)) - extra.saturating_mul(i64::from(cfg.queue_cost_blocks))
     };
-    // (score, match, -load, -busy) decides; equal keys tie.
+    // (score, match, -load, -in flight, -placed) decides; equal keys tie.
     let key = |pod: u16| {
         (
             score(pod),
             matched_of(pod),
             std::cmp::Reverse(load_of(pod)),
-            std::cmp::Reverse(busy_of(pod)),
+            std::cmp::Reverse(at(loads.inflight, pod)),
+            std::cmp::Reverse(at(loads.placed, pod)),
         )
     };
     let eligible = pool.iter().copied().filter(|&p| load_of(p) <= bound);
@@ -165,6 +164,18 @@ pub fn choose_load_aware(
         reason,
         match_percent,
     })
+}
+
+/// Per-pod figures [`choose_load_aware`] weighs, indexed by pod slot
+/// (missing = 0).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PodLoads<'a> {
+    /// Estimated queue ([`effective_load`]).
+    pub queue: &'a [u32],
+    /// In-flight requests (this VM exact, the others as last exchanged).
+    pub inflight: &'a [u32],
+    /// New prefixes this VM placed on the pod (recently).
+    pub placed: &'a [u32],
 }
 
 /// The policy's two knobs (AIBrix ships 16 and 2).
@@ -441,11 +452,15 @@ mod tests {
     };
 
     fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: usize) -> Choice {
+        let loads = PodLoads {
+            queue: load,
+            inflight: load,
+            placed: &[],
+        };
         choose_load_aware(
             &LA,
             pool,
-            load,
-            load,
+            &loads,
             matches,
             total,
             turn,
@@ -456,7 +471,15 @@ mod tests {
 
     #[test]
     fn load_aware_empty_pool_has_no_choice() {
-        let none = choose_load_aware(&LA, &[], &[], &[], &[], 0, 0, &mut SplitMix64::new(1));
+        let none = choose_load_aware(
+            &LA,
+            &[],
+            &PodLoads::default(),
+            &[],
+            0,
+            0,
+            &mut SplitMix64::new(1),
+        );
         assert_eq!(none, None);
     }
 
@@ -537,22 +560,29 @@ mod tests {
     }
 
     #[test]
-    fn load_aware_equal_queues_go_to_the_less_busy_pod_before_rotating() {
-        // Both pods queue nothing (under capacity); pod 0 runs 3, pod 1 runs 1.
+    fn load_aware_equal_queues_go_to_fewer_in_flight_before_rotating() {
+        // Both pods queue nothing (under capacity); pod 0 has 3 in flight, pod 1 one.
+        let loads = PodLoads {
+            queue: &[0, 0],
+            inflight: &[3, 1],
+            placed: &[],
+        };
         for turn in 0..8 {
-            let c = choose_load_aware(
-                &LA,
-                &[0, 1],
-                &[0, 0],
-                &[3, 1],
-                &[],
-                4,
-                turn,
-                &mut SplitMix64::new(1),
-            )
-            .unwrap();
+            let c = choose_load_aware(&LA, &[0, 1], &loads, &[], 4, turn, &mut SplitMix64::new(1))
+                .unwrap();
             assert_eq!(c.pod, 1);
         }
+    }
+
+    #[test]
+    fn load_aware_new_prefixes_among_equally_loaded_pods_go_to_the_pod_given_fewest() {
+        let loads = PodLoads {
+            queue: &[0, 0, 0],
+            inflight: &[1, 1, 1],
+            placed: &[5, 2, 3],
+        };
+        let c = choose_load_aware(&LA, &[0, 1, 2], &loads, &[], 4, 0, &mut SplitMix64::new(1));
+        assert_eq!((c.unwrap().pod, c.unwrap().reason), (1, Reason::NoMatch));
     }
 
     #[test]
@@ -581,11 +611,15 @@ mod tests {
             queue_cost_blocks: u32::MAX,
             kv_high_permille: 0,
         };
+        let loads = PodLoads {
+            queue: &[u32::MAX, 0],
+            inflight: &[u32::MAX, 0],
+            placed: &[u32::MAX, 0],
+        };
         let c = choose_load_aware(
             &cfg,
             &[0, 1],
-            &[u32::MAX, 0],
-            &[u32::MAX, 0],
+            &loads,
             &[(0, 1)],
             1,
             0,

@@ -54,6 +54,7 @@ use envoy_prefix_router::resp::{
     self, Frame, ParseError, ReplyError, MAX_ARRAY_LEN, MAX_BULK_LEN, MAX_DEPTH,
 };
 use envoy_prefix_router::rng::SplitMix64;
+use envoy_prefix_router::signals::{self, MetricNames, SignalView};
 use envoy_prefix_router::store::{MemStore, SharedStore};
 use envoy_prefix_router::sync::Syncable;
 use envoy_prefix_router::syncables::{
@@ -2348,6 +2349,90 @@ fn heartbeat_decode() {
         }
         ctx.accepted += 1;
         Ok(sig("some", &format!("{}", hb.singleton_dead(now))))
+    });
+}
+
+fn metrics_input(r: &mut SplitMix64) -> Vec<u8> {
+    const NAMES: [&str; 5] = [
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "other_metric",
+    ];
+    const VALUES: [&str; 9] = ["0", "1", "3.0", "0.5", "-1", "NaN", "+Inf", "1e300", "x"];
+    let mut out = String::new();
+    for _ in 0..r.below(12) {
+        match r.below(5) {
+            0 => out.push_str("# TYPE x gauge"),
+            _ => {
+                out.push_str(NAMES[r.below(NAMES.len())]);
+                if r.below(2) == 0 {
+                    out.push_str("{model_name=\"m\",q=\"}\\\"\"}");
+                }
+                out.push(' ');
+                out.push_str(VALUES[r.below(VALUES.len())]);
+            }
+        }
+        out.push_str(if r.below(4) == 0 { "\r\n" } else { "\n" });
+    }
+    out.into_bytes()
+}
+
+/// Pods' `/metrics` pages and the published signals value: no panic,
+/// allocation bounded by the input, every accepted value in range, and a
+/// published value decodes to at most one record per 20 bytes.
+#[test]
+fn signals_parse_and_decode() {
+    let spec = Spec {
+        target: "signals",
+        dict: vec![
+            b"vllm:num_requests_waiting",
+            b"vllm:num_requests_running",
+            b"vllm:kv_cache_usage_perc",
+            b"{",
+            b"}",
+            b"\"",
+            b"\n",
+            b" NaN",
+            b" 1e9",
+        ],
+        nest: &[(b"{a=\"", b"\"}")],
+        grammar: metrics_input,
+        json: None,
+    };
+    let names = MetricNames::default();
+    fuzz(spec, |input, ctx| {
+        let parsed = ctx.alloc("signals::parse", input.len(), 0, 1024, || {
+            signals::parse(input, &names)
+        })?;
+        let records = ctx.alloc("signals::decode", input.len(), 2, 1024, || {
+            signals::decode(input)
+        })?;
+        if records.len() != input.len() / signals::RECORD {
+            return Err(format!(
+                "{} records from {} bytes",
+                records.len(),
+                input.len()
+            ));
+        }
+        let view = SignalView::from_published(input, u64::MAX, u64::MAX);
+        if records.iter().any(|r| view.get(r.slot).is_none()) {
+            return Err("a decoded record is not in the view".into());
+        }
+        match parsed {
+            Ok(s) => {
+                if f64::from(s.waiting) > signals::MAX_REQUESTS
+                    || f64::from(s.running) > signals::MAX_REQUESTS
+                    || s.kv_permille.is_some_and(|k| k > 1000)
+                {
+                    return Err(format!("out of range: {s:?}"));
+                }
+                ctx.accepted += 1;
+                Ok(sig("ok", &format!("{}", s.kv_permille.is_some())))
+            }
+            Err(e) => Ok(sig("err", &e.to_string())),
+        }
     });
 }
 

@@ -22,7 +22,7 @@ use crate::fleet::{self, FleetView, Members};
 use crate::hashing::BlockHasher;
 use crate::load::VmLoad;
 use crate::policy::{
-    busy_load, choose, choose_load_aware, effective_load, Choice, PolicyConfig, PolicyMode,
+    choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
 };
 use crate::registry::{NameRegistry, SEEN_EVERY_SECS};
 use crate::request::PromptRequest;
@@ -33,6 +33,9 @@ use crate::table::{PrefixTable, TableConfig, WriteOutcome};
 
 /// Most table reads one routing decision may do.
 pub const MAX_PROBES: usize = 64;
+/// A VM's new-prefix counts per pod are halved when one reaches this, so
+/// they follow recent placements.
+const PLACED_HALVE_AT: u32 = 256;
 /// Most probe hints one VM keeps (then they start over).
 const MAX_HINTS: usize = 4096;
 
@@ -91,6 +94,9 @@ pub struct Router {
     load: RefCell<VmLoad>,
     /// What the pods reported, as of the last tick (load-aware policy only).
     signals: RefCell<SignalView>,
+    /// New prefixes this VM placed per pod slot (load-aware tie-break),
+    /// halved whenever one reaches [`PLACED_HALVE_AT`].
+    placed: RefCell<Vec<u32>>,
     /// (model, first block) -> sampled index where the longest match ended
     /// last time: the probe starts there (see [`longest_matches`]).
     hints: RefCell<HashMap<(u16, u64), u32>>,
@@ -114,6 +120,7 @@ impl Router {
             turn: Cell::new(None),
             load: RefCell::new(VmLoad::new(0)),
             signals: RefCell::new(SignalView::default()),
+            placed: RefCell::new(Vec::new()),
             hints: RefCell::new(HashMap::new()),
             settings,
         }
@@ -298,20 +305,25 @@ impl Router {
                 let cfg = &self.settings.load_aware;
                 let signals = self.signals.borrow();
                 let mut queue = load.clone();
-                let mut busy = load;
                 for &pod in pool {
-                    let i = usize::from(pod);
-                    if let (Some(q), Some(b)) = (queue.get_mut(i), busy.get_mut(i)) {
-                        let s = signals.get(pod);
-                        *q = effective_load(*q, s, signals.capacity(pod), cfg);
-                        *b = busy_load(*b, s);
+                    if let Some(q) = queue.get_mut(usize::from(pod)) {
+                        *q = effective_load(*q, signals.get(pod), signals.capacity(pod), cfg);
                     }
                 }
-                choose_load_aware(cfg, pool, &queue, &busy, &lengths, hashes.len(), turn, rng)
+                let placed = self.placed.borrow();
+                let loads = PodLoads {
+                    queue: &queue,
+                    inflight: &load,
+                    placed: &placed,
+                };
+                choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), turn, rng)
             }
         }
         .ok_or(RouteError::NoEndpoints)?;
         let advance = usize::from(choice.reason != crate::policy::Reason::PrefixMatch);
+        if advance == 1 {
+            self.count_placed(choice.pod);
+        }
         self.turn.set(Some(turn.wrapping_add(advance)));
         // The chosen pod's matched prefix needs no rewrite while it is fresh:
         // only blocks past the match are new. Refreshing at most every
@@ -340,6 +352,24 @@ impl Router {
             recorded,
             write,
         })
+    }
+
+    /// Counts a new prefix placed on `pod` (bounded: slots past
+    /// [`crate::registry::MAX_SLOTS`] are not counted; counts halve at
+    /// [`PLACED_HALVE_AT`]).
+    fn count_placed(&self, pod: u16) {
+        let i = usize::from(pod);
+        if i >= crate::registry::MAX_SLOTS {
+            return;
+        }
+        let mut placed = self.placed.borrow_mut();
+        if placed.len() <= i {
+            placed.resize(i + 1, 0);
+        }
+        placed[i] += 1;
+        if placed[i] >= PLACED_HALVE_AT {
+            placed.iter_mut().for_each(|n| *n /= 2);
+        }
     }
 
     /// Releases one in-flight request on `pod`; returns this VM's new count.
