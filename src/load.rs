@@ -184,9 +184,73 @@ impl VmLoad {
         }
     }
 
+    /// This VM's own in-flight count per slot.
+    pub fn own(&self) -> &[u32] {
+        &self.own
+    }
+
     /// The key index this VM publishes to (None before its first claim).
     pub fn key(&self) -> Option<usize> {
         self.key
+    }
+}
+
+/// How long this VM's requests take per pod, by Little's law: the time
+/// its requests spent in flight (sampled on the tick) over the requests
+/// that ended. No clock read per request. Both sums halve once a pod has
+/// [`PodLatency::WINDOW`] completions, so the figure follows recent
+/// requests. At most [`MAX_SLOTS`] pods.
+#[derive(Debug, Default)]
+pub struct PodLatency {
+    /// Per slot: (in-flight ms summed over ticks, completions).
+    sums: Vec<(u64, u32)>,
+    last_ms: Option<u64>,
+}
+
+impl PodLatency {
+    /// Completions kept per pod before the sums halve.
+    pub const WINDOW: u32 = 64;
+    /// Completions a pod needs before its latency counts.
+    pub const MIN_SAMPLES: u32 = 4;
+    /// Longest tick gap counted (a stalled VM does not inflate latency).
+    const MAX_GAP_MS: u64 = 1_000;
+
+    /// The tick: adds `own[slot] x elapsed` to each pod's in-flight time.
+    pub fn tick(&mut self, own: &[u32], now_ms: u64) {
+        let gap = self
+            .last_ms
+            .map_or(0, |t| now_ms.saturating_sub(t).min(Self::MAX_GAP_MS));
+        self.last_ms = Some(now_ms);
+        let n = own.len().min(MAX_SLOTS);
+        if self.sums.len() < n {
+            self.sums.resize(n, (0, 0));
+        }
+        for (sum, &c) in self.sums.iter_mut().zip(own) {
+            sum.0 = sum.0.saturating_add(u64::from(c) * gap);
+        }
+    }
+
+    /// A request on `pod` ended.
+    pub fn completed(&mut self, pod: u16) {
+        let i = usize::from(pod);
+        if i >= MAX_SLOTS {
+            return;
+        }
+        if self.sums.len() <= i {
+            self.sums.resize(i + 1, (0, 0));
+        }
+        let s = &mut self.sums[i];
+        s.1 += 1;
+        if s.1 >= Self::WINDOW {
+            *s = (s.0 / 2, s.1 / 2);
+        }
+    }
+
+    /// Mean ms a request of this VM spent on `pod`, once it has
+    /// [`Self::MIN_SAMPLES`] completions.
+    pub fn mean_ms(&self, pod: u16) -> Option<u64> {
+        let (ms, n) = self.sums.get(usize::from(pod)).copied()?;
+        (n >= Self::MIN_SAMPLES).then(|| ms / u64::from(n))
     }
 }
 
@@ -350,6 +414,38 @@ mod tests {
         assert_eq!(vm.fleet(2), vec![5, 5]);
         assert_eq!(vm.replica(2), vec![1, 0]);
         assert_eq!(remote(&s).unwrap(), vec![4, 5]);
+    }
+
+    #[test]
+    fn pod_latency_is_in_flight_time_over_completions() {
+        let mut l = PodLatency::default();
+        l.tick(&[2, 0], 0);
+        // Pod 0: 2 in flight for 4 ticks of 250 ms = 2000 ms of request time.
+        for t in 1..=4 {
+            l.tick(&[2, 0], t * 250);
+        }
+        assert_eq!(l.mean_ms(0), None, "too few completions");
+        for _ in 0..4 {
+            l.completed(0);
+        }
+        assert_eq!(l.mean_ms(0), Some(500));
+        assert_eq!(l.mean_ms(1), None);
+        // A stalled VM counts at most a second per tick.
+        l.tick(&[2, 0], 60_000);
+        assert_eq!(l.mean_ms(0), Some(1000));
+    }
+
+    #[test]
+    fn pod_latency_halves_its_window_and_ignores_slots_out_of_range() {
+        let mut l = PodLatency::default();
+        l.tick(&[1], 0);
+        l.tick(&[1], 1000);
+        for _ in 0..PodLatency::WINDOW {
+            l.completed(0);
+        }
+        assert_eq!(l.sums[0], (500, PodLatency::WINDOW / 2));
+        l.completed(u16::try_from(MAX_SLOTS).unwrap());
+        assert!(l.sums.len() <= MAX_SLOTS);
     }
 
     #[test]

@@ -89,8 +89,9 @@ pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
 /// `min` the lowest:
 /// 1. a pod above `min + max(slack_abs, ceil(slack_rel x min))` is out;
 /// 2. every other pod scores `matched blocks - (load - min) x
-///    queue_cost_blocks`: the prefill a match saves, less the queueing its
-///    extra load costs;
+///    queue_cost_blocks x slowness`: the prefill a match saves, less the
+///    queueing its extra load costs (`slowness`: how much longer this pod's
+///    requests take than the fastest pod's);
 /// 3. the highest score wins; ties go to the longer match, then the lower
 ///    load, then fewer in flight (fresh, where reports lag), then the pod
 ///    this VM placed fewer new prefixes on (`placed`: spreads the prefixes,
@@ -127,7 +128,15 @@ pub fn choose_load_aware(
     let bound = min.saturating_add(cfg.slack_abs.max(rel));
     let score = |pod: u16| -> i64 {
         let extra = i64::from(load_of(pod) - min);
-        i64::from(matched_of(pod)) - extra.saturating_mul(i64::from(cfg.queue_cost_blocks))
+        let slow = match at(loads.slowness, pod) {
+            0 => 1000,
+            s => i64::from(s),
+        };
+        let cost = extra
+            .saturating_mul(i64::from(cfg.queue_cost_blocks))
+            .saturating_mul(slow)
+            / 1000;
+        i64::from(matched_of(pod)) - cost
     };
     // (score, match, -load, -in flight, -placed) decides; equal keys tie.
     let key = |pod: u16| {
@@ -176,6 +185,10 @@ pub struct PodLoads<'a> {
     pub inflight: &'a [u32],
     /// New prefixes this VM placed on the pod (recently).
     pub placed: &'a [u32],
+    /// How much one queued request costs on this pod relative to the
+    /// fastest pod, in thousandths (missing or 0 = 1000): a pod whose
+    /// requests take 3x as long makes each one queued ahead cost 3x.
+    pub slowness: &'a [u32],
 }
 
 /// The policy's two knobs (AIBrix ships 16 and 2).
@@ -456,6 +469,7 @@ mod tests {
             queue: load,
             inflight: load,
             placed: &[],
+            slowness: &[],
         };
         choose_load_aware(
             &LA,
@@ -566,6 +580,7 @@ mod tests {
             queue: &[0, 0],
             inflight: &[3, 1],
             placed: &[],
+            slowness: &[],
         };
         for turn in 0..8 {
             let c = choose_load_aware(&LA, &[0, 1], &loads, &[], 4, turn, &mut SplitMix64::new(1))
@@ -580,9 +595,30 @@ mod tests {
             queue: &[0, 0, 0],
             inflight: &[1, 1, 1],
             placed: &[5, 2, 3],
+            slowness: &[],
         };
         let c = choose_load_aware(&LA, &[0, 1, 2], &loads, &[], 4, 0, &mut SplitMix64::new(1));
         assert_eq!((c.unwrap().pod, c.unwrap().reason), (1, Reason::NoMatch));
+    }
+
+    #[test]
+    fn load_aware_queue_on_a_slow_pod_costs_in_proportion() {
+        // 2 queued on pod 0 cost 8 blocks at 1x: a 10-block match pays. At
+        // 1.5x they cost 12 blocks: it does not.
+        let mut loads = PodLoads {
+            queue: &[2, 0],
+            inflight: &[6, 4],
+            placed: &[],
+            slowness: &[1000, 1000],
+        };
+        let pick = |l: &PodLoads<'_>| {
+            choose_load_aware(&LA, &[0, 1], l, &[(0, 10)], 10, 0, &mut SplitMix64::new(1))
+                .unwrap()
+                .pod
+        };
+        assert_eq!(pick(&loads), 0);
+        loads.slowness = &[1500, 1000];
+        assert_eq!(pick(&loads), 1);
     }
 
     #[test]
@@ -615,6 +651,7 @@ mod tests {
             queue: &[u32::MAX, 0],
             inflight: &[u32::MAX, 0],
             placed: &[u32::MAX, 0],
+            slowness: &[u32::MAX, 0],
         };
         let c = choose_load_aware(
             &cfg,

@@ -20,7 +20,7 @@ use std::fmt;
 use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
 use crate::hashing::BlockHasher;
-use crate::load::VmLoad;
+use crate::load::{PodLatency, VmLoad};
 use crate::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
 };
@@ -94,6 +94,8 @@ pub struct Router {
     load: RefCell<VmLoad>,
     /// What the pods reported, as of the last tick (load-aware policy only).
     signals: RefCell<SignalView>,
+    /// How long this VM's requests take per pod (load-aware slowness).
+    latency: RefCell<PodLatency>,
     /// New prefixes this VM placed per pod slot (load-aware tie-break),
     /// halved whenever one reaches [`PLACED_HALVE_AT`].
     placed: RefCell<Vec<u32>>,
@@ -121,6 +123,7 @@ impl Router {
             load: RefCell::new(VmLoad::new(0)),
             signals: RefCell::new(SignalView::default()),
             placed: RefCell::new(Vec::new()),
+            latency: RefCell::new(PodLatency::default()),
             hints: RefCell::new(HashMap::new()),
             settings,
         }
@@ -141,6 +144,7 @@ impl Router {
         now_ms: u64,
     ) -> Result<Vec<u32>, StoreError> {
         let mut load = self.load.borrow_mut();
+        self.latency.borrow_mut().tick(load.own(), now_ms);
         load.refresh(store, now_ms, self.settings.sync.enabled)?;
         Ok(load.replica(self.fleet.borrow().bound()))
     }
@@ -311,10 +315,12 @@ impl Router {
                     }
                 }
                 let placed = self.placed.borrow();
+                let slowness = slowness(&self.latency.borrow(), pool);
                 let loads = PodLoads {
                     queue: &queue,
                     inflight: &load,
                     placed: &placed,
+                    slowness: &slowness,
                 };
                 choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), turn, rng)
             }
@@ -374,8 +380,33 @@ impl Router {
 
     /// Releases one in-flight request on `pod`; returns this VM's new count.
     pub fn release(&self, pod: u16) -> u32 {
+        self.latency.borrow_mut().completed(pod);
         self.load.borrow_mut().add(pod, -1)
     }
+}
+
+/// Most a pod's queue cost is scaled by its slowness (thousandths).
+const MAX_SLOWNESS: u64 = 8_000;
+
+/// Per slot: how much longer `pool`'s pods' requests take than the fastest
+/// one's (thousandths, 1000..=[`MAX_SLOWNESS`]); 0 (= 1x) for pods with too
+/// few completions to tell.
+fn slowness(latency: &PodLatency, pool: &[u16]) -> Vec<u32> {
+    let means: Vec<(u16, u64)> = pool
+        .iter()
+        .filter_map(|&p| Some((p, latency.mean_ms(p)?)))
+        .collect();
+    // 0 ms: requests shorter than a tick were never sampled yet.
+    let Some(fastest) = means.iter().map(|(_, m)| *m).min().filter(|m| *m > 0) else {
+        return Vec::new();
+    };
+    let bound = pool.iter().map(|&p| usize::from(p) + 1).max().unwrap_or(0);
+    let mut out = vec![0; bound];
+    for (pod, mean) in means {
+        let ratio = (mean.saturating_mul(1000) / fastest.max(1)).clamp(1000, MAX_SLOWNESS);
+        out[usize::from(pod)] = ratio as u32;
+    }
+    out
 }
 
 /// How long a recorded block counts as fresh: a quarter of the shortest
