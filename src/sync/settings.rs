@@ -65,6 +65,17 @@ pub struct SyncSettings {
     /// change log is written or read, so the Redis traffic is exactly
     /// AIBrix's command set.
     pub full_scan_every: u32,
+    /// Anti-entropy by rotating scan: `0` (default) keeps the full SCAN
+    /// every `full_scan_every` cycles. `N > 0`: instead, every cycle (after
+    /// the first full scan) also reads the next slice of one SCAN pass over
+    /// the namespace: SCAN pages asking for `N` keys in all (Redis walks
+    /// about that many), continuing the cursor across cycles. The cost per cycle
+    /// is then flat whatever the table size; a change the change log missed
+    /// (a writer without the log, e.g. AIBrix's gateways) arrives within one
+    /// pass, `ceil(keys / N)` cycles. Namespaces with hooks (`podload`,
+    /// whose live writers rewrite their key every period) then read only
+    /// the change log after their first full scan. Ignored in AIBrix mode.
+    pub scan_keys_per_cycle: usize,
     /// MAXLEN (approximate) of each namespace's change-log stream.
     pub change_log_max_entries: usize,
     /// Log entries per XRANGE call.
@@ -117,6 +128,7 @@ impl Default for SyncSettings {
             scan_count: 500,
             write_through: false,
             full_scan_every: 6,
+            scan_keys_per_cycle: 0,
             change_log_max_entries: 4096,
             log_read_count: 64,
             poll_ms: 175,
@@ -147,6 +159,7 @@ impl fmt::Debug for SyncSettings {
             .field("scan_count", &self.scan_count)
             .field("write_through", &self.write_through)
             .field("full_scan_every", &self.full_scan_every)
+            .field("scan_keys_per_cycle", &self.scan_keys_per_cycle)
             .field("change_log_max_entries", &self.change_log_max_entries)
             .field("log_read_count", &self.log_read_count)
             .field("poll_ms", &self.poll_ms)
@@ -244,6 +257,12 @@ impl SyncSettings {
         range("setex_chunk", self.setex_chunk, 1, 10_000)?;
         range("mget_batch", self.mget_batch, 1, 10_000)?;
         range("scan_count", self.scan_count, 1, 100_000)?;
+        range(
+            "scan_keys_per_cycle",
+            self.scan_keys_per_cycle,
+            0,
+            10_000_000,
+        )?;
         range(
             "change_log_max_entries",
             self.change_log_max_entries,
