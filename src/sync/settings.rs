@@ -348,6 +348,7 @@ mod tests {
         assert_eq!((s.setex_chunk, s.mget_batch, s.scan_count), (25, 200, 500));
         assert!(!s.write_through);
         assert_eq!(s.poll_ms, 175);
+        assert_eq!((s.full_scan_every, s.scan_keys_per_cycle), (6, 0));
         assert!(s.polling_enabled());
         assert_eq!(s.namespaces.prefixcache, "prefixcache");
         assert!(s.validate().is_ok());
@@ -390,6 +391,10 @@ mod tests {
             (json!({"bridge_cluster": ""}), "bridge_cluster"),
             (json!({"poll_ms": 5}), "poll_ms"),
             (json!({"period_ms": 1000, "poll_ms": 1001}), "poll_ms"),
+            (
+                json!({"scan_keys_per_cycle": 10_000_001}),
+                "scan_keys_per_cycle",
+            ),
         ];
         for (value, field) in cases {
             match SyncSettings::from_json(&value) {
