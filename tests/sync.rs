@@ -1002,12 +1002,18 @@ fn redis_absent_at_start_then_up_sync_starts_and_clients_never_fail() {
 #[test]
 fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
     const PERIOD: u64 = 500;
-    const IDLE_SECS: u64 = 4;
-    const PIN_TTL_SECS: u64 = 3;
+    const IDLE_SECS: u64 = 6;
     let dir = TestDir::new("sync-hostile-values");
     let redis = Redis::start(&dir, free_port(), None);
     let db = RedisAt::of(&redis);
     let pods = Pods::start(&dir);
+    let mut patch = sync_patch(PERIOD, json!({}));
+    merge(&mut patch, &json!({ "table_idle_expiry_secs": IDLE_SECS }));
+    let fleet = start_replicas(&dir, &pods, redis.port, vec![Spec::new("a", patch)]);
+    let a = &fleet[0];
+    a.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);
+
+    // Written once A runs, so a slow start cannot age them out first.
     let pod = pods.endpoint_of(&pods.name(0));
     let flood: Vec<(String, String)> = (0..8u64)
         .map(|i| {
@@ -1025,22 +1031,25 @@ fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
             )
         })
         .collect();
-    db.setex_many(&flood, 600);
     let pinned = text(9300, PROMPT_LEN);
-    let pin: Vec<(String, String)> = block_keys(&pinned, 0)
-        .into_iter()
+    let pin_keys = block_keys(&pinned, 0);
+    let pin: Vec<(String, String)> = pin_keys
+        .iter()
         .map(|k| {
             let value = json!({ "model_to_pods": { "test-model": { pod.as_str(): i64::MAX } } });
-            (k, value.to_string())
+            (k.clone(), value.to_string())
         })
         .collect();
-    db.setex_many(&pin, PIN_TTL_SECS);
-
-    let mut patch = sync_patch(PERIOD, json!({}));
-    merge(&mut patch, &json!({ "table_idle_expiry_secs": IDLE_SECS }));
-    let fleet = start_replicas(&dir, &pods, redis.port, vec![Spec::new("a", patch)]);
-    let a = &fleet[0];
-    a.wait_stat("applied", SLACK * 2, |v| v >= pin.len() as i64);
+    let applied = a.stat("applied");
+    db.setex_many(&flood, 600);
+    db.setex_many(&pin, 600);
+    // The next full scan (every 6th cycle) reads them all.
+    a.wait_stat("applied", Duration::from_millis(PERIOD * 8) + SLACK, |v| {
+        v >= applied + pin.len() as i64
+    });
+    // Models only Redis names take at most half of the registry: of the
+    // 2,400, at least 1,888 are refused.
+    a.wait_stat("facts_ignored", SLACK, |v| v >= 1800);
 
     // A model no request named before: matched on its second request.
     let url = a.envoy.url("/v1/completions");
@@ -1065,9 +1074,11 @@ fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
         a.sync_stats()
     );
 
-    // The pinned keys expire from Redis; past the idle expiry the record
-    // is gone here too.
-    thread::sleep(Duration::from_secs(PIN_TTL_SECS + IDLE_SECS + 2));
+    // The writer's keys go away; past the idle expiry (and one more scan
+    // that may have read them just before) the record is gone here too.
+    let keys: Vec<&str> = pin_keys.iter().map(String::as_str).collect();
+    db.cmd(&[&["DEL"], keys.as_slice()].concat());
+    thread::sleep(Duration::from_secs(IDLE_SECS) + Duration::from_millis(PERIOD * 6));
     let r = a.complete(&pinned);
     assert_eq!(
         r.match_percent(),
