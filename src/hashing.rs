@@ -26,12 +26,8 @@ impl BlockHasher {
         }
     }
 
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
     /// Number of full blocks `len` bytes make.
-    pub fn block_count(&self, len: usize) -> usize {
+    pub(crate) fn block_count(&self, len: usize) -> usize {
         len / self.block_size
     }
 

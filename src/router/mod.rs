@@ -29,7 +29,7 @@ use crate::store::{SharedStore, StoreError};
 use crate::table::{PrefixTable, TableConfig, WriteOutcome};
 
 /// Most table reads one routing decision may do.
-pub const MAX_PROBES: usize = 64;
+pub(crate) const MAX_PROBES: usize = 64;
 /// Most probe hints one VM keeps (then they start over).
 const MAX_HINTS: usize = 4096;
 
@@ -61,14 +61,14 @@ impl From<StoreError> for RouteError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routed {
     pub choice: Choice,
-    pub total_blocks: usize,
-    pub probes: usize,
+    pub(crate) total_blocks: usize,
+    pub(crate) probes: usize,
     /// Model id in the table, None when the registry is full.
-    pub model: Option<u16>,
+    pub(crate) model: Option<u16>,
     /// The block hashes written for the chosen pod (sync pushes these): the
     /// sampled blocks past its fresh matched prefix.
-    pub recorded: Vec<u64>,
-    pub write: WriteOutcome,
+    pub(crate) recorded: Vec<u64>,
+    pub(crate) write: WriteOutcome,
 }
 
 /// Routing state of one VM: settings-derived helpers, the VM's view of the
@@ -115,14 +115,14 @@ impl Router {
 
     /// Names this VM's in-flight key (a value unique per VM, see
     /// [`VmLoad::new`]); call once, before the first tick.
-    pub fn with_vm_token(self, token: u64) -> Self {
+    pub(crate) fn with_vm_token(self, token: u64) -> Self {
         *self.load.borrow_mut() = VmLoad::new(token);
         self
     }
 
     /// The tick's load exchange (see [`VmLoad::refresh`]); returns this
     /// replica's in-flight count per slot, for the gauges.
-    pub fn refresh_load<S: SharedStore + ?Sized>(
+    pub(crate) fn refresh_load<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         now_ms: u64,
@@ -132,35 +132,35 @@ impl Router {
         Ok(load.replica(self.fleet.borrow().bound()))
     }
 
-    pub fn settings(&self) -> &Settings {
+    pub(crate) fn settings(&self) -> &Settings {
         &self.settings
     }
 
     /// This VM's view of the fleet (members, health, cooldowns).
-    pub fn fleet(&self) -> Ref<'_, FleetView> {
+    pub(crate) fn fleet(&self) -> Ref<'_, FleetView> {
         self.fleet.borrow()
     }
 
     /// Replaces the members (published by the singleton, or built from
     /// static pools), keeping the cooldowns.
-    pub fn set_members(&self, members: Members) {
+    pub(crate) fn set_members(&self, members: Members) {
         self.fleet.borrow_mut().set_members(members);
     }
 
-    pub fn set_down(&self, down: Vec<(u16, u64)>) {
+    pub(crate) fn set_down(&self, down: Vec<(u16, u64)>) {
         self.fleet.borrow_mut().set_down(down);
     }
 
     /// Whether every pool is a static list (this VM builds its own members
     /// then; cluster pools are published by the singleton).
-    pub fn all_static(&self) -> bool {
+    pub(crate) fn all_static(&self) -> bool {
         self.settings.cluster_pools().is_empty()
     }
 
     /// Builds the members of static pools, registering their names (a CAS
     /// write only when one is new, or at most once a minute to mark them
     /// still in use). No-op with cluster pools.
-    pub fn refresh_static<S: SharedStore + ?Sized>(
+    pub(crate) fn refresh_static<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         now_secs: u32,
@@ -182,7 +182,7 @@ impl Router {
     /// seen in the registry at most once a minute: an id is given to another
     /// model only after it has not been seen for `retire_secs`, so a cached id
     /// is always still this model's. `None` when the registry is full.
-    pub fn model_id<S: SharedStore + ?Sized>(
+    pub(crate) fn model_id<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         model: &str,

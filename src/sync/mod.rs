@@ -25,26 +25,32 @@
 //! (rules in [`SyncEngine::tick`]).
 
 mod cmd;
-pub mod engine;
-pub mod error;
-pub mod keys;
+pub(crate) mod engine;
+pub(crate) mod error;
+pub(crate) mod keys;
 #[cfg(any(test, feature = "testkit"))]
-pub mod memredis;
-pub mod probe;
+pub(crate) mod memredis;
+pub(crate) mod probe;
 mod reply;
-pub mod schedule;
-pub mod settings;
-pub mod stats;
-pub mod syncable;
+pub(crate) mod schedule;
+pub(crate) mod settings;
+pub(crate) mod stats;
+pub(crate) mod syncable;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
 #[cfg(test)]
 mod tests;
 
-pub use engine::{Call, CallId, SyncEngine};
-pub use error::{CallFailed, SyncError};
-pub use keys::KeyLayout;
-pub use settings::{SettingsError, SyncNamespaces, SyncSettings};
-pub use stats::SyncStats;
+// The host layer's view of sync (only built for Envoy's target).
+pub use settings::SyncSettings;
 pub use syncable::{Capabilities, Delta, Rejected, Syncable};
+#[cfg_attr(
+    not(all(target_arch = "wasm32", target_os = "wasi")),
+    allow(unused_imports)
+)]
+pub(crate) use {
+    engine::{Call, CallId, SyncEngine},
+    error::CallFailed,
+    stats::SyncStats,
+};

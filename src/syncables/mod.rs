@@ -23,8 +23,11 @@ mod prefixcache;
 
 use std::rc::Rc;
 
-pub use podload::{LoadReport, PodLoadSync};
-pub use prefixcache::{BlockPayload, PrefixCacheSync};
+pub use podload::PodLoadSync;
+pub use prefixcache::PrefixCacheSync;
+// The payloads, for tests that decode them.
+#[cfg(any(test, feature = "testkit"))]
+pub use {podload::LoadReport, prefixcache::BlockPayload};
 
 /// The host's clock: [`PrefixCacheSync`] reads Unix seconds from it,
 /// [`PodLoadSync`] Unix milliseconds.
@@ -40,17 +43,17 @@ mod testutil {
     use crate::store::MemStore;
     use std::rc::Rc;
 
-    pub fn settings() -> Rc<Settings> {
+    pub(crate) fn settings() -> Rc<Settings> {
         Rc::new(Settings::from_json(br#"{"endpoints":["a:1","b:1"]}"#).unwrap())
     }
 
     /// The static pools as members (a:1 gets slot 0, b:1 slot 1).
-    pub fn view(store: &MemStore, s: &Settings) -> SharedView {
+    pub(crate) fn view(store: &MemStore, s: &Settings) -> SharedView {
         let m = crate::fleet::static_members(store, &s.static_pools(), 1, 100).unwrap();
         Rc::new(std::cell::RefCell::new(crate::fleet::FleetView::new(m)))
     }
 
-    pub fn clock(secs: u64) -> Clock {
+    pub(crate) fn clock(secs: u64) -> Clock {
         Rc::new(move || secs)
     }
 }

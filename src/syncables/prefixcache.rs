@@ -74,13 +74,13 @@ impl<S: SharedStore> PrefixCacheSync<S> {
     }
 
     /// Other writers' entries held, and how many were dropped at the caps.
-    pub fn foreign_stats(&self) -> (usize, u64) {
+    pub(crate) fn foreign_stats(&self) -> (usize, u64) {
         let f = self.foreign.borrow();
         (f.len(), f.dropped())
     }
 
     /// Marks blocks a worker recorded, for the next push.
-    pub fn mark(&mut self, touched: &Touched) {
+    pub(crate) fn mark(&mut self, touched: &Touched) {
         for b in &touched.blocks {
             self.dirty.mark(*b);
         }
@@ -89,7 +89,7 @@ impl<S: SharedStore> PrefixCacheSync<S> {
     /// Marks every live block of the table for the next push (Redis
     /// restarted and may have lost every key). Bounded by the dirty set's
     /// capacity; returns how many blocks were marked.
-    pub fn mark_all(&mut self) -> usize {
+    pub(crate) fn mark_all(&mut self) -> usize {
         let table = PrefixTable::new(&self.store, self.table);
         let mut blocks: Vec<u64> = table
             .all_records(self.now())
@@ -105,11 +105,12 @@ impl<S: SharedStore> PrefixCacheSync<S> {
         blocks.len()
     }
 
-    pub fn dirty_len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn dirty_len(&self) -> usize {
         self.dirty.len()
     }
 
-    pub fn dirty_dropped(&self) -> u64 {
+    pub(crate) fn dirty_dropped(&self) -> u64 {
         self.dirty.dropped()
     }
 
@@ -135,7 +136,7 @@ impl<S: SharedStore> PrefixCacheSync<S> {
     }
 
     /// The payload of `block` as this replica knows it, None if not held.
-    pub fn payload(&self, block: u64) -> Option<Vec<u8>> {
+    pub(crate) fn payload(&self, block: u64) -> Option<Vec<u8>> {
         let table = PrefixTable::new(&self.store, self.table);
         let records = table.block_records(block, self.now()).ok()?;
         self.encode(block, &records)

@@ -1028,13 +1028,6 @@ impl Running {
             .unwrap_or_else(|| panic!("no pod named {name:?}"))
     }
 
-    pub fn pod_named_mut(&mut self, name: &str) -> &mut Pod {
-        self.pods
-            .iter_mut()
-            .find(|p| p.name == name)
-            .unwrap_or_else(|| panic!("no pod named {name:?}"))
-    }
-
     /// POSTs a JSON body to `path` through Envoy on a new connection.
     pub fn post(&self, path: &str, body: &str) -> Reply {
         self.post_with(path, body, &[])
