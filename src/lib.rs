@@ -22,23 +22,10 @@
 
 pub mod config;
 pub mod fleet;
-pub(crate) mod foreign;
-pub mod handoff;
-pub mod hashing;
-pub mod liveness;
-pub mod load;
-pub mod meter;
-pub(crate) mod policy;
-pub mod registry;
-pub mod request;
-pub mod resp;
 pub mod rng;
-pub mod router;
-pub mod store;
+pub mod route;
 pub(crate) mod stream;
 pub mod sync;
-pub mod syncables;
-pub mod table;
 pub(crate) mod worker;
 
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]

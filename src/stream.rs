@@ -6,9 +6,9 @@
 //!
 //! Every failure passes the request on untouched and is counted by reason.
 
-use crate::meter::Count;
-use crate::request::{classify, parse_body_as, ApiKind, PassReason};
-use crate::router::RouteError;
+use crate::route::meter::Count;
+use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
+use crate::route::router::RouteError;
 use crate::worker::{Host, Worker};
 
 /// Header read by Envoy's `override_host` LB policy (Gateway API Inference

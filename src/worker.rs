@@ -8,13 +8,13 @@ use std::cell::{Cell, RefCell};
 
 use crate::config::Settings;
 use crate::fleet::{self, Members};
-use crate::handoff::{self, Touched};
-use crate::liveness::{self, Heartbeat};
-use crate::meter::{Count, Meter, MetricSink};
-use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
-use crate::router::{RouteError, Routed, Router};
-use crate::store::SharedStore;
+use crate::route::meter::{Count, Meter, MetricSink};
+use crate::route::request::PromptRequest;
+use crate::route::router::{RouteError, Routed, Router};
+use crate::route::store::SharedStore;
+use crate::sync::handoff::{self, Touched};
+use crate::sync::liveness::{self, Heartbeat};
 
 /// Ticks between rebuilds of static pools (they change only with the
 /// config; this keeps their registry names marked in use).
@@ -53,7 +53,7 @@ const VM_COUNTER_KEY: &str = "vm/next";
 /// shared data, incremented under CAS. None if the store fails.
 pub(crate) fn vm_number<S: SharedStore + ?Sized>(store: &S) -> Option<u64> {
     let mut got = None;
-    crate::store::cas_update(store, VM_COUNTER_KEY, 64, |cur| {
+    crate::route::store::cas_update(store, VM_COUNTER_KEY, 64, |cur| {
         let n = cur
             .and_then(|b| <[u8; 8]>::try_from(b).ok())
             .map_or(0, u64::from_le_bytes)
@@ -259,7 +259,7 @@ impl Worker {
     }
 
     /// Publishes this VM's in-flight counts and reads the others' (see
-    /// [`crate::load`]); sets `prefix_router.inflight.<pod>` for every
+    /// [`crate::route::load`]); sets `prefix_router.inflight.<pod>` for every
     /// member to this replica's count (a write only when it changed).
     fn exchange_load<H: Host>(&self, host: &H, now_ms: u64) {
         let counts = match self.router.refresh_load(host, now_ms) {

@@ -137,7 +137,7 @@ fn a_trapped_vm_under_fail_reload_comes_back_and_leaves_no_stuck_count() {
     // VM's published count goes stale: no pod looks loaded for good.
     let slow = slow.join().expect("slow request thread");
     let t1 = Instant::now();
-    let stale = Duration::from_millis(envoy_prefix_router::load::VM_STALE_MS);
+    let stale = Duration::from_millis(envoy_prefix_router::route::load::VM_STALE_MS);
     let mut gauges = run.envoy.inflight();
     let cleared = wait_until(stale + STATS_FLUSH * 8, || {
         gauges = run.envoy.inflight();

@@ -29,9 +29,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use envoy_prefix_router::hashing::BlockHasher;
-use envoy_prefix_router::request::{parse_body, ApiKind};
-use envoy_prefix_router::router::sampled_positions;
+use envoy_prefix_router::route::hashing::BlockHasher;
+use envoy_prefix_router::route::request::{parse_body, ApiKind};
+use envoy_prefix_router::route::router::sampled_positions;
 use serde_json::{json, Value};
 use support::redis::{RedisAt, Resp};
 use support::{

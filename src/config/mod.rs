@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use crate::fleet::membership::PodNaming;
 use crate::fleet::DEFAULT_POOL;
-use crate::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
+use crate::route::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
 use crate::sync::SyncSettings;
 
 /// Raw configuration as written by the operator; every field has a default.
@@ -271,10 +271,10 @@ impl Settings {
     }
 
     /// How prompts become hashed bytes in this mode.
-    pub(crate) fn render(&self) -> crate::request::Render {
+    pub(crate) fn render(&self) -> crate::route::request::Render {
         match self.compat {
-            Compat::None => crate::request::Render::Native,
-            Compat::Aibrix => crate::request::Render::Aibrix,
+            Compat::None => crate::route::request::Render::Native,
+            Compat::Aibrix => crate::route::request::Render::Aibrix,
         }
     }
 

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::resp::{parse, Frame};
+use crate::sync::resp::{parse, Frame};
 
 type StreamId = (u64, u64);
 type Fields = Vec<(Vec<u8>, Vec<u8>)>;
@@ -492,7 +492,7 @@ pub(crate) fn glob_match(pattern: &[u8], s: &[u8]) -> bool {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::resp::{parse_pipeline_reply, Pipeline};
+    use crate::sync::resp::{parse_pipeline_reply, Pipeline};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -27,15 +27,20 @@
 mod cmd;
 pub(crate) mod engine;
 pub(crate) mod error;
+pub(crate) mod foreign;
+pub mod handoff;
 pub(crate) mod keys;
+pub mod liveness;
 #[cfg(any(test, feature = "testkit"))]
 pub(crate) mod memredis;
 pub(crate) mod probe;
 mod reply;
+pub mod resp;
 pub(crate) mod schedule;
 pub(crate) mod settings;
 pub(crate) mod stats;
 pub(crate) mod syncable;
+pub mod syncables;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 

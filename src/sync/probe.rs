@@ -5,7 +5,7 @@
 //! changes when Redis restarts: Redis may then have lost every key, so the
 //! host re-marks the local table for a full push.
 
-use crate::resp::{parse_pipeline_reply, Frame, Pipeline};
+use crate::sync::resp::{parse_pipeline_reply, Frame, Pipeline};
 
 use super::cmd;
 use super::settings::SyncSettings;

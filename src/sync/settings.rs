@@ -99,7 +99,7 @@ pub struct SyncSettings {
     pub(crate) max_reply_bytes: usize,
     /// Most entries of other writers (pods this replica does not route to,
     /// models it has no slot for) kept from pulls and carried in its pushes,
-    /// so it never erases them (see [`crate::foreign`]).
+    /// so it never erases them (see [`crate::sync::foreign`]).
     pub(crate) foreign_max_entries: usize,
 }
 

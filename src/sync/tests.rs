@@ -12,7 +12,7 @@ use super::testkit::{
     MapComponent, TICK_MS, TOMBSTONE,
 };
 use super::*;
-use crate::resp::{parse, Frame};
+use crate::sync::resp::{parse, Frame};
 use memredis::MemRedis;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;

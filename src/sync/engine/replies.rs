@@ -2,9 +2,9 @@
 //! entries, MGET values, confirmed writes) and how a truncated reply is
 //! retried smaller.
 
-use crate::resp::Frame;
 use crate::sync::error::SyncError;
 use crate::sync::reply::{log_entries, proto};
+use crate::sync::resp::Frame;
 use crate::sync::settings::SyncSettings;
 
 use super::runs::{Kind, Run};

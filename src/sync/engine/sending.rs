@@ -3,8 +3,8 @@
 //! last; the commands themselves are in [`crate::sync::cmd`]) and a
 //! [`Call`].
 
-use crate::resp::Pipeline;
 use crate::sync::cmd;
+use crate::sync::resp::Pipeline;
 
 use super::{Call, SyncEngine};
 

@@ -2,8 +2,8 @@
 //! the next tick outside any run, never retried (the entity stays dirty
 //! for the periodic push).
 
-use crate::resp::Frame;
 use crate::sync::error::SyncError;
+use crate::sync::resp::Frame;
 
 use super::sending::{Op, Sent, Write};
 use super::{Call, Registered, SyncEngine};

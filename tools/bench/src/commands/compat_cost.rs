@@ -37,7 +37,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use envoy_prefix_router::config::{AIBRIX_BLOCK_SIZE, AIBRIX_DENSE_BLOCKS};
-use envoy_prefix_router::router::sampled_positions;
+use envoy_prefix_router::route::router::sampled_positions;
 
 use crate::fleet::{Fleet, Replica};
 use crate::procstat::cpu_sample;
@@ -360,7 +360,7 @@ fn snapshot(replica: &Replica, meter: &RedisMeter, redis: &mut RedisConn) -> Sna
         meter: meter.snapshot(),
         redis: redis_info(redis),
         dbsize: match redis.command(&[b"DBSIZE"]) {
-            envoy_prefix_router::resp::Frame::Integer(n) => n,
+            envoy_prefix_router::sync::resp::Frame::Integer(n) => n,
             other => panic!("DBSIZE: {other:?}"),
         },
         stats: replica.stats(),
@@ -540,7 +540,7 @@ fn push_cell(
     // Histograms reach the admin after a stats flush (every 5 s); the
     // filter times one routed request in SAMPLE_EVERY per worker.
     let n = args.prompts as f64;
-    let sampled = (n / f64::from(envoy_prefix_router::meter::SAMPLE_EVERY)).floor();
+    let sampled = (n / f64::from(envoy_prefix_router::route::meter::SAMPLE_EVERY)).floor();
     let mut rt = route_time(r);
     support::wait_until(Duration::from_secs(15), || {
         rt = route_time(r);

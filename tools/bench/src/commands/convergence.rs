@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use envoy_prefix_router::rng::SplitMix64;
-use envoy_prefix_router::router::sampled_positions;
+use envoy_prefix_router::route::router::sampled_positions;
 use serde::Serialize;
 use serde_json::json;
 

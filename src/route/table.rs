@@ -9,13 +9,13 @@
 //! one-byte layout version). A block lives in bucket `block % buckets`. A full
 //! bucket reuses its expired or least recently used slot, so memory stays flat
 //! however many distinct prompts arrive. Writes are read-modify-write under
-//! CAS with bounded retries (see [`crate::store::cas_update`]).
+//! CAS with bounded retries (see [`crate::route::store::cas_update`]).
 //!
 //! A record names its model and pod by `u16` slots of the model and pod
-//! registries ([`crate::registry`]): stable names, bounded, reused only long
+//! registries ([`crate::route::registry`]): stable names, bounded, reused only long
 //! after a name was last seen.
 
-use crate::store::{cas_update, SharedStore, StoreError};
+use crate::route::store::{cas_update, SharedStore, StoreError};
 
 /// Records per bucket: 8 x 16 bytes keeps one value at 129 bytes, so a
 /// read-modify-write copies little while collisions still have room.
@@ -308,7 +308,7 @@ pub(crate) fn encode_bucket(records: &[Record]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -19,14 +19,14 @@ use std::fmt;
 
 use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
-use crate::hashing::BlockHasher;
-use crate::load::VmLoad;
-use crate::policy::{choose, Choice, PolicyConfig};
-use crate::registry::{NameRegistry, SEEN_EVERY_SECS};
-use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
-use crate::store::{SharedStore, StoreError};
-use crate::table::{PrefixTable, TableConfig, WriteOutcome};
+use crate::route::hashing::BlockHasher;
+use crate::route::load::VmLoad;
+use crate::route::policy::{choose, Choice, PolicyConfig};
+use crate::route::registry::{NameRegistry, SEEN_EVERY_SECS};
+use crate::route::request::PromptRequest;
+use crate::route::store::{SharedStore, StoreError};
+use crate::route::table::{PrefixTable, TableConfig, WriteOutcome};
 
 /// Most table reads one routing decision may do.
 pub(crate) const MAX_PROBES: usize = 64;
@@ -200,7 +200,7 @@ impl Router {
         match id {
             Some(id) => {
                 // Bounded like the registry itself.
-                if cache.len() >= crate::registry::MAX_SLOTS {
+                if cache.len() >= crate::route::registry::MAX_SLOTS {
                     cache.clear();
                 }
                 cache.insert(model.to_string(), (id, now_secs));
@@ -279,7 +279,7 @@ impl Router {
         let turn = self.turn.get().unwrap_or_else(|| rng.next_u64() as usize);
         let choice = choose(&self.policy, pool, &load, &lengths, hashes.len(), turn, rng)
             .ok_or(RouteError::NoEndpoints)?;
-        let advance = usize::from(choice.reason != crate::policy::Reason::PrefixMatch);
+        let advance = usize::from(choice.reason != crate::route::policy::Reason::PrefixMatch);
         self.turn.set(Some(turn.wrapping_add(advance)));
         // The chosen pod's matched prefix needs no rewrite while it is fresh:
         // only blocks past the match are new. Refreshing at most every

@@ -1,6 +1,6 @@
 //! The `prefixcache` namespace: the prefix table as a [`Syncable`], byte
 //! compatible with AIBrix's Go gateways (see the module docs of
-//! [`crate::syncables`]).
+//! [`crate::sync::syncables`]).
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -10,12 +10,12 @@ use serde::{Deserialize, Serialize};
 use super::{Clock, NANOS};
 use crate::config::Settings;
 use crate::fleet::SharedView;
-use crate::foreign::ForeignFacts;
-use crate::handoff::{DirtySet, Touched};
-use crate::registry::{NameRegistry, MAX_SLOTS};
-use crate::store::SharedStore;
+use crate::route::registry::{NameRegistry, MAX_SLOTS};
+use crate::route::store::SharedStore;
+use crate::route::table::{PrefixTable, Record, TableConfig};
+use crate::sync::foreign::ForeignFacts;
+use crate::sync::handoff::{DirtySet, Touched};
 use crate::sync::{Capabilities, Delta, Rejected, Syncable};
-use crate::table::{PrefixTable, Record, TableConfig};
 
 /// AIBrix's payload of one block.
 #[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -305,7 +305,7 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
 mod tests {
     use super::super::testutil::{clock, settings, view};
     use super::*;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     use std::cell::Cell;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -440,8 +440,8 @@ mod tests {
         .unwrap();
         sync.apply_remote("1", &payload).unwrap();
         let (held, dropped) = sync.foreign_stats();
-        assert_eq!(held, crate::foreign::MAX_PER_BLOCK);
-        assert_eq!(dropped, 5000 - crate::foreign::MAX_PER_BLOCK as u64);
+        assert_eq!(held, crate::sync::foreign::MAX_PER_BLOCK);
+        assert_eq!(dropped, 5000 - crate::sync::foreign::MAX_PER_BLOCK as u64);
         // Many blocks: the store's cap holds.
         for b in 2..50u64 {
             sync.apply_remote(&b.to_string(), &payload).unwrap();
@@ -516,7 +516,7 @@ mod tests {
         assert_eq!(sync.facts_ignored(), 8 * 300);
         let reg = NameRegistry::models(&*store).load().unwrap();
         assert_eq!(reg.slots.iter().flatten().count(), MAX_SLOTS / 2);
-        let router = crate::router::Router::new((*s).clone());
+        let router = crate::route::router::Router::new((*s).clone());
         assert!(router.model_id(&*store, "llama", 1000).unwrap().is_some());
     }
 

@@ -15,8 +15,8 @@
 use std::cell::{Cell, RefCell};
 
 use crate::config::Settings;
-use crate::policy::Reason;
-use crate::request::PassReason;
+use crate::route::policy::Reason;
+use crate::route::request::PassReason;
 
 /// One routed request in this many is timed for `route_time_us`.
 pub const SAMPLE_EVERY: u32 = 8;
@@ -116,7 +116,7 @@ pub(crate) struct Meter {
     samples: RefCell<Vec<u64>>,
     sample_turn: Cell<u32>,
     /// Liveness of the sync singleton, recorded on tick (see
-    /// [`crate::liveness`]); defined only with sync on.
+    /// [`crate::sync::liveness`]); defined only with sync on.
     pub(crate) sync_success_age_s: u32,
     pub(crate) sync_singleton_age_s: u32,
     /// In-flight gauge per pod address and the value last recorded.

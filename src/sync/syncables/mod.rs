@@ -10,10 +10,10 @@
 //!
 //! Pods travel by their stable name, never by slot. Remote facts are applied
 //! to routing only for pods that are members here now (a slot is given to
-//! another pod only long after its pod left, see [`crate::registry`]), and
+//! another pod only long after its pod left, see [`crate::route::registry`]), and
 //! their times are clamped to now, so a hostile or skewed writer cannot pin a
 //! fact beyond its idle expiry. Facts for other pods (another gateway's, e.g.
-//! an AIBrix gateway's) are kept, bounded, as [`ForeignFacts`](crate::foreign::ForeignFacts) and carried in
+//! an AIBrix gateway's) are kept, bounded, as [`ForeignFacts`](crate::sync::foreign::ForeignFacts) and carried in
 //! every value this replica writes: it never erases another writer's data,
 //! and a key naming a pod it does not know is never deleted as stale (it
 //! leaves by TTL).
@@ -40,7 +40,7 @@ mod testutil {
     use super::Clock;
     use crate::config::Settings;
     use crate::fleet::SharedView;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     use std::rc::Rc;
 
     pub(crate) fn settings() -> Rc<Settings> {

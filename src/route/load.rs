@@ -18,8 +18,8 @@
 //! Counts are a `u32` per pod slot (index = the pod's registry slot, see
 //! [`crate::fleet::registry`]), little endian.
 
-use crate::registry::MAX_SLOTS;
-use crate::store::{SharedStore, StoreError};
+use crate::route::registry::MAX_SLOTS;
+use crate::route::store::{SharedStore, StoreError};
 
 /// Key holding the other replicas' total, per slot (sync singleton only).
 const REMOTE_KEY: &str = "load/remote";
@@ -261,7 +261,7 @@ fn encode_counts(counts: &[u32]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

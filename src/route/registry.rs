@@ -18,7 +18,7 @@
 //! Layout of one registry value: per slot, in slot order,
 //! `last_seen u32 | len u8 | name bytes` (little endian; `len` 0 = free).
 
-use crate::store::{cas_update, SharedStore, StoreError};
+use crate::route::store::{cas_update, SharedStore, StoreError};
 
 /// Shared-data key of the pod registry.
 pub(crate) const PODS_KEY: &str = "fleet/pods";
@@ -268,7 +268,7 @@ impl<'s, S: SharedStore + ?Sized> NameRegistry<'s, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

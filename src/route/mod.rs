@@ -1,0 +1,9 @@
+pub mod hashing;
+pub mod load;
+pub mod meter;
+pub(crate) mod policy;
+pub mod registry;
+pub mod request;
+pub mod router;
+pub mod store;
+pub mod table;
