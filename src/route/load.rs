@@ -16,7 +16,7 @@
 //! written.
 //!
 //! Counts are a `u32` per pod slot (index = the pod's registry slot, see
-//! [`crate::fleet::registry`]), little endian.
+//! [`crate::route::registry`]), little endian.
 
 use crate::route::registry::MAX_SLOTS;
 use crate::route::store::{SharedStore, StoreError};

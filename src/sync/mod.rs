@@ -14,6 +14,11 @@
 //! - [`engine`]: the state machine; [`error`], [`stats`] its error and
 //!   counters; `cmd` builds the Redis commands it sends and `reply`
 //!   decodes what Redis answers.
+//! - [`resp`]: the RESP2 codec under `cmd` and `reply`.
+//! - [`syncables`]: what the filter syncs (the `prefixcache` and `podload`
+//!   namespaces), with `foreign` keeping other writers' entries.
+//! - [`handoff`]: how workers hand recorded blocks to the singleton.
+//! - [`liveness`]: the singleton's heartbeat, turned into gauges by workers.
 //! - `memredis`, `testkit`: an in-memory Redis and drivers for tests and
 //!   benchmarks, built only for tests and the `testkit` feature.
 //!
