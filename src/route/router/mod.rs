@@ -407,28 +407,28 @@ fn longest_matches<S: SharedStore + ?Sized>(
         // Start at the hint: held there -> search above it, else below.
         if let Some(h) = p.hint.filter(|&h| h > 0 && h < n) {
             match probe.held_since(h, pod)? {
-                Some(Some(t)) => {
+                Held::Since(t) => {
                     oldest = oldest.min(t);
                     lo = h;
                 }
-                Some(None) => hi = h,
-                None => {}
+                Held::No => hi = h,
+                Held::OutOfBudget => {}
             }
         }
         // Gallop: double the stride while the pod still holds the block.
         let mut step = 1;
         while lo + step < hi {
             match probe.held_since(lo + step, pod)? {
-                Some(Some(t)) => {
+                Held::Since(t) => {
                     oldest = oldest.min(t);
                     lo += step;
                     step *= 2;
                 }
-                Some(None) => {
+                Held::No => {
                     hi = lo + step;
                     break;
                 }
-                None => {
+                Held::OutOfBudget => {
                     hi = lo + 1;
                     break;
                 }
@@ -438,12 +438,12 @@ fn longest_matches<S: SharedStore + ?Sized>(
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
             match probe.held_since(mid, pod)? {
-                Some(Some(t)) => {
+                Held::Since(t) => {
                     oldest = oldest.min(t);
                     lo = mid;
                 }
-                Some(None) => hi = mid,
-                None => break,
+                Held::No => hi = mid,
+                Held::OutOfBudget => break,
             }
         }
         matches.push(PodMatch {
@@ -454,6 +454,17 @@ fn longest_matches<S: SharedStore + ?Sized>(
         });
     }
     Ok((matches, probe.probes))
+}
+
+/// What one probe of a pod at a sampled position found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// The pod holds the block, last accessed at this time.
+    Since(u32),
+    /// The pod does not hold the block.
+    No,
+    /// The probe budget ([`MAX_PROBES`]) is spent: nothing was read.
+    OutOfBudget,
 }
 
 /// Memoized table reads at sampled positions, capped at [`MAX_PROBES`].
@@ -488,12 +499,15 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
         Ok(self.memo[idx].as_deref())
     }
 
-    /// `Some(Some(last_access))` if `pod` holds the block, `Some(None)` if
-    /// not, None once the probe budget is spent.
-    fn held_since(&mut self, idx: usize, pod: u16) -> Result<Option<Option<u32>>, StoreError> {
-        Ok(self
-            .pods_at(idx)?
-            .map(|p| p.iter().find(|(q, _)| *q == pod).map(|(_, t)| *t)))
+    /// Whether `pod` holds the block at sampled index `idx`, and since when.
+    fn held_since(&mut self, idx: usize, pod: u16) -> Result<Held, StoreError> {
+        Ok(match self.pods_at(idx)? {
+            None => Held::OutOfBudget,
+            Some(p) => match p.iter().find(|(q, _)| *q == pod) {
+                Some(&(_, t)) => Held::Since(t),
+                None => Held::No,
+            },
+        })
     }
 }
 
