@@ -33,6 +33,7 @@ mod write_through;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::{Index, IndexMut};
 
 use super::error::{CallFailed, SyncError};
 use super::keys::KeyLayout;
@@ -67,6 +68,24 @@ pub(crate) struct Call {
     pub(crate) id: CallId,
     /// Raw RESP pipeline, ending with QUIT.
     pub(crate) body: Vec<u8>,
+}
+
+/// Which registered namespace: its place in registration order. Ops,
+/// replies and runs carry it; its name is [`Registered::ns`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct NsIndex(usize);
+
+impl Index<NsIndex> for Vec<Registered> {
+    type Output = Registered;
+    fn index(&self, ns: NsIndex) -> &Registered {
+        &self[ns.0]
+    }
+}
+
+impl IndexMut<NsIndex> for Vec<Registered> {
+    fn index_mut(&mut self, ns: NsIndex) -> &mut Registered {
+        &mut self[ns.0]
+    }
 }
 
 /// A registered component and what the engine learned about its namespace.

@@ -9,7 +9,7 @@ use crate::sync::settings::SyncSettings;
 
 use super::runs::{Kind, Run};
 use super::sending::{Op, Read, Sent};
-use super::{Registered, SyncEngine, MAX_SCAN_COUNT, MAX_TRUNCATION_RETRIES};
+use super::{NsIndex, Registered, SyncEngine, MAX_SCAN_COUNT, MAX_TRUNCATION_RETRIES};
 
 impl SyncEngine {
     pub(super) fn on_run_reply(
@@ -72,7 +72,7 @@ impl SyncEngine {
 
     fn on_scan(
         &mut self,
-        ns: usize,
+        ns: NsIndex,
         with_head: bool,
         count: usize,
         frames: Vec<Frame>,
@@ -141,7 +141,7 @@ impl SyncEngine {
 
     fn on_log(
         &mut self,
-        ns: usize,
+        ns: NsIndex,
         from: &str,
         count: usize,
         frame: Frame,
@@ -212,7 +212,7 @@ impl SyncEngine {
 
     fn on_mget(
         &mut self,
-        ns: usize,
+        ns: NsIndex,
         ids: Vec<String>,
         frames: Vec<Frame>,
         reply_len: usize,
@@ -380,7 +380,7 @@ fn mget_batch_size(reg: &Registered, settings: &SyncSettings) -> usize {
     n.max(1)
 }
 
-fn queue_mgets(run: &mut Run, ns: usize, ids: Vec<String>, batch: usize) {
+fn queue_mgets(run: &mut Run, ns: NsIndex, ids: Vec<String>, batch: usize) {
     let mut it = ids.into_iter().peekable();
     while it.peek().is_some() {
         let ids: Vec<String> = it.by_ref().take(batch).collect();
