@@ -12,17 +12,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use support::{
+use harness::{
     completion_body, send, target_dir, text, wait_until, Reply, Running, Setup, CLIENT_TIMEOUT,
     STATS_FLUSH,
 };
+use serde_json::json;
 
 /// The fault-injection build of the filter.
 fn fault_module() -> PathBuf {

@@ -7,22 +7,9 @@
 // start, a file that cannot be written) can only stop, with the reason.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-// The integration-test harness finds the repository (envoy/*.yaml, .venv,
-// target/) from CARGO_MANIFEST_DIR, which here is tools/bench: this `env!`
-// shadow (a textual macro scope reaches the module below) points it two
-// levels up and leaves every other use of `env!` alone.
-macro_rules! env {
-    ("CARGO_MANIFEST_DIR") => {
-        concat!(::core::env!("CARGO_MANIFEST_DIR"), "/../..")
-    };
-}
-#[path = "../../../tests/support/mod.rs"]
-pub mod support;
-
 pub mod chart;
 pub mod commands;
 pub mod drive;
-pub mod fleet;
 pub mod metrics;
 pub mod outage;
 pub mod peer;

@@ -83,9 +83,9 @@ pub fn native_reference(
     fresh: &[Request],
     big: &[Request],
 ) -> [Native; 3] {
-    let yaml = crate::support::envoy_template("single.yaml");
+    let yaml = harness::envoy_template("single.yaml");
     let mut config = None;
-    crate::support::patch_plugin_json(&yaml, &mut |v: &mut Value| config = Some(v.clone()));
+    harness::patch_plugin_json(&yaml, &mut |v: &mut Value| config = Some(v.clone()));
     let config = config.expect("plugin JSON in single.yaml");
     let settings = Settings::from_json(config.to_string().as_bytes()).expect("valid settings");
     [
