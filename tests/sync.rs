@@ -958,6 +958,124 @@ fn redis_stopped_mid_run_requests_still_succeed_and_sync_resumes() {
     drop(redis);
 }
 
+/// Issue 9: Redis absent when Envoy starts. Clients are served as usual, the
+/// singleton keeps probing, and once Redis comes up sync starts without a
+/// restart: cycles succeed and change-log polls run from the first one.
+#[test]
+fn redis_absent_at_start_then_up_sync_starts_and_clients_never_fail() {
+    const PERIOD: u64 = 500;
+    let dir = TestDir::new("sync-redis-absent");
+    let port = free_port();
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        port,
+        vec![Spec::new("a", sync_patch(PERIOD, json!({})))],
+    );
+    let a = &fleet[0];
+    let client_failures = steady_load(a, 9200..9240);
+    a.wait_stat("cycles_failed", SLACK * 2, |v| v >= 1);
+    assert_eq!(client_failures, 0, "clients failed with Redis absent");
+    assert_eq!(a.stat("cycles_ok"), 0, "{}", a.sync_stats());
+
+    let redis = Redis::start(&dir, port, None);
+    let resume = Duration::from_millis(a.stat("backoff_ms").max(0) as u64) + SLACK * 4;
+    a.wait_stat("cycles_ok", resume, |v| v >= 1);
+    a.wait_stat("polls_ok", Duration::from_millis(PERIOD * 2), |v| v >= 1);
+    // What it routed while Redis was absent reaches Redis.
+    assert!(
+        wait_until(sync_deadline(PERIOD), || prefix_keys(&redis) > 0),
+        "nothing pushed after Redis came up\n{}",
+        a.sync_stats()
+    );
+}
+
+/// Issue 9, items 2 and 3, through real Redis: values naming 2,400 models
+/// do not fill the model registry (a client's new model still gets prefix
+/// matches), and a record stamped far in the future does not pin its prefix
+/// to a pod: once the key is gone it idles out like any other. (Before: the
+/// registry filled for good, and the time was clamped to `u32::MAX` seconds,
+/// so the record never idled out and won every merge.)
+#[test]
+fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
+    const PERIOD: u64 = 500;
+    const IDLE_SECS: u64 = 4;
+    const PIN_TTL_SECS: u64 = 3;
+    let dir = TestDir::new("sync-hostile-values");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let pods = Pods::start(&dir);
+    let pod = pods.endpoint_of(&pods.name(0));
+    let flood: Vec<(String, String)> = (0..8u64)
+        .map(|i| {
+            let models: serde_json::Map<String, Value> = (0..300)
+                .map(|j| {
+                    (
+                        format!("flood-{i}-{j}"),
+                        json!({ pod.as_str(): now_nanos() }),
+                    )
+                })
+                .collect();
+            (
+                entity_key(0xF100D + i),
+                json!({ "model_to_pods": models }).to_string(),
+            )
+        })
+        .collect();
+    db.setex_many(&flood, 600);
+    let pinned = text(9300, PROMPT_LEN);
+    let pin: Vec<(String, String)> = block_keys(&pinned, 0)
+        .into_iter()
+        .map(|k| {
+            let value = json!({ "model_to_pods": { "test-model": { pod.as_str(): i64::MAX } } });
+            (k, value.to_string())
+        })
+        .collect();
+    db.setex_many(&pin, PIN_TTL_SECS);
+
+    let mut patch = sync_patch(PERIOD, json!({}));
+    merge(&mut patch, &json!({ "table_idle_expiry_secs": IDLE_SECS }));
+    let fleet = start_replicas(&dir, &pods, redis.port, vec![Spec::new("a", patch)]);
+    let a = &fleet[0];
+    a.wait_stat("applied", SLACK * 2, |v| v >= pin.len() as i64);
+
+    // A model no request named before: matched on its second request.
+    let url = a.envoy.url("/v1/completions");
+    let fresh =
+        json!({ "model": "a-new-model", "prompt": text(9301, PROMPT_LEN), "max_tokens": 8 });
+    let ask = || {
+        send(
+            "POST",
+            &url,
+            &[("content-type", "application/json")],
+            Some(fresh.to_string().as_bytes()),
+            CLIENT_TIMEOUT,
+        )
+        .expect("POST a-new-model")
+    };
+    assert_eq!(ask().status, 200);
+    let again = ask();
+    assert_eq!(
+        again.match_percent(),
+        100,
+        "a new model got no prefix match: the registry is full?\n{}",
+        a.sync_stats()
+    );
+
+    // The pinned keys expire from Redis; past the idle expiry the record
+    // is gone here too.
+    thread::sleep(Duration::from_secs(PIN_TTL_SECS + IDLE_SECS + 2));
+    let r = a.complete(&pinned);
+    assert_eq!(
+        r.match_percent(),
+        0,
+        "a record stamped in the future still routes its prefix (to {})\n{}",
+        r.served_by(),
+        a.sync_stats()
+    );
+}
+
 #[test]
 fn auth_protected_redis_works() {
     const PERIOD: u64 = 500;
@@ -1271,6 +1389,127 @@ fn singleton_survives_slow_and_garbage_redis_and_reports_liveness() {
     );
 }
 
+/// Issue 9, item 8: a middlebox between the bridge and Redis that closes
+/// both directions when Envoy half-closes (after the request) loses every
+/// reply. It is not a size problem: the calls are counted as empty replies,
+/// an error log line names the likely cause, nothing is retried smaller or
+/// blamed on values, and clients see nothing. (Before: each empty reply was
+/// taken for a truncation, MGETs were halved down to single keys and every
+/// key was reported oversized.)
+#[test]
+fn a_middlebox_closing_on_half_close_is_named_not_taken_for_truncation() {
+    const PERIOD: u64 = 500;
+    let dir = TestDir::new("sync-middlebox");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let proxy = harness::FaultProxy::start(redis.port);
+    let pods = Pods::start(&dir);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        proxy.port,
+        vec![Spec::new("a", sync_patch(PERIOD, json!({})))],
+    );
+    let a = &fleet[0];
+    a.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);
+    // Something to read: values another writer left in the namespace.
+    let entries: Vec<(String, String)> = (0..40)
+        .map(|i| (format!("aibrix:{{prefixcache}}:e:{i}"), "{}".to_string()))
+        .collect();
+    db.setex_many(&entries, 600);
+
+    // Redis answers after the middlebox has closed: nothing comes back.
+    proxy.set_delay(Duration::from_millis(50));
+    proxy.set_close_on_half_close(true);
+    let failed0 = a.stat("cycles_failed");
+    let client_failures = steady_load(a, 9100..9140);
+    a.wait_stat("cycles_failed", Duration::from_secs(20), |v| {
+        v >= failed0 + 2
+    });
+    assert_eq!(client_failures, 0, "clients failed behind the middlebox");
+    assert!(a.stat("empty_replies") >= 2, "{}", a.sync_stats());
+    assert_eq!(
+        (a.stat("truncations"), a.stat("oversized_values")),
+        (0, 0),
+        "empty replies taken for truncations\n{}",
+        a.sync_stats()
+    );
+    let log = a.envoy.log_text();
+    assert!(
+        log.contains("empty reply") && log.contains("half-close"),
+        "no log line naming the cause:\n{}",
+        a.log_tail()
+    );
+
+    // A path that passes the half-close on: sync resumes.
+    proxy.set_close_on_half_close(false);
+    proxy.set_delay(Duration::ZERO);
+    let ok = a.stat("cycles_ok");
+    let resume = Duration::from_millis(a.stat("backoff_ms").max(0) as u64) + SLACK * 4;
+    a.wait_stat("cycles_ok", resume, |v| v > ok);
+}
+
+/// Issue 9, item 8: a writer of values too large for one reply slowed every
+/// full scan: each one fetched them again (or, when the bridge cut the reply,
+/// split its way down to them again), and the MGET batch shrank to one key
+/// for a while after each. Now a full scan finds each such value once; the
+/// next ones skip it and read the rest in full batches.
+#[test]
+fn oversized_values_from_a_hostile_writer_are_split_once_not_every_scan() {
+    const PERIOD: u64 = 500;
+    let dir = TestDir::new("sync-oversized");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let pods = Pods::start(&dir);
+    let big = "x".repeat(1024 * 1024);
+    let mut entries: Vec<(String, String)> = (0..200)
+        .map(|i| (format!("aibrix:{{prefixcache}}:e:{i}"), "{}".to_string()))
+        .collect();
+    entries.extend((0..3).map(|i| (format!("aibrix:{{prefixcache}}:e:big{i}"), big.clone())));
+    db.setex_many(&entries, 600);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![Spec::new(
+            "a",
+            // Every cycle is a full scan.
+            sync_patch(PERIOD, json!({ "full_scan_every": 1 })),
+        )],
+    );
+    let a = &fleet[0];
+    a.wait_stat("oversized_values", SLACK * 2, |v| v >= 3);
+    let ok = a.stat("cycles_ok");
+    let (truncations, calls, bytes) = (
+        a.stat("truncations"),
+        a.stat("calls_sent"),
+        a.stat("bytes_received"),
+    );
+    a.wait_stat("cycles_ok", SLACK * 4, |v| v >= ok + 4);
+    let cycles = a.stat("cycles_ok") - ok;
+    assert_eq!(
+        (a.stat("truncations"), a.stat("oversized_values")),
+        (truncations, 3),
+        "later scans fetched the large values again\n{}",
+        a.sync_stats()
+    );
+    assert!(
+        a.stat("oversized_skipped") >= 3 * cycles,
+        "{}",
+        a.sync_stats()
+    );
+    // Per cycle: a SCAN page or two, two MGETs, the podload namespace's
+    // reads and pushes; not the 3 MiB and the one-key MGETs of fetching the
+    // large values again.
+    let per_cycle = (a.stat("calls_sent") - calls) / cycles;
+    let bytes_per_cycle = (a.stat("bytes_received") - bytes) / cycles;
+    assert!(
+        per_cycle <= 10 && bytes_per_cycle < 256 * 1024,
+        "{per_cycle} calls and {bytes_per_cycle} bytes per cycle\n{}",
+        a.sync_stats()
+    );
+}
+
 /// Issue 8: replicas whose endpoint lists come in different orders and differ
 /// by one pod share one table correctly. Pods travel by name, and each
 /// replica's slots are its own: every shared prefix A learned on a pod that B
@@ -1335,13 +1574,14 @@ fn prefix_keys(redis: &Redis) -> i64 {
 }
 
 /// Issue 9, items 4 and 5: Redis restarted empty. Before, 68 keys became 3
-/// (nothing re-pushed what the replica knew) and sync waited out a backoff
-/// of up to 60 s. Now the singleton probes Redis every 2 s while failing,
-/// starts a cycle as soon as it answers, sees the new `run_id` and pushes the
-/// whole table again: without a single new request.
+/// (nothing re-pushed what the replica knew), sync waited out a backoff of
+/// up to 60 s, and change-log polls stayed off for another cycle. Now the
+/// singleton probes Redis every 2 s while failing, starts a cycle as soon as
+/// it answers, sees the new `run_id` and pushes the whole table again
+/// (without a single new request), and polls right after that cycle.
 #[test]
 fn redis_restarted_empty_gets_the_table_back_within_seconds() {
-    const PERIOD: u64 = 1000;
+    const PERIOD: u64 = 3000;
     let dir = TestDir::new("sync-redis-restart");
     let port = free_port();
     let mut redis = Redis::start(&dir, port, None);
@@ -1372,6 +1612,8 @@ fn redis_restarted_empty_gets_the_table_back_within_seconds() {
     a.wait_stat("cycles_failed", Duration::from_secs(20), |v| {
         v >= failed + 2
     });
+    // Nothing succeeds while Redis is down: neither cycles nor polls.
+    let (cycles, polls) = (a.stat("cycles_ok"), a.stat("polls_ok"));
     redis = Redis::start(&dir, port, None);
     let restarted = Instant::now();
     assert!(
@@ -1387,6 +1629,18 @@ fn redis_restarted_empty_gets_the_table_back_within_seconds() {
         back,
         "{after} of {before} keys back after {:?}\n{}",
         restarted.elapsed(),
+        a.sync_stats()
+    );
+    // Item 5: change-log polls resume right after the first good cycle (the
+    // one that pushed the table back), not a cycle later: that cycle found
+    // no log in the empty Redis and reads the one its push created from the
+    // start. (Cycles are >= period/2 apart, polls every 175 ms.)
+    a.wait_stat("polls_ok", Duration::from_millis(PERIOD * 3), |v| v > polls);
+    let cycles_since = a.stat("cycles_ok") - cycles;
+    assert_eq!(
+        cycles_since,
+        1,
+        "polls resumed {cycles_since} cycles after Redis came back\n{}",
         a.sync_stats()
     );
     eprintln!(

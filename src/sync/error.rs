@@ -47,6 +47,13 @@ pub(crate) enum SyncError {
         /// Redis command that was cut.
         command: &'static str,
     },
+    /// The bridge answered with no bytes at all: the connection to Redis
+    /// was closed before any reply. Not a size problem, so never retried
+    /// smaller (see [`SyncError::Truncated`]).
+    EmptyReply {
+        /// First Redis command of the call.
+        command: &'static str,
+    },
     /// The reply was malformed or not what the command returns.
     Protocol(String),
     /// Redis answered a command with an error.
@@ -74,6 +81,11 @@ impl fmt::Display for SyncError {
             SyncError::Truncated { command } => {
                 write!(f, "{command} reply truncated by the bridge")
             }
+            SyncError::EmptyReply { command } => write!(
+                f,
+                "{command}: the bridge returned an empty reply (the connection to Redis closed \
+                 before any answer)"
+            ),
             SyncError::Protocol(msg) => write!(f, "unexpected redis reply: {msg}"),
             SyncError::Redis(msg) => write!(f, "redis error: {msg}"),
             SyncError::Auth(msg) => write!(f, "redis AUTH refused: {msg}"),

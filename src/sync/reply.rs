@@ -14,6 +14,12 @@ pub(crate) fn decode(
     command: &'static str,
 ) -> Result<Vec<Frame>, SyncError> {
     let body = result.map_err(SyncError::Transport)?;
+    // Redis answers every command, so a pipeline never has an empty reply:
+    // nothing came back at all. Retrying smaller (the truncation path)
+    // cannot help; the call failed.
+    if body.is_empty() {
+        return Err(SyncError::EmptyReply { command });
+    }
     let mut frames = parse_pipeline_reply(body, expected).map_err(|e| match e {
         ReplyError::Truncated { .. } => SyncError::Truncated { command },
         ReplyError::Protocol(msg) => SyncError::Protocol(msg),

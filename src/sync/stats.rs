@@ -36,8 +36,15 @@ pub(crate) struct SyncStats {
     pub(crate) pushed: u64,
     /// Replies cut by the bridge (never applied).
     pub(crate) truncations: u64,
-    /// Values too large to fetch even alone within the reply budget.
+    /// Values larger than `max_reply_bytes` (cut by the bridge even alone,
+    /// or arrived whole): never applied, and skipped by the next full scans.
     pub(crate) oversized_values: u64,
+    /// MGET slots not read because the value was found oversized recently.
+    pub(crate) oversized_skipped: u64,
+    /// Calls the bridge answered with no bytes at all (the connection to
+    /// Redis closed first: Redis gone mid-call, or a middlebox that closes
+    /// instead of passing TCP half-close on).
+    pub(crate) empty_replies: u64,
     /// Full pushes that hit the size warnings.
     pub(crate) large_snapshot_warnings: u64,
     /// Bridge calls emitted.
@@ -82,7 +89,7 @@ impl SyncStats {
     /// Every counter, by its exported name (`prefix_router.sync.<name>`): the
     /// one table the host exports from. `backoff_ms`, `last_success_ms` and
     /// `last_cycle_ms` are not counters and are exported otherwise.
-    pub(crate) const COUNTERS: [(&'static str, CounterField); 30] = [
+    pub(crate) const COUNTERS: [(&'static str, CounterField); 32] = [
         ("cycles_ok", |s| s.cycles_ok),
         ("cycles_failed", |s| s.cycles_failed),
         ("cycles_timed_out", |s| s.cycles_timed_out),
@@ -99,6 +106,8 @@ impl SyncStats {
         ("pushed", |s| s.pushed),
         ("truncations", |s| s.truncations),
         ("oversized_values", |s| s.oversized_values),
+        ("oversized_skipped", |s| s.oversized_skipped),
+        ("empty_replies", |s| s.empty_replies),
         ("large_snapshot_warnings", |s| s.large_snapshot_warnings),
         ("calls_sent", |s| s.calls_sent),
         ("calls_failed", |s| s.calls_failed),
@@ -159,11 +168,13 @@ mod tests {
             poll_applied: 28,
             mid_pushes: 29,
             mid_pushes_failed: 30,
+            oversized_skipped: 31,
+            empty_replies: 32,
             last_success_ms: None,
             last_cycle_ms: 0,
         };
         let mut read: Vec<u64> = SyncStats::COUNTERS.iter().map(|(_, f)| f(&s)).collect();
         read.sort_unstable();
-        assert_eq!(read, (1..=30).collect::<Vec<u64>>());
+        assert_eq!(read, (1..=32).collect::<Vec<u64>>());
     }
 }

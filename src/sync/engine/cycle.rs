@@ -20,6 +20,7 @@ impl SyncEngine {
         let seq = self.next_seq();
         let mut cycle = Run::new(Kind::Cycle, seq, now_ms, self.regs.len());
         for (i, reg) in self.regs.iter_mut().enumerate() {
+            reg.oversized.retain(|_, until| *until > now_ms);
             if reg.caps.hooks {
                 reg.comp.on_sync_start();
             }

@@ -60,6 +60,9 @@ pub(crate) const MAX_TRUNCATION_RETRIES: u32 = 10;
 pub(crate) const MAX_SCAN_COUNT: usize = 16_384;
 /// RTT samples kept until drained.
 const MAX_RTT_SAMPLES: usize = 1024;
+/// Oversized ids remembered per namespace (beyond it, the soonest to expire
+/// is forgotten first).
+pub(crate) const MAX_OVERSIZED_REMEMBERED: usize = 1024;
 
 /// One bridge call to make: POST `body` to the Redis bridge.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,12 +100,18 @@ struct Registered {
     /// Last change-log entry this replica has seen; None = unknown, the
     /// next pull must be a full scan.
     log_pos: Option<String>,
-    /// Learned caps (shrink on truncation, regrow slowly).
-    mget_cap: usize,
+    /// Learned page sizes (SCAN: shrink on truncation, grow while replies
+    /// are small; XRANGE: shrink on truncation).
     scan_cap: usize,
     log_cap: usize,
     /// Estimated reply bytes per MGET value (0 = nothing seen yet).
     value_reply_bytes: usize,
+    /// Ids whose value was too large to fetch even alone, and until when
+    /// (`now_ms`) full scans skip them: without this, every full scan would
+    /// split its way down to the same values again (a hostile writer's cheap
+    /// DoS). Change-log reads do not skip them: an entry there is a rewrite.
+    /// At most [`MAX_OVERSIZED_REMEMBERED`] ids.
+    oversized: BTreeMap<String, u64>,
     write_through: Vec<Write>,
 }
 
@@ -209,10 +218,10 @@ impl SyncEngine {
             ns,
             caps,
             log_pos: None,
-            mget_cap: self.settings.mget_batch,
             scan_cap,
             log_cap: self.settings.log_read_count,
             value_reply_bytes: 0,
+            oversized: BTreeMap::new(),
             write_through: Vec::new(),
         });
         Ok(())
@@ -338,6 +347,9 @@ impl SyncEngine {
         let reply_len = result.as_ref().map(|b| b.len()).unwrap_or(0);
         self.stats.bytes_received += reply_len as u64;
         let frames = decode(result, out.expected, out.auth, out.sent.command());
+        if let Err(SyncError::EmptyReply { command }) = &frames {
+            self.note_empty_reply(command);
+        }
         let Some(seq) = out.run else {
             self.on_write_through_reply(out.sent, frames);
             return calls;
@@ -350,8 +362,8 @@ impl SyncEngine {
             }
         }
         let outcome = match frames {
-            Ok(frames) => self.on_run_reply(out.sent, frames, reply_len),
-            Err(SyncError::Truncated { .. }) => self.on_truncated(out.sent),
+            Ok(frames) => self.on_run_reply(out.sent, frames, reply_len, now_ms),
+            Err(SyncError::Truncated { .. }) => self.on_truncated(out.sent, now_ms),
             Err(e) => Err(e),
         };
         if let Err(e) = outcome {
@@ -360,6 +372,22 @@ impl SyncEngine {
         }
         self.pump(now_ms, &mut calls);
         calls
+    }
+
+    /// Counts an empty reply and says, at error level, what usually causes
+    /// it (on the 1st, 2nd, 4th, 8th... one, so a long outage stays quiet).
+    fn note_empty_reply(&mut self, command: &str) {
+        self.stats.empty_replies += 1;
+        let n = self.stats.empty_replies;
+        if n.is_power_of_two() {
+            log::error!(
+                "sync: {command} call got an empty reply from the Redis bridge ({n} so far): the \
+                 connection to Redis closed before Redis answered. Redis went away mid-call, or \
+                 something between the bridge and Redis (a TCP proxy or load balancer) closes the \
+                 connection when Envoy half-closes it after sending the request: that path must \
+                 pass TCP half-close on (see docs/deploy.md)"
+            );
+        }
     }
 
     /// Queues a write-through SETEX of one entity; sent on the next tick.

@@ -2,6 +2,8 @@
 //! entries, MGET values, confirmed writes) and how a truncated reply is
 //! retried smaller.
 
+use std::collections::BTreeMap;
+
 use crate::sync::error::SyncError;
 use crate::sync::reply::{log_entries, proto};
 use crate::sync::resp::Frame;
@@ -9,7 +11,13 @@ use crate::sync::settings::SyncSettings;
 
 use super::runs::{Kind, Run};
 use super::sending::{Op, Read, Sent};
-use super::{NsIndex, Registered, SyncEngine, MAX_SCAN_COUNT, MAX_TRUNCATION_RETRIES};
+use super::{
+    NsIndex, Registered, SyncEngine, MAX_OVERSIZED_REMEMBERED, MAX_SCAN_COUNT,
+    MAX_TRUNCATION_RETRIES,
+};
+
+/// The change-log position before any entry (`XRANGE` reads after it).
+const LOG_START: &str = "0-0";
 
 impl SyncEngine {
     pub(super) fn on_run_reply(
@@ -17,9 +25,10 @@ impl SyncEngine {
         sent: Sent,
         frames: Vec<Frame>,
         reply_len: usize,
+        now_ms: u64,
     ) -> Result<(), SyncError> {
         match sent {
-            Sent::Read(read) => self.on_read(read, frames, reply_len),
+            Sent::Read(read) => self.on_read(read, frames, reply_len, now_ms),
             Sent::DelStale { n } => {
                 self.stats.stale_deleted += n as u64;
                 Ok(())
@@ -36,6 +45,7 @@ impl SyncEngine {
         read: Read,
         frames: Vec<Frame>,
         reply_len: usize,
+        now_ms: u64,
     ) -> Result<(), SyncError> {
         match read {
             Read::Scan {
@@ -66,7 +76,7 @@ impl SyncEngine {
                 }
                 Ok(())
             }
-            Read::Mget { ns, ids, .. } => self.on_mget(ns, ids, frames, reply_len),
+            Read::Mget { ns, ids, .. } => self.on_mget(ns, ids, frames, reply_len, now_ms),
         }
     }
 
@@ -83,9 +93,15 @@ impl SyncEngine {
             let head = frames
                 .next()
                 .ok_or_else(|| proto("XREVRANGE reply missing"))?;
-            let pos = log_entries(head)?.into_iter().next().map(|e| e.id);
+            // No log yet (a fresh Redis, or one idle past the log's TTL):
+            // everything appended from now on is new, so read from the start
+            // instead of keeping polls off until a later cycle finds a head.
+            let pos = log_entries(head)?
+                .into_iter()
+                .next()
+                .map_or_else(|| LOG_START.to_string(), |e| e.id);
             if let Some(c) = self.run.as_mut() {
-                c.ns[ns].new_pos = pos;
+                c.ns[ns].new_pos = Some(pos);
             }
         }
         let (cursor, keys) = match frames.next() {
@@ -108,6 +124,7 @@ impl SyncEngine {
             .map(str::to_owned)
             .collect();
         self.stats.keys_scanned += ids.len() as u64;
+        let ids = self.skip_oversized(ns, ids);
         // A page whose reply used under a quarter of the budget doubles the
         // next one (up to MAX_SCAN_COUNT): SCAN walks the whole keyspace
         // whatever it matches, so a namespace holding few of its keys (the
@@ -153,8 +170,10 @@ impl SyncEngine {
             return Ok(());
         };
         // Trimming removes the oldest entries first, so our last-seen entry
-        // still being there proves nothing after it was lost.
-        let lost = entries.first().map(|e| e.id.as_str()) != Some(from);
+        // still being there proves nothing after it was lost. From the start
+        // of a log (none existed at the last scan) every entry is new.
+        let from_start = from == LOG_START;
+        let lost = !from_start && entries.first().map(|e| e.id.as_str()) != Some(from);
         if lost && cycle.kind == Kind::Poll {
             // A poll does not scan: the next cycle does (unknown position).
             log::info!(
@@ -185,7 +204,7 @@ impl SyncEngine {
         let full_page = entries.len() >= count;
         let mut ids = Vec::new();
         let mut last = None;
-        for entry in entries.into_iter().skip(1) {
+        for entry in entries.into_iter().skip(usize::from(!from_start)) {
             if entry.origin.as_deref() != Some(self.origin.as_str()) {
                 for id in entry.ids.split(',').filter(|s| !s.is_empty()) {
                     if cycle.ns[ns].seen.insert(id.to_owned()) {
@@ -216,6 +235,7 @@ impl SyncEngine {
         ids: Vec<String>,
         frames: Vec<Frame>,
         reply_len: usize,
+        now_ms: u64,
     ) -> Result<(), SyncError> {
         let values = match frames.into_iter().next() {
             Some(Frame::Array(values)) if values.len() == ids.len() => values,
@@ -226,22 +246,42 @@ impl SyncEngine {
                 )))
             }
         };
-        let budget = self.settings.max_reply_bytes;
-        let mget_batch = self.settings.mget_batch;
         let polling = self.run.as_ref().is_some_and(|r| r.kind == Kind::Poll);
+        // A value larger than a whole reply may be is treated as if the
+        // bridge had cut it (whether it did depends on Redis's timing): not
+        // applied, remembered, and kept out of the size estimate so it does
+        // not shrink the batches of the namespace's ordinary values.
+        let budget = self.settings.max_reply_bytes;
+        let is_oversized = |v: &Frame| matches!(v, Frame::Bulk(b) if b.len() > budget);
+        let (big_n, big_bytes) = values
+            .iter()
+            .filter(|v| is_oversized(v))
+            .fold((0, 0), |(n, bytes), v| {
+                (n + 1, bytes + v.as_bytes().map_or(0, <[u8]>::len))
+            });
+        let until = now_ms.saturating_add(oversized_memory_ms(&self.settings));
         let reg = &mut self.regs[ns];
-        let sample = reply_len / ids.len().max(1);
-        reg.value_reply_bytes = if reg.value_reply_bytes == 0 {
-            sample
-        } else {
-            (reg.value_reply_bytes * 3 + sample) / 4
-        };
-        if reply_len < budget / 2 && reg.mget_cap < mget_batch {
-            reg.mget_cap = (reg.mget_cap + reg.mget_cap / 4 + 1).min(mget_batch);
+        if big_n < ids.len() {
+            let sample = reply_len.saturating_sub(big_bytes) / (ids.len() - big_n);
+            reg.value_reply_bytes = if reg.value_reply_bytes == 0 {
+                sample
+            } else {
+                (reg.value_reply_bytes * 3 + sample) / 4
+            };
         }
         let mut stale = Vec::new();
         for (id, value) in ids.into_iter().zip(values) {
             let payload = match value {
+                Frame::Bulk(b) if b.len() > budget => {
+                    self.stats.oversized_values += 1;
+                    log::warn!(
+                        "sync: {:?}/{id} ({} bytes) is larger than sync.max_reply_bytes; skipped",
+                        reg.ns,
+                        b.len()
+                    );
+                    remember_oversized(&mut reg.oversized, id, until);
+                    continue;
+                }
                 Frame::Bulk(b) => b,
                 Frame::Null => {
                     self.stats.missing_values += 1;
@@ -278,8 +318,20 @@ impl SyncEngine {
         Ok(())
     }
 
+    /// `ids` without those recently found too large to fetch (counted).
+    fn skip_oversized(&mut self, ns: NsIndex, mut ids: Vec<String>) -> Vec<String> {
+        let reg = &self.regs[ns];
+        if reg.oversized.is_empty() {
+            return ids;
+        }
+        let before = ids.len();
+        ids.retain(|id| !reg.oversized.contains_key(id));
+        self.stats.oversized_skipped += (before - ids.len()) as u64;
+        ids
+    }
+
     /// A truncated reply is dropped whole; reads are retried smaller.
-    pub(super) fn on_truncated(&mut self, sent: Sent) -> Result<(), SyncError> {
+    pub(super) fn on_truncated(&mut self, sent: Sent, now_ms: u64) -> Result<(), SyncError> {
         self.stats.truncations += 1;
         let command = sent.command();
         let Some(cycle) = self.run.as_mut() else {
@@ -315,10 +367,15 @@ impl SyncEngine {
                         reg.ns,
                         ids[0]
                     );
+                    let until = now_ms.saturating_add(oversized_memory_ms(&self.settings));
+                    remember_oversized(&mut reg.oversized, ids.swap_remove(0), until);
                     return Ok(());
                 }
+                // Halves until the replies fit. The batch size of later
+                // MGETs is not cut here: it follows the value sizes seen in
+                // replies that fit (`value_reply_bytes`), so one large value
+                // (a hostile writer's) does not shrink every later batch.
                 let tail = ids.split_off(ids.len() / 2);
-                reg.mget_cap = reg.mget_cap.min(ids.len()).max(1);
                 cycle.queue.push_front(Op::Read(Read::Mget {
                     ns,
                     ids: tail,
@@ -370,10 +427,37 @@ impl SyncEngine {
     }
 }
 
-/// MGET keys per call: configured batch, shrunk by truncations and by the
-/// observed value size so the reply fits the budget with a 25 % margin.
+/// How long full scans skip an oversized value: four full-scan intervals,
+/// and at least [`OVERSIZED_MEMORY_MIN_MS`], so a value that stays too large
+/// is fetched again at most that often.
+fn oversized_memory_ms(settings: &SyncSettings) -> u64 {
+    let scans = u64::from(settings.full_scan_every.max(1));
+    let intervals = settings.period_ms.saturating_mul(scans).saturating_mul(4);
+    intervals.max(OVERSIZED_MEMORY_MIN_MS)
+}
+
+/// Shortest time an oversized value is skipped (one minute).
+const OVERSIZED_MEMORY_MIN_MS: u64 = 60_000;
+
+/// Remembers `id` as oversized until `until`, within the cap (the entry
+/// due to expire first makes room).
+fn remember_oversized(memory: &mut BTreeMap<String, u64>, id: String, until: u64) {
+    if memory.len() >= MAX_OVERSIZED_REMEMBERED && !memory.contains_key(&id) {
+        let soonest = memory
+            .iter()
+            .min_by_key(|(_, until)| **until)
+            .map(|(id, _)| id.clone());
+        if let Some(soonest) = soonest {
+            memory.remove(&soonest);
+        }
+    }
+    memory.insert(id, until);
+}
+
+/// MGET keys per call: configured batch, shrunk by the observed value size
+/// so the reply fits the budget with a 25 % margin.
 fn mget_batch_size(reg: &Registered, settings: &SyncSettings) -> usize {
-    let mut n = settings.mget_batch.min(reg.mget_cap);
+    let mut n = settings.mget_batch;
     if let Some(fit) = (settings.max_reply_bytes * 3 / 4).checked_div(reg.value_reply_bytes) {
         n = n.min(fit);
     }
