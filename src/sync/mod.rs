@@ -52,9 +52,10 @@ pub mod testkit;
 #[cfg(test)]
 mod tests;
 
-// The host layer's view of sync (only built for Envoy's target).
 pub use settings::SyncSettings;
 pub use syncable::{Capabilities, Delta, Rejected, Syncable};
+
+// The host layer's view of sync (only built for Envoy's target).
 #[cfg_attr(
     not(all(target_arch = "wasm32", target_os = "wasi")),
     allow(unused_imports)
