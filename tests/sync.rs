@@ -1076,6 +1076,66 @@ fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
     );
 }
 
+/// Issue 13: with `scan_keys_per_cycle`, anti-entropy is a rotating SCAN
+/// that reads a bounded slice per cycle instead of the whole namespace every
+/// `full_scan_every` cycles; a value written without the change log (as
+/// AIBrix's gateways write) is still found within one pass.
+#[test]
+fn rotating_scan_finds_log_less_writes_within_a_pass_at_a_bounded_cost() {
+    const PERIOD: u64 = 500;
+    const BUDGET: i64 = 100;
+    let dir = TestDir::new("sync-rotating-scan");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let pods = Pods::start(&dir);
+    let filler: Vec<(String, String)> = (0..600u64)
+        .map(|i| (entity_key(0xF111 + i), "{}".to_string()))
+        .collect();
+    db.setex_many(&filler, 600);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![Spec::new(
+            "a",
+            sync_patch(PERIOD, json!({ "scan_keys_per_cycle": BUDGET })),
+        )],
+    );
+    let a = &fleet[0];
+    a.wait_stat("cycles_ok", SLACK * 2, |v| v >= 2);
+    let full_scans = a.stat("full_scans");
+
+    // Another writer, without the change log, says pod-3 holds a prompt.
+    let prompt = text(9400, PROMPT_LEN);
+    let pod = pods.endpoint_of(&pods.name(2));
+    let value = json!({ "model_to_pods": { "test-model": { pod.as_str(): now_nanos() } } });
+    let entries: Vec<(String, String)> = block_keys(&prompt, 0)
+        .into_iter()
+        .map(|k| (k, value.to_string()))
+        .collect();
+    db.setex_many(&entries, 600);
+    // Two pass ends: the second pass ran wholly after the write.
+    let passes = a.stat("scan_passes");
+    let (slices, scanned) = (a.stat("scan_slices"), a.stat("keys_scanned"));
+    a.wait_stat("scan_passes", Duration::from_secs(30), |v| v >= passes + 2);
+    let r = a.complete(&prompt);
+    assert_eq!(
+        (r.served_by(), r.match_percent()),
+        (pods.name(2), 100),
+        "a log-less write was not found by a whole pass\n{}",
+        a.sync_stats()
+    );
+    assert_eq!(a.stat("full_scans"), full_scans, "periodic full scans ran");
+    // Each slice asks SCAN for at most BUDGET keys (the namespace's keys
+    // are most of the keyspace).
+    let per_slice = (a.stat("keys_scanned") - scanned) / (a.stat("scan_slices") - slices).max(1);
+    assert!(
+        per_slice <= BUDGET,
+        "{per_slice} keys per slice\n{}",
+        a.sync_stats()
+    );
+}
+
 #[test]
 fn auth_protected_redis_works() {
     const PERIOD: u64 = 500;

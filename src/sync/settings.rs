@@ -50,7 +50,7 @@ pub struct SyncSettings {
     /// TTL of every record written; `<= 0` means the default (120 s).
     pub(crate) record_ttl_secs: i64,
     /// Entity writes (SETEX/DEL) per pipelined call.
-    pub(crate) setex_chunk: usize,
+    pub setex_chunk: usize,
     /// Keys per MGET, before the reply budget shrinks it.
     pub(crate) mget_batch: usize,
     /// SCAN COUNT of a scan's first page (shrunk to fit the reply budget);
@@ -65,6 +65,17 @@ pub struct SyncSettings {
     /// change log is written or read, so the Redis traffic is exactly
     /// AIBrix's command set.
     pub(crate) full_scan_every: u32,
+    /// Anti-entropy by rotating scan: `0` (default) keeps the full SCAN
+    /// every `full_scan_every` cycles. `N > 0`: instead, every cycle (after
+    /// the first full scan) also reads the next slice of one SCAN pass over
+    /// the namespace: SCAN pages asking for `N` keys in all (Redis walks
+    /// about that many), continuing the cursor across cycles. The cost per cycle
+    /// is then flat whatever the table size; a change the change log missed
+    /// (a writer without the log, e.g. AIBrix's gateways) arrives within one
+    /// pass, `ceil(keys / N)` cycles. Namespaces with hooks (`podload`,
+    /// whose live writers rewrite their key every period) then read only
+    /// the change log after their first full scan. Ignored in AIBrix mode.
+    pub(crate) scan_keys_per_cycle: usize,
     /// MAXLEN (approximate) of each namespace's change-log stream.
     pub(crate) change_log_max_entries: usize,
     /// Log entries per XRANGE call.
@@ -117,6 +128,7 @@ impl Default for SyncSettings {
             scan_count: 500,
             write_through: false,
             full_scan_every: 6,
+            scan_keys_per_cycle: 0,
             change_log_max_entries: 4096,
             log_read_count: 64,
             poll_ms: 175,
@@ -147,6 +159,7 @@ impl fmt::Debug for SyncSettings {
             .field("scan_count", &self.scan_count)
             .field("write_through", &self.write_through)
             .field("full_scan_every", &self.full_scan_every)
+            .field("scan_keys_per_cycle", &self.scan_keys_per_cycle)
             .field("change_log_max_entries", &self.change_log_max_entries)
             .field("log_read_count", &self.log_read_count)
             .field("poll_ms", &self.poll_ms)
@@ -246,6 +259,12 @@ impl SyncSettings {
         range("mget_batch", self.mget_batch, 1, 10_000)?;
         range("scan_count", self.scan_count, 1, 100_000)?;
         range(
+            "scan_keys_per_cycle",
+            self.scan_keys_per_cycle,
+            0,
+            10_000_000,
+        )?;
+        range(
             "change_log_max_entries",
             self.change_log_max_entries,
             16,
@@ -330,6 +349,7 @@ mod tests {
         assert_eq!((s.setex_chunk, s.mget_batch, s.scan_count), (25, 200, 500));
         assert!(!s.write_through);
         assert_eq!(s.poll_ms, 175);
+        assert_eq!((s.full_scan_every, s.scan_keys_per_cycle), (6, 0));
         assert!(s.polling_enabled());
         assert_eq!(s.namespaces.prefixcache, "prefixcache");
         assert!(s.validate().is_ok());
@@ -372,6 +392,10 @@ mod tests {
             (json!({"bridge_cluster": ""}), "bridge_cluster"),
             (json!({"poll_ms": 5}), "poll_ms"),
             (json!({"period_ms": 1000, "poll_ms": 1001}), "poll_ms"),
+            (
+                json!({"scan_keys_per_cycle": 10_000_001}),
+                "scan_keys_per_cycle",
+            ),
         ];
         for (value, field) in cases {
             match SyncSettings::from_json(&value) {

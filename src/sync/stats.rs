@@ -15,6 +15,10 @@ pub(crate) struct SyncStats {
     pub(crate) full_scans: u64,
     /// Namespace pulls done from the change log.
     pub(crate) incremental_pulls: u64,
+    /// Slices of the rotating anti-entropy scan read (`scan_keys_per_cycle`).
+    pub(crate) scan_slices: u64,
+    /// Rotating anti-entropy passes completed (the cursor came back to 0).
+    pub(crate) scan_passes: u64,
     /// Incremental pulls that found the log trimmed/missing and fell back
     /// to a full scan, and polls that found it so (the next cycle scans).
     pub(crate) log_fallbacks: u64,
@@ -89,12 +93,14 @@ impl SyncStats {
     /// Every counter, by its exported name (`prefix_router.sync.<name>`): the
     /// one table the host exports from. `backoff_ms`, `last_success_ms` and
     /// `last_cycle_ms` are not counters and are exported otherwise.
-    pub(crate) const COUNTERS: [(&'static str, CounterField); 32] = [
+    pub(crate) const COUNTERS: [(&'static str, CounterField); 34] = [
         ("cycles_ok", |s| s.cycles_ok),
         ("cycles_failed", |s| s.cycles_failed),
         ("cycles_timed_out", |s| s.cycles_timed_out),
         ("full_scans", |s| s.full_scans),
         ("incremental_pulls", |s| s.incremental_pulls),
+        ("scan_slices", |s| s.scan_slices),
+        ("scan_passes", |s| s.scan_passes),
         ("log_fallbacks", |s| s.log_fallbacks),
         ("keys_scanned", |s| s.keys_scanned),
         ("keys_pulled", |s| s.keys_pulled),
@@ -170,11 +176,13 @@ mod tests {
             mid_pushes_failed: 30,
             oversized_skipped: 31,
             empty_replies: 32,
+            scan_slices: 33,
+            scan_passes: 34,
             last_success_ms: None,
             last_cycle_ms: 0,
         };
         let mut read: Vec<u64> = SyncStats::COUNTERS.iter().map(|(_, f)| f(&s)).collect();
         read.sort_unstable();
-        assert_eq!(read, (1..=32).collect::<Vec<u64>>());
+        assert_eq!(read, (1..=34).collect::<Vec<u64>>());
     }
 }

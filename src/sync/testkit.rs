@@ -219,6 +219,17 @@ pub struct CycleCost {
     pub(crate) idle_poll_bytes_sent: f64,
     /// The idle polls' share of `bytes_received`.
     pub(crate) idle_poll_bytes_received: f64,
+    /// Keys read per period: returned by SCAN plus fetched by MGET.
+    pub keys_read: f64,
+    /// The writer's Redis commands per period (its pushes of the churn, its
+    /// own scans and polls included).
+    pub(crate) writer_commands: f64,
+    /// The writer's request bytes per period.
+    pub writer_bytes_sent: f64,
+    /// The writer's keys written per period.
+    pub writer_keys_written: f64,
+    /// The writer's keys read per period.
+    pub(crate) writer_keys_read: f64,
 }
 
 impl CycleCost {
@@ -250,6 +261,8 @@ pub struct CostModel {
     pub period_ms: u64,
     /// `poll_ms` of both replicas (0: no polls).
     pub poll_ms: u64,
+    /// `scan_keys_per_cycle` of both replicas (0: periodic full scans).
+    pub scan_keys_per_cycle: usize,
 }
 
 impl Default for CostModel {
@@ -262,6 +275,7 @@ impl Default for CostModel {
             cycles: s.full_scan_every.max(1) as usize,
             period_ms: s.period_ms,
             poll_ms: s.poll_ms,
+            scan_keys_per_cycle: s.scan_keys_per_cycle,
         }
     }
 }
@@ -302,6 +316,7 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
         full_scan_every: m.full_scan_every,
         period_ms: m.period_ms,
         poll_ms: m.poll_ms,
+        scan_keys_per_cycle: m.scan_keys_per_cycle,
         // Keep the namespace at a constant size for the whole run.
         record_ttl_secs: 86_400,
         change_log_max_entries: 100_000,
@@ -349,6 +364,7 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
     let _ = b.start(now);
     let mut cost = CycleCost::default();
     let mut before: Option<SyncStats> = None;
+    let mut writer_before: Option<SyncStats> = None;
     let cycles = m.cycles.max(1) as u64;
     let limit = now + (cycles + 3) * 2 * m.period_ms.max(TICK_MS);
     while now < limit {
@@ -362,6 +378,7 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
             // first, closes after the `cycles`-th next one.
             let Some(start) = &before else {
                 before = Some(s1);
+                writer_before = Some(a.stats().clone());
                 change(1);
                 continue;
             };
@@ -373,6 +390,15 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
                 cost.commands = d(|s| s.commands_sent);
                 cost.bytes_sent = d(|s| s.bytes_sent);
                 cost.bytes_received = d(|s| s.bytes_received);
+                cost.keys_read = d(|s| s.keys_scanned + s.keys_pulled);
+                if let Some(w0) = &writer_before {
+                    let w1 = a.stats();
+                    let dw = |f: fn(&SyncStats) -> u64| (f(w1) - f(w0)) as f64 / n;
+                    cost.writer_commands = dw(|s| s.commands_sent);
+                    cost.writer_bytes_sent = dw(|s| s.bytes_sent);
+                    cost.writer_keys_written = dw(|s| s.pushed);
+                    cost.writer_keys_read = dw(|s| s.keys_scanned + s.keys_pulled);
+                }
                 for f in [
                     &mut cost.polls,
                     &mut cost.idle_polls,

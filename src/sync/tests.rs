@@ -1039,6 +1039,47 @@ fn a_fresh_redis_is_polled_from_the_first_cycle() {
 }
 
 #[test]
+fn rotating_scan_reads_a_slice_per_cycle_and_catches_log_less_writers_within_a_pass() {
+    // 1,000 keys, a budget of 100 keys a cycle: after the first full scan,
+    // each cycle reads the change log plus the next ~100 keys of one SCAN
+    // pass; a key written without the log is found within one pass.
+    let s = SyncSettings {
+        scan_keys_per_cycle: 100,
+        ..settings()
+    };
+    let comp = MapComponent::shared(NS, caps(true, false, false, false));
+    let mut e = engine(s, &[&comp], 1);
+    let mut r = MemRedis::new();
+    for i in 0..1000 {
+        r.setex(&key(&format!("k{i:04}")), 600, b"v");
+    }
+    let mut now = run_cycle(&mut e, &mut r, 0);
+    assert_eq!(comp.borrow().entries.len(), 1000);
+    // Key "zz" sorts last in the double's keyspace: the pass reaches it at
+    // its end.
+    r.setex(&key("zz-from-go"), 600, b"go");
+    let mut cycles = 0;
+    while !comp.borrow().entries.contains_key("zz-from-go") {
+        let scanned = e.stats().keys_scanned;
+        now = run_cycle(&mut e, &mut r, now);
+        cycles += 1;
+        // One slice: its pages stop once they asked for 100 keys (the first
+        // page may be smaller: the double counts keys, not slots).
+        assert!(
+            e.stats().keys_scanned - scanned <= 100,
+            "cycle {cycles}: {} keys scanned",
+            e.stats().keys_scanned - scanned
+        );
+        assert!(cycles <= 11, "not found within one pass: {:?}", e.stats());
+    }
+    assert!(cycles >= 9, "found after {cycles} cycles: slices too large");
+    let st = e.stats();
+    assert_eq!(st.full_scans, 1, "no periodic full scans");
+    assert_eq!(st.scan_slices, cycles);
+    assert_eq!(st.scan_passes, 1);
+}
+
+#[test]
 fn full_scan_runs_every_nth_cycle_and_catches_log_less_writers() {
     let s = SyncSettings {
         full_scan_every: 3,

@@ -100,6 +100,9 @@ struct Registered {
     /// Last change-log entry this replica has seen; None = unknown, the
     /// next pull must be a full scan.
     log_pos: Option<String>,
+    /// Where the rotating anti-entropy scan (`scan_keys_per_cycle`) goes on
+    /// next cycle; None = a new pass starts.
+    scan_cursor: Option<String>,
     /// Learned page sizes (SCAN: shrink on truncation, grow while replies
     /// are small; XRANGE: shrink on truncation).
     scan_cap: usize,
@@ -218,6 +221,7 @@ impl SyncEngine {
             ns,
             caps,
             log_pos: None,
+            scan_cursor: None,
             scan_cap,
             log_cap: self.settings.log_read_count,
             value_reply_bytes: 0,

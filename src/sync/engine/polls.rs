@@ -44,6 +44,7 @@ impl SyncEngine {
                 new_pos: reg.log_pos.clone().filter(|_| active),
                 seen: HashSet::new(),
                 hooks_started: false,
+                slice_keys: None,
             });
         }
         if reads.is_empty() {

@@ -136,17 +136,37 @@ impl SyncEngine {
             let reg = &mut self.regs[ns];
             reg.scan_cap = reg.scan_cap.max(grown);
         }
-        let reg = &self.regs[ns];
+        let budget = self.settings.scan_keys_per_cycle;
+        let reg = &mut self.regs[ns];
         let scan_cap = reg.scan_cap;
         let Some(cycle) = self.run.as_mut() else {
             return Ok(());
         };
+        // A rotating slice stops once it has walked its keys (SCAN's COUNT:
+        // Redis's work, whatever matched) and keeps the cursor for the next
+        // cycle; the pass ends when the cursor comes back to 0.
+        if let Some(read) = cycle.ns[ns].slice_keys.as_mut() {
+            *read += count;
+            if cursor == b"0" {
+                reg.scan_cursor = None;
+                self.stats.scan_passes += 1;
+            } else if *read >= budget {
+                reg.scan_cursor = Some(String::from_utf8_lossy(&cursor).into_owned());
+                let batch = mget_batch_size(reg, &self.settings);
+                queue_mgets(cycle, ns, ids, batch);
+                return Ok(());
+            }
+        }
+        let slice_cap = cycle.ns[ns].slice_keys.map_or(scan_cap, |read| {
+            scan_cap.min(budget.saturating_sub(read).max(1))
+        });
+        let reg = &self.regs[ns];
         if cursor != b"0" {
             // Next page first: enumeration overlaps with the MGETs below.
             cycle.queue.push_front(Op::Read(Read::Scan {
                 ns,
                 cursor: String::from_utf8_lossy(&cursor).into_owned(),
-                count: scan_cap,
+                count: slice_cap,
                 with_head: false,
                 attempt: 0,
             }));

@@ -31,6 +31,8 @@ pub(super) struct NsRun {
     pub(super) new_pos: Option<String>,
     pub(super) seen: HashSet<String>,
     pub(super) hooks_started: bool,
+    /// Keys this run's rotating-scan slice has read (None: no slice).
+    pub(super) slice_keys: Option<usize>,
 }
 
 impl Index<NsIndex> for Vec<NsRun> {
