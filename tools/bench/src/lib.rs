@@ -1,7 +1,8 @@
 //! Building blocks of `prefix-bench` (the demo and benchmarks of the Envoy
 //! prefix-router filter) and of router comparisons to come: deterministic
 //! workloads, an HTTP load runner, percentiles, process fleets on loopback
-//! (through the integration-test harness) and report output.
+//! (through the `harness` crate the integration tests share) and report
+//! output.
 
 // Test tooling: a benchmark whose setup fails (a process that does not
 // start, a file that cannot be written) can only stop, with the reason.
