@@ -19,8 +19,6 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::net::{Ipv4Addr, TcpStream};
@@ -29,18 +27,18 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use envoy_prefix_router::hashing::BlockHasher;
-use envoy_prefix_router::request::{parse_body, ApiKind};
-use envoy_prefix_router::router::sampled_positions;
-use serde_json::{json, Value};
-use support::redis::{RedisAt, Resp};
-use support::{
+use envoy_prefix_router::route::hashing::BlockHasher;
+use envoy_prefix_router::route::request::{parse_body, ApiKind};
+use envoy_prefix_router::route::router::sampled_positions;
+use harness::redis::{RedisAt, Resp};
+use harness::{
     completion_body, envoy_template, free_port, patch_plugin_json, send, substitute_ports, tail,
     text, wait_until, wasm_module, Envoy, EnvoyOptions, Pod, Ports, Redis, Reply, TestDir,
     CLIENT_TIMEOUT, WASM_REL_PATH,
 };
+use serde_json::{json, Value};
 
-/// Model named by `support::completion_body`.
+/// Model named by `harness::completion_body`.
 const MODEL: &str = "test-model";
 /// Block size and dense prefix of envoy/sync.yaml (defaults).
 const BLOCK: usize = 128;
@@ -1244,7 +1242,7 @@ fn tls_and_auth_to_redis_sync() {
         panic!("openssl cannot make a certificate here (run `make setup`)");
     };
     let (plain, tls) = (free_port(), free_port());
-    let child = Command::new(support::redis_server_bin())
+    let child = Command::new(harness::redis_server_bin())
         .current_dir(dir.path())
         .args(["--port", &plain.to_string(), "--bind", "127.0.0.1"])
         .args(["--tls-port", &tls.to_string()])
@@ -1397,7 +1395,7 @@ fn singleton_survives_slow_and_garbage_redis_and_reports_liveness() {
     const PERIOD: u64 = 500;
     let dir = TestDir::new("sync-slow-redis");
     let redis = Redis::start(&dir, free_port(), None);
-    let proxy = support::FaultProxy::start(redis.port);
+    let proxy = harness::FaultProxy::start(redis.port);
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
@@ -1475,7 +1473,7 @@ fn a_middlebox_closing_on_half_close_is_named_not_taken_for_truncation() {
     let dir = TestDir::new("sync-middlebox");
     let redis = Redis::start(&dir, free_port(), None);
     let db = RedisAt::of(&redis);
-    let proxy = support::FaultProxy::start(redis.port);
+    let proxy = harness::FaultProxy::start(redis.port);
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,

@@ -5,13 +5,14 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
+use super::error::SyncError;
 use super::schedule::SplitMix64;
 use super::testkit::{
     deliver_with, drive, run_cycle, steady_state_cost, steady_state_cost_with, CostModel,
     MapComponent, TICK_MS, TOMBSTONE,
 };
 use super::*;
-use crate::resp::{parse, Frame};
+use crate::sync::resp::{parse, Frame};
 use memredis::MemRedis;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -542,12 +543,11 @@ fn hooks_wrap_only_the_pull() {
         1,
     );
     comp.borrow_mut().set("1", b"a");
-    let mut now = run_cycle(&mut e, &mut r, 0);
+    let now = run_cycle(&mut e, &mut r, 0);
     e.put(NS, "2", b"b".to_vec()).unwrap();
     drive(&mut e, &mut r, now);
     comp.borrow_mut().set("3", b"c");
-    now = run_cycle(&mut e, &mut r, now);
-    let _ = now;
+    run_cycle(&mut e, &mut r, now);
     // Each cycle: start/end around the pull, the push (clear) after "end";
     // write-through calls no hook, only clears what it wrote.
     // (The second pull reads the change log from its start, which the
@@ -669,8 +669,7 @@ fn truncated_mget_is_split_never_partially_applied_and_remembered() {
         "each value applied exactly once"
     );
     // Remembered: the next cycle needs no split.
-    let now = run_cycle(&mut e, &mut r, now);
-    let _ = now;
+    run_cycle(&mut e, &mut r, now);
     assert_eq!(e.stats().truncations, truncated_calls);
     assert!(r.log.iter().rev().find(|c| c[0] == b"MGET").unwrap().len() <= 1 + 48);
 }

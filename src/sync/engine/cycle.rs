@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use super::runs::{delta_writes, queue_writes, Kind, NsRun, Run};
 use super::sending::{Op, Read, Write};
-use super::{SyncEngine, LARGE_SNAPSHOT_AVG_BYTES, LARGE_SNAPSHOT_ENTITIES};
+use super::{NsIndex, SyncEngine, LARGE_SNAPSHOT_AVG_BYTES, LARGE_SNAPSHOT_ENTITIES};
 use crate::sync::error::SyncError;
 
 impl SyncEngine {
@@ -41,7 +41,7 @@ impl SyncEngine {
                 Some(from) => {
                     self.stats.incremental_pulls += 1;
                     cycle.queue.push_back(Op::Read(Read::Log {
-                        ns: i,
+                        ns: NsIndex(i),
                         from: from.clone(),
                         count: reg.log_cap,
                         attempt: 0,
@@ -50,7 +50,7 @@ impl SyncEngine {
                         self.stats.scan_slices += 1;
                         slice_keys = Some(0);
                         cycle.queue.push_back(Op::Read(Read::Scan {
-                            ns: i,
+                            ns: NsIndex(i),
                             cursor: reg.scan_cursor.clone().unwrap_or_else(|| "0".into()),
                             count: reg.scan_cap.min(budget),
                             with_head: false,
@@ -63,7 +63,7 @@ impl SyncEngine {
                     reg.scan_cursor = None;
                     self.stats.full_scans += 1;
                     cycle.queue.push_back(Op::Read(Read::Scan {
-                        ns: i,
+                        ns: NsIndex(i),
                         cursor: "0".into(),
                         count: reg.scan_cap,
                         with_head: log,
@@ -112,7 +112,7 @@ impl SyncEngine {
                     .map(|(id, v)| Write::Set(id, v))
                     .collect()
             };
-            queue_writes(cycle, i, writes, chunk);
+            queue_writes(cycle, NsIndex(i), writes, chunk);
         }
     }
 

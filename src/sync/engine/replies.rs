@@ -4,15 +4,16 @@
 
 use std::collections::BTreeMap;
 
-use crate::resp::Frame;
 use crate::sync::error::SyncError;
 use crate::sync::reply::{log_entries, proto};
+use crate::sync::resp::Frame;
 use crate::sync::settings::SyncSettings;
 
 use super::runs::{Kind, Run};
 use super::sending::{Op, Read, Sent};
 use super::{
-    Registered, SyncEngine, MAX_OVERSIZED_REMEMBERED, MAX_SCAN_COUNT, MAX_TRUNCATION_RETRIES,
+    NsIndex, Registered, SyncEngine, MAX_OVERSIZED_REMEMBERED, MAX_SCAN_COUNT,
+    MAX_TRUNCATION_RETRIES,
 };
 
 /// The change-log position before any entry (`XRANGE` reads after it).
@@ -81,7 +82,7 @@ impl SyncEngine {
 
     fn on_scan(
         &mut self,
-        ns: usize,
+        ns: NsIndex,
         with_head: bool,
         count: usize,
         frames: Vec<Frame>,
@@ -177,7 +178,7 @@ impl SyncEngine {
 
     fn on_log(
         &mut self,
-        ns: usize,
+        ns: NsIndex,
         from: &str,
         count: usize,
         frame: Frame,
@@ -250,7 +251,7 @@ impl SyncEngine {
 
     fn on_mget(
         &mut self,
-        ns: usize,
+        ns: NsIndex,
         ids: Vec<String>,
         frames: Vec<Frame>,
         reply_len: usize,
@@ -338,7 +339,7 @@ impl SyncEngine {
     }
 
     /// `ids` without those recently found too large to fetch (counted).
-    fn skip_oversized(&mut self, ns: usize, mut ids: Vec<String>) -> Vec<String> {
+    fn skip_oversized(&mut self, ns: NsIndex, mut ids: Vec<String>) -> Vec<String> {
         let reg = &self.regs[ns];
         if reg.oversized.is_empty() {
             return ids;
@@ -483,7 +484,7 @@ fn mget_batch_size(reg: &Registered, settings: &SyncSettings) -> usize {
     n.max(1)
 }
 
-fn queue_mgets(run: &mut Run, ns: usize, ids: Vec<String>, batch: usize) {
+fn queue_mgets(run: &mut Run, ns: NsIndex, ids: Vec<String>, batch: usize) {
     let mut it = ids.into_iter().peekable();
     while it.peek().is_some() {
         let ids: Vec<String> = it.by_ref().take(batch).collect();

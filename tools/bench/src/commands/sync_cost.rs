@@ -21,10 +21,10 @@ use envoy_prefix_router::sync::testkit::{steady_state_cost_with, CostModel, Cycl
 use serde::Serialize;
 use serde_json::json;
 
-use crate::fleet::{Fleet, Replica, SyncPatch};
 use crate::procstat::cpu_sample;
 use crate::redis_conn::{push_like_a_peer, setex_all, Namespace, RedisConn};
 use crate::report::{num, verdict, write_json, Table};
+use harness::fleet::{Fleet, Replica, SyncPatch};
 
 /// Target of issue 3: incremental at least this many times cheaper.
 const TARGET_RATIO: f64 = 20.0;

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 /// How a prompt becomes the bytes that are hashed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Render {
+pub(crate) enum Render {
     /// This filter's layout: roles and turns shape the bytes
     /// ([`chat_message_bytes`], [`completion_prompt_bytes`]).
     #[default]
@@ -46,7 +46,7 @@ pub enum PassReason {
 }
 
 impl PassReason {
-    pub const ALL: [PassReason; 7] = [
+    pub(crate) const ALL: [PassReason; 7] = [
         PassReason::Method,
         PassReason::Path,
         PassReason::NotJson,
@@ -109,6 +109,7 @@ struct ChatBody {
     messages: Option<Vec<Value>>,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 /// Parses a complete request body of the given kind, native layout.
 pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, PassReason> {
     parse_body_as(kind, body, Render::Native)
@@ -190,7 +191,7 @@ fn fast_native(kind: ApiKind, body: &[u8]) -> Option<PromptRequest> {
 }
 
 /// Parses a complete request body of the given kind, rendered as `render`.
-pub fn parse_body_as(
+pub(crate) fn parse_body_as(
     kind: ApiKind,
     body: &[u8],
     render: Render,
