@@ -432,6 +432,16 @@ fn block_keys(prompt: &str, seed: u64) -> Vec<String> {
         .collect()
 }
 
+/// Another writer's values saying `pod` holds `prompt` (model
+/// `test-model`, last seen at `nanos`): (key, value) per recorded block.
+fn block_facts(prompt: &str, pod: &str, nanos: i64) -> Vec<(String, String)> {
+    let value = json!({ "model_to_pods": { "test-model": { pod: nanos } } }).to_string();
+    block_keys(prompt, 0)
+        .into_iter()
+        .map(|k| (k, value.clone()))
+        .collect()
+}
+
 fn now_nanos() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -1030,14 +1040,7 @@ fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
         })
         .collect();
     let pinned = text(9300, PROMPT_LEN);
-    let pin_keys = block_keys(&pinned, 0);
-    let pin: Vec<(String, String)> = pin_keys
-        .iter()
-        .map(|k| {
-            let value = json!({ "model_to_pods": { "test-model": { pod.as_str(): i64::MAX } } });
-            (k.clone(), value.to_string())
-        })
-        .collect();
+    let pin = block_facts(&pinned, &pod, i64::MAX);
     let applied = a.stat("applied");
     db.setex_many(&flood, 600);
     db.setex_many(&pin, 600);
@@ -1074,7 +1077,7 @@ fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
 
     // The writer's keys go away; past the idle expiry (and one more scan
     // that may have read them just before) the record is gone here too.
-    let keys: Vec<&str> = pin_keys.iter().map(String::as_str).collect();
+    let keys: Vec<&str> = pin.iter().map(|(k, _)| k.as_str()).collect();
     db.cmd(&[&["DEL"], keys.as_slice()].concat());
     thread::sleep(Duration::from_secs(IDLE_SECS) + Duration::from_millis(PERIOD * 6));
     let r = a.complete(&pinned);
@@ -1119,12 +1122,7 @@ fn rotating_scan_finds_log_less_writes_within_a_pass_at_a_bounded_cost() {
     // Another writer, without the change log, says pod-3 holds a prompt.
     let prompt = text(9400, PROMPT_LEN);
     let pod = pods.endpoint_of(&pods.name(2));
-    let value = json!({ "model_to_pods": { "test-model": { pod.as_str(): now_nanos() } } });
-    let entries: Vec<(String, String)> = block_keys(&prompt, 0)
-        .into_iter()
-        .map(|k| (k, value.to_string()))
-        .collect();
-    db.setex_many(&entries, 600);
+    db.setex_many(&block_facts(&prompt, &pod, now_nanos() as i64), 600);
     // Two pass ends: the second pass ran wholly after the write.
     let passes = a.stat("scan_passes");
     let (slices, scanned) = (a.stat("scan_slices"), a.stat("keys_scanned"));
