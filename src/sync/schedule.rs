@@ -5,35 +5,12 @@
 /// Longest wait after repeated failures (unless the period itself is longer).
 pub(crate) const MAX_BACKOFF_MS: u64 = 60_000;
 
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, good enough to spread
-/// replicas apart. Not for anything secret.
-#[derive(Clone, Debug)]
-pub(crate) struct SplitMix64(u64);
+use crate::rng::SplitMix64;
 
-impl SplitMix64 {
-    /// A generator from `seed`.
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// Next 64 random bits.
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform-ish in `[0, n)`; 0 when `n == 0`. The modulo bias is
-    /// irrelevant at these ranges.
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
-        }
-    }
+/// Uniform in `[0, n)` for the millisecond spans here (below 2^32 even on
+/// wasm32, where `usize` is 32 bits: periods are capped at an hour).
+fn below(rng: &mut SplitMix64, n: u64) -> u64 {
+    rng.below(usize::try_from(n).unwrap_or(usize::MAX)) as u64
 }
 
 /// Cycle timing state.
@@ -57,7 +34,7 @@ impl Schedule {
     /// Delay before the first cycle, in `[0, period/2)`, so replicas started
     /// together do not reach Redis together.
     pub(crate) fn startup_delay(&mut self) -> u64 {
-        self.rng.below(self.period_ms / 2)
+        below(&mut self.rng, self.period_ms / 2)
     }
 
     /// Wait after a successful cycle: period +-10 %, never below period/2.
@@ -65,7 +42,7 @@ impl Schedule {
     pub(crate) fn after_success(&mut self) -> u64 {
         self.backoff_ms = self.period_ms;
         let span = self.period_ms / 10;
-        let wait = self.period_ms - span + self.rng.below(2 * span + 1);
+        let wait = self.period_ms - span + below(&mut self.rng, 2 * span + 1);
         wait.max(self.period_ms / 2)
     }
 

@@ -6,12 +6,12 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use super::error::SyncError;
-use super::schedule::SplitMix64;
 use super::testkit::{
     deliver_with, drive, run_cycle, steady_state_cost, steady_state_cost_with, CostModel,
     MapComponent, TICK_MS, TOMBSTONE,
 };
 use super::*;
+use crate::rng::SplitMix64;
 use crate::sync::resp::{parse, Frame};
 use memredis::MemRedis;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -1706,12 +1706,15 @@ fn convergence_ms(s: &SyncSettings, seed: u64, write_through: bool, busy: bool) 
     eb.register(Box::new(Rc::clone(&b))).unwrap();
     let mut r = MemRedis::new();
     r.record = false;
-    let (phase_a, phase_b) = (rng.below(TICK_MS), rng.below(TICK_MS));
+    let (phase_a, phase_b) = (
+        rng.below(TICK_MS as usize) as u64,
+        rng.below(TICK_MS as usize) as u64,
+    );
     ea.start(phase_a).unwrap();
     eb.start(phase_b).unwrap();
     a.borrow_mut().set("warm", b"0");
     let period = s.period_ms;
-    let t0 = 4 * period + rng.below(period);
+    let t0 = 4 * period + rng.below(period as usize) as u64;
     let (mut next_a, mut next_b) = (phase_a, phase_b);
     let mut changed = false;
     loop {

@@ -38,10 +38,11 @@ use std::ops::{Index, IndexMut};
 use super::error::{CallFailed, SyncError};
 use super::keys::KeyLayout;
 use super::reply::decode;
-use super::schedule::{Schedule, SplitMix64};
+use super::schedule::Schedule;
 use super::settings::{key_part, SyncSettings};
 use super::stats::SyncStats;
 use super::syncable::{Capabilities, Syncable};
+use crate::rng::SplitMix64;
 
 use runs::{Kind, Run};
 use sending::{Outstanding, Write};
