@@ -25,6 +25,10 @@
 // The host layer is compiled for Envoy's target only, so on any other target
 // what only it calls looks unused: dead code is judged on wasm32-wasip1
 // (`make lint`), where the whole filter is built.
+// These docs are for the crate's maintainers (its API is what the tests and
+// the bench use): build them with `cargo doc --document-private-items`, where
+// public items' links to crate-private ones resolve.
+#![allow(rustdoc::private_intra_doc_links)]
 #![cfg_attr(not(all(target_arch = "wasm32", target_os = "wasi")), allow(dead_code))]
 
 pub mod config;

@@ -29,7 +29,7 @@ pub(crate) trait Host: SharedStore + MetricSink {
     /// Wall clock, unix nanoseconds (0 if unreadable).
     fn now_nanos(&self) -> u64;
     /// Every request header, in the proxy-wasm map encoding (see
-    /// [`crate::stream::HeaderPairs`]); None if unreadable.
+    /// [`crate::stream::RequestHead::decode`]); None if unreadable.
     fn request_headers(&self) -> Option<Vec<u8>>;
     /// Sets a request header; false if the host refused.
     fn set_request_header(&self, name: &str, value: &str) -> bool;

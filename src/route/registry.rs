@@ -112,7 +112,7 @@ impl Registry {
         self.intern_within(names, now, retire_secs, MAX_SLOTS)
     }
 
-    /// [`Registry::intern`], but a new name (or a retired one coming back)
+    /// `intern`, but a new name (or a retired one coming back)
     /// gets a slot only while fewer than `limit` slots are live (names from
     /// untrusted sources, such as another writer's Redis values, may not
     /// take the last ones).
@@ -234,7 +234,8 @@ impl<'s, S: SharedStore + ?Sized> NameRegistry<'s, S> {
         Ok(Registry::decode(value.as_deref().unwrap_or(&[])))
     }
 
-    /// [`Registry::intern`] under CAS; writes only when something changed.
+    /// [`Registry::intern_within`] with every slot open, under CAS; writes only
+    /// when something changed.
     /// Returns the slots and the registry as written (or read).
     pub(crate) fn intern(
         &self,

@@ -22,7 +22,7 @@ pub(crate) enum Render {
     #[default]
     Native,
     /// AIBrix's: chat message contents joined by one space, no roles, tools
-    /// first; a completions prompt only as a string ([`aibrix_chat_text`]).
+    /// first; a completions prompt only as a string (see the `aibrix` module).
     Aibrix,
 }
 
@@ -74,7 +74,8 @@ impl PassReason {
 pub struct PromptRequest {
     /// `model` from the body; empty when absent (served by the default pool).
     pub model: String,
-    /// The prompt as bytes to hash, see [`prompt_bytes`] for the layout.
+    /// The prompt as bytes to hash: the layout of [`completion_prompt_bytes`]
+    /// or [`chat_message_bytes`] (native), or AIBrix's text (`aibrix`).
     pub prompt: Vec<u8>,
 }
 

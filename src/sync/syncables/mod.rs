@@ -1,4 +1,4 @@
-//! The two namespaces the filter syncs through Redis, as [`Syncable`]s over
+//! The two namespaces the filter syncs through Redis, as [`Syncable`](crate::sync::Syncable)s over
 //! the shared store.
 //!
 //! - [`PrefixCacheSync`] (`prefixcache`): entity id = block hash in decimal,
