@@ -28,11 +28,12 @@ build: ## build the filter module, its fault-injection test build (target/fault)
 	cargo build --release -p podsim
 	cargo build --release -p prefix-bench
 
-lint: ## rustfmt check and clippy (host and Envoy's wasm target), warnings are errors
+lint: ## rustfmt check, clippy (host and Envoy's wasm target) and rustdoc's link checks, warnings are errors
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target wasm32-wasip1 --lib -- -D warnings
 	cargo clippy --target wasm32-wasip1 -p reference-filter --lib -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --lib --document-private-items
 
 unit-test: ## host unit tests
 	cargo test --workspace --lib --bins

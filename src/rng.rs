@@ -31,6 +31,7 @@ impl SplitMix64 {
         ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
     }
 
+    #[cfg(any(test, feature = "testkit"))]
     /// Uniform in `[0, 1)`.
     pub fn unit_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64

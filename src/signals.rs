@@ -22,7 +22,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::registry::MAX_SLOTS;
+use crate::route::registry::MAX_SLOTS;
 
 /// Shared-data key of the published signals.
 pub const KEY: &str = "signals/pods";

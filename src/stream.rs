@@ -6,20 +6,20 @@
 //!
 //! Every failure passes the request on untouched and is counted by reason.
 
-use crate::meter::Count;
-use crate::request::{classify, parse_body_as, ApiKind, PassReason};
-use crate::router::RouteError;
+use crate::route::meter::Count;
+use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
+use crate::route::router::RouteError;
 use crate::worker::{Host, Worker};
 
 /// Header read by Envoy's `override_host` LB policy (Gateway API Inference
 /// Extension endpoint-picker protocol).
-pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+pub(crate) const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 /// Header read by an `ORIGINAL_DST` cluster with `use_http_header: true`.
-pub const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
+pub(crate) const ORIGINAL_DST_HEADER: &str = "x-envoy-original-dst-host";
 
 /// What Envoy should do with the stream after a callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Continue,
     /// Hold the headers until the body is read (needs
     /// `allow_on_headers_stop_iteration: true` in the plugin config).
@@ -28,13 +28,13 @@ pub enum Verdict {
 
 /// The request headers the filter reads, from one read of the whole map.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct RequestHead {
-    pub method: String,
-    pub path: String,
-    pub content_length: Option<usize>,
+pub(crate) struct RequestHead {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) content_length: Option<usize>,
     /// A client sent a destination header (it is removed, never honoured).
-    pub has_destination: bool,
-    pub has_original_dst: bool,
+    pub(crate) has_destination: bool,
+    pub(crate) has_original_dst: bool,
 }
 
 impl RequestHead {
@@ -42,7 +42,7 @@ impl RequestHead {
     /// `u32` name length and value length per pair, then each name and value
     /// followed by a NUL. None if it is malformed. A value that is not UTF-8
     /// reads as empty.
-    pub fn decode(bytes: &[u8]) -> Option<RequestHead> {
+    pub(crate) fn decode(bytes: &[u8]) -> Option<RequestHead> {
         let mut head = RequestHead::default();
         if bytes.is_empty() {
             return Some(head);
@@ -82,7 +82,7 @@ impl RequestHead {
 
 /// One stream's state.
 #[derive(Debug, Default)]
-pub struct Stream {
+pub(crate) struct Stream {
     /// Set while a body is awaited.
     kind: Option<ApiKind>,
     /// Pod counted in flight for this stream, released exactly once.
@@ -93,7 +93,7 @@ pub struct Stream {
 }
 
 impl Stream {
-    pub fn on_request_headers<H: Host>(
+    pub(crate) fn on_request_headers<H: Host>(
         &mut self,
         w: &Worker,
         host: &H,
@@ -132,7 +132,7 @@ impl Stream {
         Verdict::Pause
     }
 
-    pub fn on_request_body<H: Host>(
+    pub(crate) fn on_request_body<H: Host>(
         &mut self,
         w: &Worker,
         host: &H,
@@ -157,7 +157,7 @@ impl Stream {
     }
 
     /// The body ended with trailers (no end_of_stream on its last frame).
-    pub fn on_request_trailers<H: Host>(&mut self, w: &Worker, host: &H) -> Verdict {
+    pub(crate) fn on_request_trailers<H: Host>(&mut self, w: &Worker, host: &H) -> Verdict {
         if let Some(kind) = self.kind.take() {
             match host.request_body(w.settings().max_body_bytes) {
                 Some(body) => self.finish(w, host, kind, &body),
@@ -167,19 +167,19 @@ impl Stream {
         Verdict::Continue
     }
 
-    pub fn on_response_headers<H: Host>(&mut self, w: &Worker, host: &H) {
+    pub(crate) fn on_response_headers<H: Host>(&mut self, w: &Worker, host: &H) {
         if let (Some(name), Some(pct)) = (&w.settings().match_header, self.match_percent) {
             host.set_response_header(name, &pct.to_string());
         }
     }
 
     /// The stream is done (Envoy calls this before the access log).
-    pub fn on_done(&mut self, w: &Worker) {
+    pub(crate) fn on_done(&mut self, w: &Worker) {
         self.release(w);
     }
 
     /// The access-log phase: the stream's final properties are readable.
-    pub fn on_log<H: Host>(&mut self, w: &Worker, host: &H) {
+    pub(crate) fn on_log<H: Host>(&mut self, w: &Worker, host: &H) {
         self.release(w);
         // Passive health: did the pod fail this request?
         if let Some((pod, address)) = self.sent_to.take() {

@@ -8,13 +8,13 @@ use std::cell::{Cell, RefCell};
 
 use crate::config::Settings;
 use crate::fleet::{self, Members};
-use crate::handoff::{self, Touched};
-use crate::liveness::{self, Heartbeat};
-use crate::meter::{Count, Meter, MetricSink};
-use crate::request::PromptRequest;
 use crate::rng::SplitMix64;
-use crate::router::{RouteError, Routed, Router};
-use crate::store::SharedStore;
+use crate::route::meter::{Count, Meter, MetricSink};
+use crate::route::request::PromptRequest;
+use crate::route::router::{RouteError, Routed, Router};
+use crate::route::store::SharedStore;
+use crate::sync::handoff::{self, Touched};
+use crate::sync::liveness::{self, Heartbeat};
 
 /// Ticks between rebuilds of static pools (they change only with the
 /// config; this keeps their registry names marked in use).
@@ -25,11 +25,11 @@ const LIVENESS_TICKS: u64 = 4;
 /// What the request path asks of Envoy, besides shared data and stats.
 /// Every method is one hostcall; none fails a request: a failure reads as
 /// absent, empty or `false`.
-pub trait Host: SharedStore + MetricSink {
+pub(crate) trait Host: SharedStore + MetricSink {
     /// Wall clock, unix nanoseconds (0 if unreadable).
     fn now_nanos(&self) -> u64;
     /// Every request header, in the proxy-wasm map encoding (see
-    /// [`crate::stream::HeaderPairs`]); None if unreadable.
+    /// [`crate::stream::RequestHead::decode`]); None if unreadable.
     fn request_headers(&self) -> Option<Vec<u8>>;
     /// Sets a request header; false if the host refused.
     fn set_request_header(&self, name: &str, value: &str) -> bool;
@@ -51,9 +51,9 @@ const VM_COUNTER_KEY: &str = "vm/next";
 
 /// A number (from 1) that no other VM sharing this store got: a counter in
 /// shared data, incremented under CAS. None if the store fails.
-pub fn vm_number<S: SharedStore + ?Sized>(store: &S) -> Option<u64> {
+pub(crate) fn vm_number<S: SharedStore + ?Sized>(store: &S) -> Option<u64> {
     let mut got = None;
-    crate::store::cas_update(store, VM_COUNTER_KEY, 64, |cur| {
+    crate::route::store::cas_update(store, VM_COUNTER_KEY, 64, |cur| {
         let n = cur
             .and_then(|b| <[u8; 8]>::try_from(b).ok())
             .map_or(0, u64::from_le_bytes)
@@ -66,14 +66,14 @@ pub fn vm_number<S: SharedStore + ?Sized>(store: &S) -> Option<u64> {
 }
 
 /// Seconds of a unix-nanos time, as the table keeps them.
-pub fn secs(nanos: u64) -> u32 {
+pub(crate) fn secs(nanos: u64) -> u32 {
     u32::try_from(nanos / 1_000_000_000).unwrap_or(u32::MAX)
 }
 
 /// State shared by every stream of one worker VM.
-pub struct Worker {
-    pub router: Router,
-    pub meter: Meter,
+pub(crate) struct Worker {
+    pub(crate) router: Router,
+    pub(crate) meter: Meter,
     rng: RefCell<SplitMix64>,
     /// The singleton's hand-off queue: Some once resolved, and when it was
     /// last looked for (retried at most once a second so a deployment
@@ -92,7 +92,7 @@ impl Worker {
     /// `seed` is mixed with a number no other VM of this Envoy got (see
     /// [`vm_number`]): every worker VM is the same module with the same
     /// memory layout, and they may be configured within one clock tick.
-    pub fn new<H: Host>(settings: Settings, host: &H, vm_id: String, seed: u64) -> Self {
+    pub(crate) fn new<H: Host>(settings: Settings, host: &H, vm_id: String, seed: u64) -> Self {
         let number = vm_number(host).unwrap_or_else(|| SplitMix64::new(seed).next_u64());
         let mut mix = SplitMix64::new(seed ^ number.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         Self {
@@ -108,13 +108,13 @@ impl Worker {
         }
     }
 
-    pub fn settings(&self) -> &Settings {
+    pub(crate) fn settings(&self) -> &Settings {
         self.router.settings()
     }
 
     /// Routes one request (writing the table inline), counts it and, with
     /// sync on, hands the recorded blocks to the sync singleton.
-    pub fn route<H: Host>(
+    pub(crate) fn route<H: Host>(
         &self,
         host: &H,
         req: &PromptRequest,
@@ -164,7 +164,7 @@ impl Worker {
     }
 
     /// Releases one in-flight request on `pod` (in VM memory: no hostcall).
-    pub fn release(&self, pod: u16) {
+    pub(crate) fn release(&self, pod: u16) {
         self.router.release(pod);
     }
 
@@ -172,7 +172,7 @@ impl Worker {
     /// at random among the default pool's routable members. Only the
     /// ORIGINAL_DST header gets it: that cluster type has no fallback of its
     /// own, while `override_host` falls back to round robin without a header.
-    pub fn fallback_endpoint(&self, now_ms: u64) -> Option<String> {
+    pub(crate) fn fallback_endpoint(&self, now_ms: u64) -> Option<String> {
         let fleet = self.router.fleet();
         let pool = fleet.routable(fleet::DEFAULT_POOL, now_ms);
         let i = self.rng.borrow_mut().below(pool.len());
@@ -185,7 +185,7 @@ impl Worker {
     /// it elsewhere on retry or could not reach it, or it answered 502/503),
     /// every VM skips that pod for `passive_cooldown_ms`. It comes back by
     /// itself when the cooldown ends.
-    pub fn observe_outcome<H: Host>(&self, host: &H, pod: u16, chosen: &str) {
+    pub(crate) fn observe_outcome<H: Host>(&self, host: &H, pod: u16, chosen: &str) {
         let cooldown = u64::from(self.settings().passive_cooldown_ms);
         if cooldown == 0 {
             return;
@@ -220,7 +220,7 @@ impl Worker {
     /// counts with the other VMs (and sets the in-flight gauges), flushes
     /// the stats; with sync on, reports the singleton's liveness once a
     /// second.
-    pub fn on_tick<H: Host>(&self, host: &H) {
+    pub(crate) fn on_tick<H: Host>(&self, host: &H) {
         let tick = self.ticks.get();
         self.ticks.set(tick.wrapping_add(1));
         let now_nanos = host.now_nanos();
@@ -262,7 +262,7 @@ impl Worker {
     }
 
     /// Publishes this VM's in-flight counts and reads the others' (see
-    /// [`crate::load`]); sets `prefix_router.inflight.<pod>` for every
+    /// [`crate::route::load`]); sets `prefix_router.inflight.<pod>` for every
     /// member to this replica's count (a write only when it changed).
     fn exchange_load<H: Host>(&self, host: &H, now_ms: u64) {
         let counts = match self.router.refresh_load(host, now_ms) {

@@ -1,7 +1,7 @@
 //! A mixed fleet with AIBrix Go gateways (issue 10, item 3): one filter
 //! replica on `envoy/aibrix.yaml` (`"compat": "aibrix"`, block size 4, seed
 //! 0, pods named by their EDS hostname) against a real `redis-server` and real
-//! podsim pods, with an independent AIBrix oracle (`tests/support/aibrix.rs`,
+//! podsim pods, with an independent AIBrix oracle (`tools/harness/src/aibrix.rs`,
 //! written from AIBrix's Go source) standing in for the AIBrix gateways:
 //! - a prompt an AIBrix gateway wrote for a pod is routed there by the filter
 //!   at a 100 % match, after one sync period (chat and completions);
@@ -21,22 +21,20 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use support::aibrix::{
+use harness::aibrix::{
     decode_block, now_nanos, prefix_text, AibrixReader, AibrixWriter, ModelToPods,
 };
-use support::{
+use harness::{
     free_port, send, tail, text, wait_until, write_eds, Envoy, EnvoyOptions, Pod, Redis, Reply,
     Setup, TestDir, CLIENT_TIMEOUT,
 };
+use serde_json::json;
 
 /// The model every request names.
 const MODEL: &str = "llama-3-8b-instruct";
@@ -478,7 +476,7 @@ mod oracle {
     use std::collections::{BTreeMap, HashMap};
     use std::hash::Hasher;
 
-    use super::support::aibrix::{
+    use harness::aibrix::{
         canonical_tools_text, chat_messages_text, chat_prefix_text, completion_prefix_text,
         decode_block, encode_block, entity_key, merge_newer, parse_json, prefix_hashes,
         select_target, seq_search, xxh64, AibrixConfig, ModelToPods, PrefixMatch,

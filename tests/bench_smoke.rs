@@ -13,13 +13,11 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use harness::{target_dir, TestDir};
 use serde_json::Value;
-use support::{target_dir, TestDir};
 
 fn bench_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("PREFIX_BENCH_BIN") {

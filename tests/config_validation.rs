@@ -5,14 +5,12 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::fs;
 use std::process::Command;
 
+use harness::{envoy_bin, repo_root, text, with_module_paths, Setup, TestDir};
 use serde_json::json;
-use support::{envoy_bin, repo_root, text, with_module_paths, Setup, TestDir};
 
 #[test]
 fn every_envoy_config_validates() {

@@ -12,19 +12,17 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use support::{
+use harness::{
     completion_body, free_port, send, text, wait_until, write_eds, EdsHost, Envoy, EnvoyOptions,
     FaultProxy, Pod, Ports, Reply, Setup, TestDir, CLIENT_TIMEOUT,
 };
+use serde_json::json;
 
 /// The bound: after an update, nothing goes where it must not.
 const FOLLOW: Duration = Duration::from_secs(2);
@@ -112,7 +110,7 @@ impl EdsFleet {
             "membership not {members}/{healthy}: members {} healthy {}\n{}",
             self.gauge("members"),
             self.gauge("healthy"),
-            support::tail(&self.envoy.log, 20)
+            harness::tail(&self.envoy.log, 20)
         );
     }
 
@@ -464,12 +462,12 @@ fn a_garbage_admin_reply_keeps_the_last_good_members() {
 /// Renders `envoy/lds/listener.yaml` with `endpoints` as the plugin's pool
 /// and moves it over `path` (Envoy's LDS file watch follows the move).
 fn write_listener(path: &PathBuf, ports: &Ports, endpoints: &[String]) {
-    let text = support::substitute_ports(&support::envoy_template("lds/listener.yaml"), ports)
+    let text = harness::substitute_ports(&harness::envoy_template("lds/listener.yaml"), ports)
         .replace(
-            support::WASM_REL_PATH,
-            &support::wasm_module().display().to_string(),
+            harness::WASM_REL_PATH,
+            &harness::wasm_module().display().to_string(),
         );
-    let text = support::patch_plugin_json(&text, &mut |config| {
+    let text = harness::patch_plugin_json(&text, &mut |config| {
         config["endpoints"] = json!(endpoints);
     });
     let tmp = path.with_extension("tmp");

@@ -45,22 +45,22 @@ use std::time::Instant;
 use envoy_prefix_router::config::Settings;
 use envoy_prefix_router::fleet::membership::{parse_clusters, PodNaming, MAX_HOSTS};
 use envoy_prefix_router::fleet::{self, FleetView, Members, SharedView};
-use envoy_prefix_router::handoff::{self, DirtySet};
-use envoy_prefix_router::liveness::Heartbeat;
-use envoy_prefix_router::load;
-use envoy_prefix_router::registry::{NameRegistry, Registry, MAX_NAME, MAX_SLOTS};
-use envoy_prefix_router::request::{classify, parse_body, ApiKind, PassReason};
-use envoy_prefix_router::resp::{
+use envoy_prefix_router::rng::SplitMix64;
+use envoy_prefix_router::route::load;
+use envoy_prefix_router::route::registry::{NameRegistry, Registry, MAX_NAME, MAX_SLOTS};
+use envoy_prefix_router::route::request::{classify, parse_body, ApiKind, PassReason};
+use envoy_prefix_router::route::store::{MemStore, SharedStore};
+use envoy_prefix_router::route::table::{PrefixTable, TableConfig, SLOTS_PER_BUCKET};
+use envoy_prefix_router::signals::{self, MetricNames, SignalView};
+use envoy_prefix_router::sync::handoff::{self, DirtySet};
+use envoy_prefix_router::sync::liveness::Heartbeat;
+use envoy_prefix_router::sync::resp::{
     self, Frame, ParseError, ReplyError, MAX_ARRAY_LEN, MAX_BULK_LEN, MAX_DEPTH,
 };
-use envoy_prefix_router::rng::SplitMix64;
-use envoy_prefix_router::signals::{self, MetricNames, SignalView};
-use envoy_prefix_router::store::{MemStore, SharedStore};
-use envoy_prefix_router::sync::Syncable;
-use envoy_prefix_router::syncables::{
+use envoy_prefix_router::sync::syncables::{
     BlockPayload, Clock, LoadReport, PodLoadSync, PrefixCacheSync,
 };
-use envoy_prefix_router::table::{PrefixTable, TableConfig, SLOTS_PER_BUCKET};
+use envoy_prefix_router::sync::Syncable;
 
 // ---------------------------------------------------------------------------
 // Allocation accounting: live heap bytes and their peak, per thread (the

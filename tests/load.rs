@@ -5,15 +5,13 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use serde_json::json;
-use support::{
+use harness::{
     completion_body, send, text, wait_until, Reply, Running, Setup, CLIENT_TIMEOUT, STATS_FLUSH,
 };
+use serde_json::json;
 
 /// Sends a completions request that the pod holds for `delay_ms`, on a thread.
 fn slow_request(run: &Running, body: String, delay_ms: u64) -> JoinHandle<Result<Reply, String>> {

@@ -5,13 +5,11 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use harness::{chat_body, completion_body, send, text, wait_until, Setup, CLIENT_TIMEOUT};
 use serde_json::json;
-use support::{chat_body, completion_body, send, text, wait_until, Setup, CLIENT_TIMEOUT};
 
 fn passthrough_total(stats: &BTreeMap<String, i64>) -> i64 {
     stats

@@ -12,17 +12,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use support::{
+use harness::{
     completion_body, send, target_dir, text, wait_until, Reply, Running, Setup, CLIENT_TIMEOUT,
     STATS_FLUSH,
 };
+use serde_json::json;
 
 /// The fault-injection build of the filter.
 fn fault_module() -> PathBuf {
@@ -137,7 +135,7 @@ fn a_trapped_vm_under_fail_reload_comes_back_and_leaves_no_stuck_count() {
     // VM's published count goes stale: no pod looks loaded for good.
     let slow = slow.join().expect("slow request thread");
     let t1 = Instant::now();
-    let stale = Duration::from_millis(envoy_prefix_router::load::VM_STALE_MS);
+    let stale = Duration::from_millis(envoy_prefix_router::route::load::VM_STALE_MS);
     let mut gauges = run.envoy.inflight();
     let cleared = wait_until(stale + STATS_FLUSH * 8, || {
         gauges = run.envoy.inflight();

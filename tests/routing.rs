@@ -5,12 +5,10 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::BTreeSet;
 
+use harness::{send, text, token_ids, Setup, CLIENT_TIMEOUT};
 use serde_json::json;
-use support::{send, text, token_ids, Setup, CLIENT_TIMEOUT};
 
 #[test]
 fn long_shared_prefix_sticks_to_one_pod() {
@@ -188,7 +186,7 @@ fn stats_are_exported_for_prometheus() {
     run.complete(&json!(prompt)).expect_pod();
     run.complete(&json!(prompt)).expect_pod();
     // The request path's stats reach Envoy on the workers' tick.
-    std::thread::sleep(support::STATS_FLUSH * 3);
+    std::thread::sleep(harness::STATS_FLUSH * 3);
     let reply = send(
         "GET",
         &run.envoy.admin_url("/stats/prometheus"),

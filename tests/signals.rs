@@ -6,13 +6,11 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::thread;
 use std::time::Duration;
 
+use harness::{completion_body, send, text, wait_until, Running, Setup, CLIENT_TIMEOUT};
 use serde_json::json;
-use support::{completion_body, send, text, wait_until, Running, Setup, CLIENT_TIMEOUT};
 
 fn with_signals() -> Running {
     Setup::new("single.yaml")
@@ -47,7 +45,7 @@ fn load_the_filter_never_saw_moves_a_matched_prefix_off_the_busy_pod() {
         let dir = &run.dir;
         let pod = run.pods.iter_mut().find(|p| p.name == home).unwrap();
         pod.kill();
-        *pod = support::Pod::start_with(dir, &home, port, &["--time-scale", "1", "--slots", "2"]);
+        *pod = harness::Pod::start_with(dir, &home, port, &["--time-scale", "1", "--slots", "2"]);
     }
     // Eight long requests straight to it (2 run, 6 wait: 8 > the slack of
     // 4), bypassing Envoy: only the pod's own metrics show them.
@@ -68,7 +66,7 @@ fn load_the_filter_never_saw_moves_a_matched_prefix_off_the_busy_pod() {
         })
         .collect();
     let busy = wait_until(Duration::from_secs(5), || {
-        support::get(&format!("http://127.0.0.1:{port}/metrics"))
+        harness::get(&format!("http://127.0.0.1:{port}/metrics"))
             .map(|r| {
                 r.body
                     .contains("vllm:num_requests_waiting{model_name=\"sim-model\"} 6")
@@ -99,7 +97,11 @@ fn a_pod_whose_metrics_fail_is_counted_and_leaves_the_published_signals() {
             .router_stat_within("prefix_router.signals.scrapes", 4, Duration::from_secs(10))
             >= 4
     );
-    run.pod_named_mut("pod-4").kill();
+    run.pods
+        .iter_mut()
+        .find(|p| p.name == "pod-4")
+        .unwrap()
+        .kill();
     assert!(
         run.envoy.router_stat_within(
             "prefix_router.signals.fallbacks",

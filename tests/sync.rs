@@ -19,8 +19,6 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::{BTreeMap, VecDeque};
 use std::fs;
 use std::net::{Ipv4Addr, TcpStream};
@@ -29,18 +27,18 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use envoy_prefix_router::hashing::BlockHasher;
-use envoy_prefix_router::request::{parse_body, ApiKind};
-use envoy_prefix_router::router::sampled_positions;
-use serde_json::{json, Value};
-use support::redis::{RedisAt, Resp};
-use support::{
+use envoy_prefix_router::route::hashing::BlockHasher;
+use envoy_prefix_router::route::request::{parse_body, ApiKind};
+use envoy_prefix_router::route::router::sampled_positions;
+use harness::redis::{RedisAt, Resp};
+use harness::{
     completion_body, envoy_template, free_port, patch_plugin_json, send, substitute_ports, tail,
     text, wait_until, wasm_module, Envoy, EnvoyOptions, Pod, Ports, Redis, Reply, TestDir,
     CLIENT_TIMEOUT, WASM_REL_PATH,
 };
+use serde_json::{json, Value};
 
-/// Model named by `support::completion_body`.
+/// Model named by `harness::completion_body`.
 const MODEL: &str = "test-model";
 /// Block size and dense prefix of envoy/sync.yaml (defaults).
 const BLOCK: usize = 128;
@@ -431,6 +429,16 @@ fn block_keys(prompt: &str, seed: u64) -> Vec<String> {
     recorded_blocks(prompt, seed)
         .into_iter()
         .map(entity_key)
+        .collect()
+}
+
+/// Another writer's values saying `pod` holds `prompt` (model
+/// `test-model`, last seen at `nanos`): (key, value) per recorded block.
+fn block_facts(prompt: &str, pod: &str, nanos: i64) -> Vec<(String, String)> {
+    let value = json!({ "model_to_pods": { "test-model": { pod: nanos } } }).to_string();
+    block_keys(prompt, 0)
+        .into_iter()
+        .map(|k| (k, value.clone()))
         .collect()
 }
 
@@ -1002,12 +1010,18 @@ fn redis_absent_at_start_then_up_sync_starts_and_clients_never_fail() {
 #[test]
 fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
     const PERIOD: u64 = 500;
-    const IDLE_SECS: u64 = 4;
-    const PIN_TTL_SECS: u64 = 3;
+    const IDLE_SECS: u64 = 6;
     let dir = TestDir::new("sync-hostile-values");
     let redis = Redis::start(&dir, free_port(), None);
     let db = RedisAt::of(&redis);
     let pods = Pods::start(&dir);
+    let mut patch = sync_patch(PERIOD, json!({}));
+    merge(&mut patch, &json!({ "table_idle_expiry_secs": IDLE_SECS }));
+    let fleet = start_replicas(&dir, &pods, redis.port, vec![Spec::new("a", patch)]);
+    let a = &fleet[0];
+    a.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);
+
+    // Written once A runs, so a slow start cannot age them out first.
     let pod = pods.endpoint_of(&pods.name(0));
     let flood: Vec<(String, String)> = (0..8u64)
         .map(|i| {
@@ -1025,22 +1039,18 @@ fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
             )
         })
         .collect();
-    db.setex_many(&flood, 600);
     let pinned = text(9300, PROMPT_LEN);
-    let pin: Vec<(String, String)> = block_keys(&pinned, 0)
-        .into_iter()
-        .map(|k| {
-            let value = json!({ "model_to_pods": { "test-model": { pod.as_str(): i64::MAX } } });
-            (k, value.to_string())
-        })
-        .collect();
-    db.setex_many(&pin, PIN_TTL_SECS);
-
-    let mut patch = sync_patch(PERIOD, json!({}));
-    merge(&mut patch, &json!({ "table_idle_expiry_secs": IDLE_SECS }));
-    let fleet = start_replicas(&dir, &pods, redis.port, vec![Spec::new("a", patch)]);
-    let a = &fleet[0];
-    a.wait_stat("applied", SLACK * 2, |v| v >= pin.len() as i64);
+    let pin = block_facts(&pinned, &pod, i64::MAX);
+    let applied = a.stat("applied");
+    db.setex_many(&flood, 600);
+    db.setex_many(&pin, 600);
+    // The next full scan (every 6th cycle) reads them all.
+    a.wait_stat("applied", Duration::from_millis(PERIOD * 8) + SLACK, |v| {
+        v >= applied + pin.len() as i64
+    });
+    // Models only Redis names take at most half of the registry: of the
+    // 2,400, at least 1,888 are refused.
+    a.wait_stat("facts_ignored", SLACK, |v| v >= 1800);
 
     // A model no request named before: matched on its second request.
     let url = a.envoy.url("/v1/completions");
@@ -1065,15 +1075,72 @@ fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
         a.sync_stats()
     );
 
-    // The pinned keys expire from Redis; past the idle expiry the record
-    // is gone here too.
-    thread::sleep(Duration::from_secs(PIN_TTL_SECS + IDLE_SECS + 2));
+    // The writer's keys go away; past the idle expiry (and one more scan
+    // that may have read them just before) the record is gone here too.
+    let keys: Vec<&str> = pin.iter().map(|(k, _)| k.as_str()).collect();
+    db.cmd(&[&["DEL"], keys.as_slice()].concat());
+    thread::sleep(Duration::from_secs(IDLE_SECS) + Duration::from_millis(PERIOD * 6));
     let r = a.complete(&pinned);
     assert_eq!(
         r.match_percent(),
         0,
         "a record stamped in the future still routes its prefix (to {})\n{}",
         r.served_by(),
+        a.sync_stats()
+    );
+}
+
+/// Issue 13: with `scan_keys_per_cycle`, anti-entropy is a rotating SCAN
+/// that reads a bounded slice per cycle instead of the whole namespace every
+/// `full_scan_every` cycles; a value written without the change log (as
+/// AIBrix's gateways write) is still found within one pass.
+#[test]
+fn rotating_scan_finds_log_less_writes_within_a_pass_at_a_bounded_cost() {
+    const PERIOD: u64 = 500;
+    const BUDGET: i64 = 100;
+    let dir = TestDir::new("sync-rotating-scan");
+    let redis = Redis::start(&dir, free_port(), None);
+    let db = RedisAt::of(&redis);
+    let pods = Pods::start(&dir);
+    let filler: Vec<(String, String)> = (0..600u64)
+        .map(|i| (entity_key(0xF111 + i), "{}".to_string()))
+        .collect();
+    db.setex_many(&filler, 600);
+    let fleet = start_replicas(
+        &dir,
+        &pods,
+        redis.port,
+        vec![Spec::new(
+            "a",
+            sync_patch(PERIOD, json!({ "scan_keys_per_cycle": BUDGET })),
+        )],
+    );
+    let a = &fleet[0];
+    a.wait_stat("cycles_ok", SLACK * 2, |v| v >= 2);
+    let full_scans = a.stat("full_scans");
+
+    // Another writer, without the change log, says pod-3 holds a prompt.
+    let prompt = text(9400, PROMPT_LEN);
+    let pod = pods.endpoint_of(&pods.name(2));
+    db.setex_many(&block_facts(&prompt, &pod, now_nanos() as i64), 600);
+    // Two pass ends: the second pass ran wholly after the write.
+    let passes = a.stat("scan_passes");
+    let (slices, scanned) = (a.stat("scan_slices"), a.stat("keys_scanned"));
+    a.wait_stat("scan_passes", Duration::from_secs(30), |v| v >= passes + 2);
+    let r = a.complete(&prompt);
+    assert_eq!(
+        (r.served_by(), r.match_percent()),
+        (pods.name(2), 100),
+        "a log-less write was not found by a whole pass\n{}",
+        a.sync_stats()
+    );
+    assert_eq!(a.stat("full_scans"), full_scans, "periodic full scans ran");
+    // Each slice asks SCAN for at most BUDGET keys (the namespace's keys
+    // are most of the keyspace).
+    let per_slice = (a.stat("keys_scanned") - scanned) / (a.stat("scan_slices") - slices).max(1);
+    assert!(
+        per_slice <= BUDGET,
+        "{per_slice} keys per slice\n{}",
         a.sync_stats()
     );
 }
@@ -1173,7 +1240,7 @@ fn tls_and_auth_to_redis_sync() {
         panic!("openssl cannot make a certificate here (run `make setup`)");
     };
     let (plain, tls) = (free_port(), free_port());
-    let child = Command::new(support::redis_server_bin())
+    let child = Command::new(harness::redis_server_bin())
         .current_dir(dir.path())
         .args(["--port", &plain.to_string(), "--bind", "127.0.0.1"])
         .args(["--tls-port", &tls.to_string()])
@@ -1326,7 +1393,7 @@ fn singleton_survives_slow_and_garbage_redis_and_reports_liveness() {
     const PERIOD: u64 = 500;
     let dir = TestDir::new("sync-slow-redis");
     let redis = Redis::start(&dir, free_port(), None);
-    let proxy = support::FaultProxy::start(redis.port);
+    let proxy = harness::FaultProxy::start(redis.port);
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
@@ -1404,7 +1471,7 @@ fn a_middlebox_closing_on_half_close_is_named_not_taken_for_truncation() {
     let dir = TestDir::new("sync-middlebox");
     let redis = Redis::start(&dir, free_port(), None);
     let db = RedisAt::of(&redis);
-    let proxy = support::FaultProxy::start(redis.port);
+    let proxy = harness::FaultProxy::start(redis.port);
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,

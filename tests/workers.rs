@@ -4,13 +4,11 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::thread;
 
+use harness::{completion_body, send, text, Running, Setup, CLIENT_TIMEOUT};
 use serde_json::json;
-use support::{completion_body, send, text, Running, Setup, CLIENT_TIMEOUT};
 
 /// Downstream connections accepted so far, per worker thread.
 fn connections_per_worker(run: &Running) -> BTreeMap<String, i64> {

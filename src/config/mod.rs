@@ -12,35 +12,35 @@ use serde::Deserialize;
 
 use crate::fleet::membership::PodNaming;
 use crate::fleet::DEFAULT_POOL;
-use crate::policy::{LoadAwareConfig, PolicyMode};
-use crate::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
+use crate::route::policy::{LoadAwareConfig, PolicyMode};
+use crate::route::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
 use crate::signals::MetricNames;
 use crate::sync::SyncSettings;
 
 /// Raw configuration as written by the operator; every field has a default.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawConfig {
-    pub compat: Compat,
-    pub endpoints: Vec<String>,
-    pub model_endpoints: BTreeMap<String, Vec<String>>,
-    pub cluster: String,
-    pub model_clusters: BTreeMap<String, String>,
-    pub membership: MembershipSettings,
-    pub passive_cooldown_ms: u32,
-    pub block_size: usize,
-    pub hash_seed: u64,
-    pub table_capacity_blocks: u32,
-    pub table_idle_expiry_secs: u32,
-    pub dense_prefix_blocks: u32,
-    pub imbalance_abs_count: u32,
-    pub stddev_factor: f64,
-    pub match_header: String,
-    pub original_dst_header: bool,
-    pub max_body_bytes: usize,
-    pub policy: PolicySettings,
-    pub signals: SignalSettings,
-    pub sync: SyncSettings,
+pub(crate) struct RawConfig {
+    pub(crate) compat: Compat,
+    pub(crate) endpoints: Vec<String>,
+    pub(crate) model_endpoints: BTreeMap<String, Vec<String>>,
+    pub(crate) cluster: String,
+    pub(crate) model_clusters: BTreeMap<String, String>,
+    pub(crate) membership: MembershipSettings,
+    pub(crate) passive_cooldown_ms: u32,
+    pub(crate) block_size: usize,
+    pub(crate) hash_seed: u64,
+    pub(crate) table_capacity_blocks: u32,
+    pub(crate) table_idle_expiry_secs: u32,
+    pub(crate) dense_prefix_blocks: u32,
+    pub(crate) imbalance_abs_count: u32,
+    pub(crate) stddev_factor: f64,
+    pub(crate) match_header: String,
+    pub(crate) original_dst_header: bool,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) policy: PolicySettings,
+    pub(crate) signals: SignalSettings,
+    pub(crate) sync: SyncSettings,
 }
 
 impl Default for RawConfig {
@@ -78,20 +78,20 @@ impl Default for RawConfig {
 /// `imbalance_abs_count` and `stddev_factor`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct PolicySettings {
+pub(crate) struct PolicySettings {
     /// `load_aware` or `aibrix`; with `compat: aibrix`, `aibrix` unless stated.
-    pub mode: PolicyMode,
+    pub(crate) mode: PolicyMode,
     /// A matched pod is never chosen with a load above the least loaded
     /// pod's + max(`slack_abs`, `slack_rel` x that load).
-    pub slack_abs: u32,
-    pub slack_rel: f64,
+    pub(crate) slack_abs: u32,
+    pub(crate) slack_rel: f64,
     /// Prefill blocks one request of load above the least loaded pod is
     /// taken to cost: a match must save more blocks than its pod's extra
     /// load costs.
-    pub queue_cost_blocks: u32,
+    pub(crate) queue_cost_blocks: u32,
     /// A pod reporting KV-cache usage at or above this (0..=1) counts
     /// `slack_abs + 1` requests busier (pod signals only).
-    pub kv_high: f64,
+    pub(crate) kv_high: f64,
 }
 
 impl Default for PolicySettings {
@@ -112,24 +112,24 @@ impl Default for PolicySettings {
 /// header (`override_host` or `ORIGINAL_DST` with `use_http_header`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct SignalSettings {
-    pub enabled: bool,
+pub(crate) struct SignalSettings {
+    pub(crate) enabled: bool,
     /// The cluster the scrapes go through; empty = each cluster pool's own
     /// cluster (static pools then need one named here).
-    pub cluster: String,
+    pub(crate) cluster: String,
     /// Header naming the pod (`host:port`) on each scrape.
-    pub host_header: String,
-    pub path: String,
+    pub(crate) host_header: String,
+    pub(crate) path: String,
     /// `:authority` of scrapes; empty = the pod's `host:port`.
-    pub authority: String,
+    pub(crate) authority: String,
     /// How often each pod is read.
-    pub interval_ms: u32,
+    pub(crate) interval_ms: u32,
     /// A scrape unanswered after this long counts as failed.
-    pub timeout_ms: u32,
+    pub(crate) timeout_ms: u32,
     /// Bytes of a `/metrics` reply read at most (the rest is ignored).
-    pub max_body_bytes: usize,
+    pub(crate) max_body_bytes: usize,
     /// Metric names, each a list tried in order.
-    pub names: MetricNames,
+    pub(crate) names: MetricNames,
 }
 
 impl Default for SignalSettings {
@@ -152,7 +152,7 @@ impl SignalSettings {
     /// How old a published record may be and still count: three intervals
     /// plus the timeout (a pod is read once per interval; a slow reply is
     /// not yet a failed one).
-    pub fn stale_ms(&self) -> u64 {
+    pub(crate) fn stale_ms(&self) -> u64 {
         3 * u64::from(self.interval_ms) + u64::from(self.timeout_ms)
     }
 }
@@ -162,15 +162,15 @@ impl SignalSettings {
 /// listener.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct MembershipSettings {
+pub(crate) struct MembershipSettings {
     /// Envoy cluster of the admin listener.
-    pub admin_cluster: String,
+    pub(crate) admin_cluster: String,
     /// `:authority` of admin calls.
-    pub admin_authority: String,
+    pub(crate) admin_authority: String,
     /// How often the singleton refreshes members and health.
-    pub refresh_ms: u32,
+    pub(crate) refresh_ms: u32,
     /// How pods are named: `address` (`ip:port`) or `hostname`.
-    pub pod_name: PodNaming,
+    pub(crate) pod_name: PodNaming,
 }
 
 impl Default for MembershipSettings {
@@ -187,7 +187,7 @@ impl Default for MembershipSettings {
 /// Interoperation with another gateway sharing the Redis namespace.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Compat {
+pub(crate) enum Compat {
     /// This filter's own prompt layout and sync (change log, sampled blocks).
     #[default]
     None,
@@ -206,7 +206,7 @@ pub const AIBRIX_DENSE_BLOCKS: u32 = 4096;
 /// a prompt records up to 4096 blocks there, so the native default (200,000)
 /// holds under 50 prompts and a burst leaves holes that stop AIBrix's
 /// in-order walk. 2,000,000 records are 250,000 shared-data keys, ~32 MB.
-pub const AIBRIX_TABLE_CAPACITY: u32 = 2_000_000;
+pub(crate) const AIBRIX_TABLE_CAPACITY: u32 = 2_000_000;
 /// AIBrix's default block size (`AIBRIX_PREFIX_CACHE_BLOCK_SIZE`).
 pub const AIBRIX_BLOCK_SIZE: usize = 4;
 
@@ -251,41 +251,41 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// Interoperation mode (see [`Compat`]).
-    pub compat: Compat,
+    pub(crate) compat: Compat,
     /// Pool key (`""` = default pool, else a model) -> source.
     pub pools: BTreeMap<String, PoolSource>,
-    pub membership: MembershipSettings,
+    pub(crate) membership: MembershipSettings,
     /// A pod that failed a request is skipped this long (0 = off).
-    pub passive_cooldown_ms: u32,
+    pub(crate) passive_cooldown_ms: u32,
     pub block_size: usize,
     pub hash_seed: u64,
-    pub table_capacity_blocks: u32,
-    pub table_idle_expiry_secs: u32,
-    pub dense_prefix_blocks: u32,
-    pub imbalance_abs_count: u32,
-    pub stddev_factor: f64,
-    pub match_header: Option<String>,
+    pub(crate) table_capacity_blocks: u32,
+    pub(crate) table_idle_expiry_secs: u32,
+    pub(crate) dense_prefix_blocks: u32,
+    pub(crate) imbalance_abs_count: u32,
+    pub(crate) stddev_factor: f64,
+    pub(crate) match_header: Option<String>,
     /// Also name the pod in `x-envoy-original-dst-host` (for an
     /// `ORIGINAL_DST` cluster with `use_http_header`), and give requests the
     /// filter does not route a random pod there (that cluster has no
     /// fallback of its own). Off: one header call less per request.
-    pub original_dst_header: bool,
-    pub max_body_bytes: usize,
+    pub(crate) original_dst_header: bool,
+    pub(crate) max_body_bytes: usize,
     /// Which policy, with its knobs.
-    pub policy: PolicyMode,
-    pub load_aware: LoadAwareConfig,
-    pub signals: SignalSettings,
-    pub sync: SyncSettings,
+    pub(crate) policy: PolicyMode,
+    pub(crate) load_aware: LoadAwareConfig,
+    pub(crate) signals: SignalSettings,
+    pub(crate) sync: SyncSettings,
 }
 
 /// Most endpoints one configuration may name (pod slots are `u16` in the
 /// table and the in-flight counters live in one shared-data value).
-pub const MAX_ENDPOINTS: usize = MAX_SLOTS;
+pub(crate) const MAX_ENDPOINTS: usize = MAX_SLOTS;
 /// Default `max_body_bytes`: Envoy's default buffer limit (1 MiB) less 64 KiB,
 /// so a body the filter passes through is never one Envoy already refused.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024 - 64 * 1024;
+pub(crate) const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024 - 64 * 1024;
 /// Largest block size accepted; blocks are hashed on the request path.
-pub const MAX_BLOCK_SIZE: usize = 1 << 20;
+pub(crate) const MAX_BLOCK_SIZE: usize = 1 << 20;
 
 impl Settings {
     /// Parses and validates the plugin configuration. An empty configuration
@@ -308,7 +308,7 @@ impl Settings {
         Self::from_raw(raw)
     }
 
-    pub fn from_raw(raw: RawConfig) -> Result<Self, ConfigError> {
+    pub(crate) fn from_raw(raw: RawConfig) -> Result<Self, ConfigError> {
         if raw.block_size == 0 || raw.block_size > MAX_BLOCK_SIZE {
             return Err(err(
                 "block_size",
@@ -433,15 +433,15 @@ impl Settings {
     }
 
     /// How prompts become hashed bytes in this mode.
-    pub fn render(&self) -> crate::request::Render {
+    pub(crate) fn render(&self) -> crate::route::request::Render {
         match self.compat {
-            Compat::None => crate::request::Render::Native,
-            Compat::Aibrix => crate::request::Render::Aibrix,
+            Compat::None => crate::route::request::Render::Native,
+            Compat::Aibrix => crate::route::request::Render::Aibrix,
         }
     }
 
     /// The pool serving `model`: its own if it has one, else the default.
-    pub fn pool_key<'a>(&self, model: &'a str) -> &'a str {
+    pub(crate) fn pool_key<'a>(&self, model: &'a str) -> &'a str {
         if !model.is_empty() && self.pools.contains_key(model) {
             model
         } else {

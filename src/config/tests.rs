@@ -1,7 +1,7 @@
 //! The plugin configuration: defaults, compat mode, refusals by field.
 
 use super::*;
-use crate::policy::{LoadAwareConfig, PolicyMode};
+use crate::route::policy::{LoadAwareConfig, PolicyMode};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -18,7 +18,7 @@ fn aibrix_compat_sets_its_defaults_and_refuses_what_cannot_interoperate() {
     assert_eq!(s.table_capacity_blocks, AIBRIX_TABLE_CAPACITY);
     assert_eq!(s.sync.full_scan_every, 1);
     assert_eq!(s.membership.pod_name, PodNaming::Hostname);
-    assert_eq!(s.render(), crate::request::Render::Aibrix);
+    assert_eq!(s.render(), crate::route::request::Render::Aibrix);
     // Stated values win where they can interoperate.
     let s = parse(
         r#"{"compat":"aibrix","cluster":"pods","block_size":16,"dense_prefix_blocks":100,"table_capacity_blocks":1000,"sync":{"full_scan_every":1}}"#,

@@ -141,7 +141,8 @@ pub fn parse_clusters(
             };
             let name = match naming {
                 PodNaming::Hostname
-                    if !h.hostname.is_empty() && h.hostname.len() <= crate::registry::MAX_NAME =>
+                    if !h.hostname.is_empty()
+                        && h.hostname.len() <= crate::route::registry::MAX_NAME =>
                 {
                     h.hostname
                 }

@@ -1,7 +1,7 @@
 //! The live fleet: which pods exist, by a stable name, which may take
 //! traffic now, and the small slot each is known by in shared data.
 //!
-//! - [`crate::registry`]: stable pod name <-> `u16` slot, shared by every VM
+//! - [`crate::route::registry`]: stable pod name <-> `u16` slot, shared by every VM
 //!   and surviving config updates, so nothing learned about pod X is ever
 //!   read as pod Y.
 //! - [`membership`]: the hosts and health of an Envoy upstream cluster, from
@@ -21,29 +21,29 @@ use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::registry::NameRegistry;
-use crate::store::{cas_update, SharedStore, StoreError};
+use crate::route::registry::NameRegistry;
+use crate::route::store::{cas_update, SharedStore, StoreError};
 
 /// Shared-data key of the published members (written by the singleton).
-pub const MEMBERS_KEY: &str = "fleet/members";
+pub(crate) const MEMBERS_KEY: &str = "fleet/members";
 /// Shared-data key of the passive cooldowns (written by workers).
 pub const DOWN_KEY: &str = "fleet/down";
 /// Most pods in cooldown at once.
 const MAX_DOWN: usize = 256;
 
 /// Pool key of the default pool (models without a pool of their own).
-pub const DEFAULT_POOL: &str = "";
+pub(crate) const DEFAULT_POOL: &str = "";
 
 /// One pod of a pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
-    pub slot: u16,
+    pub(crate) slot: u16,
     /// Stable name (table, sync payloads, load reports).
-    pub name: String,
+    pub(crate) name: String,
     /// `host:port` for the destination header.
-    pub address: String,
+    pub(crate) address: String,
     /// Envoy's view (health checks, outlier detection, EDS health).
-    pub healthy: bool,
+    pub(crate) healthy: bool,
 }
 
 /// Members of every pool (`""` = the default pool).
@@ -123,13 +123,14 @@ pub struct FleetView {
 }
 
 impl FleetView {
+    #[cfg(any(test, feature = "testkit"))]
     pub fn new(members: Members) -> Self {
         let mut view = FleetView::default();
         view.set_members(members);
         view
     }
 
-    pub fn set_members(&mut self, members: Members) {
+    pub(crate) fn set_members(&mut self, members: Members) {
         self.by_slot.clear();
         self.by_name.clear();
         for m in members.pools.values().flatten() {
@@ -146,15 +147,17 @@ impl FleetView {
         self.members = members;
     }
 
-    pub fn members(&self) -> &Members {
+    /// Members of every pool (the singleton's scraper reads which cluster
+    /// each pod's pool is).
+    pub(crate) fn members(&self) -> &Members {
         &self.members
     }
 
-    pub fn set_down(&mut self, down: Vec<(u16, u64)>) {
+    pub(crate) fn set_down(&mut self, down: Vec<(u16, u64)>) {
         self.down = down;
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_slot.is_empty()
     }
 
@@ -187,11 +190,11 @@ impl FleetView {
         }
     }
 
-    pub fn address(&self, slot: u16) -> Option<&str> {
+    pub(crate) fn address(&self, slot: u16) -> Option<&str> {
         self.by_slot.get(&slot).map(|(_, a)| a.as_str())
     }
 
-    pub fn name(&self, slot: u16) -> Option<&str> {
+    pub(crate) fn name(&self, slot: u16) -> Option<&str> {
         self.by_slot.get(&slot).map(|(n, _)| n.as_str())
     }
 
@@ -240,7 +243,7 @@ pub fn static_members<S: SharedStore + ?Sized>(
 
 /// Builds members from the hosts of each pool, interning their names in the
 /// registry. Hosts the registry cannot take (full) are left out.
-pub fn cluster_members<S: SharedStore + ?Sized>(
+pub(crate) fn cluster_members<S: SharedStore + ?Sized>(
     store: &S,
     pools: &BTreeMap<String, Vec<membership::Host>>,
     now_secs: u32,
@@ -278,7 +281,7 @@ pub fn cluster_members<S: SharedStore + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -9,8 +9,8 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 
 use super::abi;
-use crate::meter::{MetricKind, MetricSink};
-use crate::store::{SharedStore, StoreError, Versioned};
+use crate::route::meter::{MetricKind, MetricSink};
+use crate::route::store::{SharedStore, StoreError, Versioned};
 use crate::worker::Host;
 
 /// Envoy, through this VM's hostcalls (shared data is one map per `vm_id`,

@@ -155,7 +155,9 @@ impl SignalService {
             }
             Outcome::Fallback(why) => {
                 let _ = hostcalls::increment_metric(self.fallbacks, 1);
-                if self.failing.len() < crate::registry::MAX_SLOTS && self.failing.insert(slot) {
+                if self.failing.len() < crate::route::registry::MAX_SLOTS
+                    && self.failing.insert(slot)
+                {
                     log::warn!(
                         "prefix_router signals: pod {address}: {why}; weighed by in-flight counts until its metrics read again"
                     );

@@ -25,11 +25,11 @@ use super::signal_service::SignalService;
 use super::{now_millis, now_nanos, now_secs};
 use crate::config::Settings;
 use crate::fleet::SharedView;
-use crate::handoff::{self, Touched};
-use crate::liveness::{self, Heartbeat};
+use crate::sync::handoff::{self, Touched};
+use crate::sync::liveness::{self, Heartbeat};
 use crate::sync::stats::CounterField;
+use crate::sync::syncables::{PodLoadSync, PrefixCacheSync};
 use crate::sync::{probe, Call, CallFailed, CallId, SyncEngine, SyncStats};
-use crate::syncables::{PodLoadSync, PrefixCacheSync};
 
 /// How often the engine is ticked: bounds write-through push latency and
 /// the granularity of change-log polls (`sync.poll_ms`).
@@ -449,7 +449,7 @@ struct PrefixCounts {
 
 /// Envoy stats of the sync singleton. Engine totals are turned into counter
 /// increments against what was last published. The liveness gauges are the
-/// workers' (see [`crate::liveness`]): they must keep moving if this VM dies.
+/// workers' (see [`crate::sync::liveness`]): they must keep moving if this VM dies.
 struct SyncMetrics {
     /// (metric id, engine total, value last published)
     counters: Vec<(u32, CounterField, u64)>,

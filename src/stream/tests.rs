@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::config::Settings;
-use crate::meter::{MetricKind, MetricSink};
-use crate::store::{MemStore, SharedStore, StoreError, Versioned};
+use crate::route::meter::{MetricKind, MetricSink};
+use crate::route::store::{MemStore, SharedStore, StoreError, Versioned};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -352,7 +352,7 @@ fn a_body_ended_by_trailers_is_routed() {
     assert!(host.header(DESTINATION_HEADER).is_some());
     assert_eq!(
         w.meter
-            .pending(Count::Routed(crate::policy::Reason::NoMatch)),
+            .pending(Count::Routed(crate::route::policy::Reason::NoMatch)),
         1
     );
 }

@@ -3,7 +3,7 @@
 //! lines each, so one file). `QUIT` is not here: [`Pipeline::finish`]
 //! appends it, and its `+OK` is how a truncated reply is told apart.
 
-use crate::resp::Pipeline;
+use crate::sync::resp::Pipeline;
 
 /// Change-log entry field naming the replica that wrote the entry.
 pub(crate) const LOG_ORIGIN: &[u8] = b"o";
@@ -102,7 +102,7 @@ fn with_keys(p: &mut Pipeline, command: &'static [u8], keys: &[String]) {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::resp::{parse, Frame};
+    use crate::sync::resp::{parse, Frame};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -4,7 +4,7 @@ use std::fmt;
 
 /// Why the host could not get a reply body for a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CallFailed {
+pub(crate) enum CallFailed {
     /// `dispatch_http_call` itself failed.
     Dispatch(String),
     /// The bridge answered with a non-200 status.
@@ -25,7 +25,7 @@ impl fmt::Display for CallFailed {
 
 /// Errors of the sync layer: refused API uses and failed calls.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SyncError {
+pub(crate) enum SyncError {
     /// `register` after `start`.
     AlreadyStarted,
     /// `start` with `enabled: false`.

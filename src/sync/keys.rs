@@ -5,7 +5,7 @@
 
 /// Builds the keys of one namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyLayout {
+pub(crate) struct KeyLayout {
     entity_prefix: String,
     log_key: String,
     scan_pattern: String,
@@ -14,7 +14,7 @@ pub struct KeyLayout {
 impl KeyLayout {
     /// Layout for namespace `ns` under `prefix` (both checked by settings /
     /// registration: non-empty, no braces).
-    pub fn new(prefix: &str, ns: &str) -> Self {
+    pub(crate) fn new(prefix: &str, ns: &str) -> Self {
         let entity_prefix = format!("{prefix}:{{{ns}}}:e:");
         // The prefix is user-chosen: escape glob metacharacters so MATCH
         // never selects keys of another prefix.
@@ -27,33 +27,33 @@ impl KeyLayout {
     }
 
     /// Key of one entity.
-    pub fn entity_key(&self, id: &str) -> String {
+    pub(crate) fn entity_key(&self, id: &str) -> String {
         format!("{}{id}", self.entity_prefix)
     }
 
     /// Entity id of a key, or None when the key is not one of ours.
-    pub fn entity_id<'a>(&self, key: &'a str) -> Option<&'a str> {
+    pub(crate) fn entity_id<'a>(&self, key: &'a str) -> Option<&'a str> {
         key.strip_prefix(self.entity_prefix.as_str())
     }
 
     /// The part of every entity key before the id.
-    pub fn entity_prefix(&self) -> &str {
+    pub(crate) fn entity_prefix(&self) -> &str {
         &self.entity_prefix
     }
 
     /// `SCAN ... MATCH` pattern selecting exactly this namespace's entities.
-    pub fn scan_pattern(&self) -> &str {
+    pub(crate) fn scan_pattern(&self) -> &str {
         &self.scan_pattern
     }
 
     /// Key of the namespace's change-log stream.
-    pub fn log_key(&self) -> &str {
+    pub(crate) fn log_key(&self) -> &str {
         &self.log_key
     }
 }
 
 /// Escapes Redis glob metacharacters (`* ? [ ] \`).
-pub fn glob_escape(s: &str) -> String {
+pub(crate) fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::resp::{parse, Frame};
+use crate::sync::resp::{parse, Frame};
 
 type StreamId = (u64, u64);
 type Fields = Vec<(Vec<u8>, Vec<u8>)>;
@@ -37,25 +37,25 @@ struct Entry {
 
 /// The Redis double. See the module docs.
 #[derive(Clone, Debug, Default)]
-pub struct MemRedis {
+pub(crate) struct MemRedis {
     now_ms: u64,
     data: BTreeMap<Vec<u8>, Entry>,
     password: Option<String>,
     /// Cut every reply after this many bytes (the bridge's behaviour).
-    pub truncate_at: Option<usize>,
+    pub(crate) truncate_at: Option<usize>,
     /// Keep every executed command (args) in `log`.
-    pub record: bool,
+    pub(crate) record: bool,
     /// Executed commands when `record` is set.
-    pub log: Vec<Vec<Vec<u8>>>,
+    pub(crate) log: Vec<Vec<Vec<u8>>>,
     /// Commands executed in total.
-    pub commands_executed: u64,
+    pub(crate) commands_executed: u64,
     /// Pipelines (calls) executed in total.
-    pub calls: u64,
+    pub(crate) calls: u64,
 }
 
 impl MemRedis {
     /// An empty Redis at time 0 that records commands.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             record: true,
             ..Default::default()
@@ -63,17 +63,17 @@ impl MemRedis {
     }
 
     /// Sets the fake clock.
-    pub fn set_now(&mut self, now_ms: u64) {
+    pub(crate) fn set_now(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
     }
 
     /// Requires `AUTH password` on every connection (call).
-    pub fn require_password(&mut self, password: &str) {
+    pub(crate) fn require_password(&mut self, password: &str) {
         self.password = Some(password.to_owned());
     }
 
     /// Value of a live string key.
-    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
+    pub(crate) fn get(&self, key: &str) -> Option<Vec<u8>> {
         match self.live(key.as_bytes()).map(|e| &e.value) {
             Some(Value::Str(v)) => Some(v.clone()),
             _ => None,
@@ -82,7 +82,7 @@ impl MemRedis {
 
     /// Writes a string key directly (e.g. as a peer that writes no log,
     /// like AIBrix's Go gateway).
-    pub fn setex(&mut self, key: &str, ttl_secs: u64, value: &[u8]) {
+    pub(crate) fn setex(&mut self, key: &str, ttl_secs: u64, value: &[u8]) {
         let expires_ms = Some(self.now_ms + ttl_secs * 1000);
         self.data.insert(
             key.as_bytes().to_vec(),
@@ -94,14 +94,14 @@ impl MemRedis {
     }
 
     /// Remaining TTL in ms of a live key (None: missing or no TTL).
-    pub fn ttl_ms(&self, key: &str) -> Option<u64> {
+    pub(crate) fn ttl_ms(&self, key: &str) -> Option<u64> {
         self.live(key.as_bytes())
             .and_then(|e| e.expires_ms)
             .map(|t| t - self.now_ms)
     }
 
     /// Live keys matching a glob pattern, sorted.
-    pub fn keys(&self, pattern: &str) -> Vec<String> {
+    pub(crate) fn keys(&self, pattern: &str) -> Vec<String> {
         self.data
             .iter()
             .filter(|(k, e)| self.is_live(e) && glob_match(pattern.as_bytes(), k))
@@ -110,7 +110,7 @@ impl MemRedis {
     }
 
     /// Entries in a live stream.
-    pub fn stream_len(&self, key: &str) -> usize {
+    pub(crate) fn stream_len(&self, key: &str) -> usize {
         match self.live(key.as_bytes()).map(|e| &e.value) {
             Some(Value::Stream(s)) => s.entries.len(),
             _ => 0,
@@ -118,7 +118,7 @@ impl MemRedis {
     }
 
     /// Trims a stream to its newest `keep` entries (simulates MAXLEN).
-    pub fn trim_stream(&mut self, key: &str, keep: usize) {
+    pub(crate) fn trim_stream(&mut self, key: &str, keep: usize) {
         if let Some(Entry {
             value: Value::Stream(s),
             ..
@@ -130,12 +130,12 @@ impl MemRedis {
     }
 
     /// Removes a key outright.
-    pub fn remove(&mut self, key: &str) {
+    pub(crate) fn remove(&mut self, key: &str) {
         self.data.remove(key.as_bytes());
     }
 
     /// Executed commands whose name is `name` (needs `record`).
-    pub fn count(&self, name: &str) -> usize {
+    pub(crate) fn count(&self, name: &str) -> usize {
         self.log
             .iter()
             .filter(|c| {
@@ -146,7 +146,7 @@ impl MemRedis {
     }
 
     /// Names of recorded commands, in order.
-    pub fn command_names(&self) -> Vec<String> {
+    pub(crate) fn command_names(&self) -> Vec<String> {
         self.log
             .iter()
             .filter_map(|c| c.first())
@@ -157,7 +157,7 @@ impl MemRedis {
     /// Executes one call's pipeline and returns the reply bytes (truncated
     /// when `truncate_at` is set). Each call is a fresh connection: AUTH
     /// state does not carry over.
-    pub fn execute(&mut self, body: &[u8]) -> Vec<u8> {
+    pub(crate) fn execute(&mut self, body: &[u8]) -> Vec<u8> {
         self.calls += 1;
         let mut out = Vec::new();
         let mut pos = 0;
@@ -476,7 +476,7 @@ fn bound(b: &[u8], special: StreamId) -> Option<StreamId> {
 }
 
 /// Redis glob subset: `*`, `?` and `\` escapes (what the engine emits).
-pub fn glob_match(pattern: &[u8], s: &[u8]) -> bool {
+pub(crate) fn glob_match(pattern: &[u8], s: &[u8]) -> bool {
     match pattern.first() {
         None => s.is_empty(),
         Some(b'*') => (0..=s.len()).any(|i| glob_match(&pattern[1..], &s[i..])),
@@ -492,7 +492,7 @@ pub fn glob_match(pattern: &[u8], s: &[u8]) -> bool {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::resp::{parse_pipeline_reply, Pipeline};
+    use crate::sync::resp::{parse_pipeline_reply, Pipeline};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

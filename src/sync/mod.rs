@@ -14,6 +14,11 @@
 //! - [`engine`]: the state machine; [`error`], [`stats`] its error and
 //!   counters; `cmd` builds the Redis commands it sends and `reply`
 //!   decodes what Redis answers.
+//! - [`resp`]: the RESP2 codec under `cmd` and `reply`.
+//! - [`syncables`]: what the filter syncs (the `prefixcache` and `podload`
+//!   namespaces), with `foreign` keeping other writers' entries.
+//! - [`handoff`]: how workers hand recorded blocks to the singleton.
+//! - [`liveness`]: the singleton's heartbeat, turned into gauges by workers.
 //! - `memredis`, `testkit`: an in-memory Redis and drivers for tests and
 //!   benchmarks, built only for tests and the `testkit` feature.
 //!
@@ -25,26 +30,38 @@
 //! (rules in [`SyncEngine::tick`]).
 
 mod cmd;
-pub mod engine;
-pub mod error;
-pub mod keys;
+pub(crate) mod engine;
+pub(crate) mod error;
+pub(crate) mod foreign;
+pub mod handoff;
+pub(crate) mod keys;
+pub mod liveness;
 #[cfg(any(test, feature = "testkit"))]
-pub mod memredis;
-pub mod probe;
+pub(crate) mod memredis;
+pub(crate) mod probe;
 mod reply;
-pub mod schedule;
-pub mod settings;
-pub mod stats;
-pub mod syncable;
+pub mod resp;
+pub(crate) mod schedule;
+pub(crate) mod settings;
+pub(crate) mod stats;
+pub(crate) mod syncable;
+pub mod syncables;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
 #[cfg(test)]
 mod tests;
 
-pub use engine::{Call, CallId, SyncEngine};
-pub use error::{CallFailed, SyncError};
-pub use keys::KeyLayout;
-pub use settings::{SettingsError, SyncNamespaces, SyncSettings};
-pub use stats::SyncStats;
+pub use settings::SyncSettings;
 pub use syncable::{Capabilities, Delta, Rejected, Syncable};
+
+// The host layer's view of sync (only built for Envoy's target).
+#[cfg_attr(
+    not(all(target_arch = "wasm32", target_os = "wasi")),
+    allow(unused_imports)
+)]
+pub(crate) use {
+    engine::{Call, CallId, SyncEngine},
+    error::CallFailed,
+    stats::SyncStats,
+};

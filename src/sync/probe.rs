@@ -5,13 +5,13 @@
 //! changes when Redis restarts: Redis may then have lost every key, so the
 //! host re-marks the local table for a full push.
 
-use crate::resp::{parse_pipeline_reply, Frame, Pipeline};
+use crate::sync::resp::{parse_pipeline_reply, Frame, Pipeline};
 
 use super::cmd;
 use super::settings::SyncSettings;
 
 /// The probe pipeline and the number of replies to expect.
-pub fn body(settings: &SyncSettings) -> (Vec<u8>, usize) {
+pub(crate) fn body(settings: &SyncSettings) -> (Vec<u8>, usize) {
     let mut p = Pipeline::new();
     if let Some(pw) = &settings.auth_password {
         cmd::auth(&mut p, settings.auth_username.as_deref(), pw);
@@ -22,7 +22,7 @@ pub fn body(settings: &SyncSettings) -> (Vec<u8>, usize) {
 
 /// The server's `run_id` from a complete probe reply; None for anything
 /// else (error, truncation, garbage).
-pub fn run_id(reply: &[u8], expected: usize) -> Option<String> {
+pub(crate) fn run_id(reply: &[u8], expected: usize) -> Option<String> {
     let frames = parse_pipeline_reply(reply, expected).ok()?;
     // The INFO reply is the one before QUIT's +OK.
     let info = match frames.get(expected.checked_sub(2)?)? {

@@ -1,7 +1,7 @@
 //! Decoding of the Redis replies the engine expects: whole pipelines
 //! (AUTH/QUIT stripped, errors surfaced) and stream ranges.
 
-use crate::resp::{parse_pipeline_reply, Frame, ReplyError};
+use crate::sync::resp::{parse_pipeline_reply, Frame, ReplyError};
 
 use super::cmd::{LOG_IDS, LOG_ORIGIN};
 use super::error::{CallFailed, SyncError};

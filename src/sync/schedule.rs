@@ -3,42 +3,19 @@
 //! PRNG so tests are deterministic and the wasm module needs no RNG crate.
 
 /// Longest wait after repeated failures (unless the period itself is longer).
-pub const MAX_BACKOFF_MS: u64 = 60_000;
+pub(crate) const MAX_BACKOFF_MS: u64 = 60_000;
 
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, good enough to spread
-/// replicas apart. Not for anything secret.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(u64);
+use crate::rng::SplitMix64;
 
-impl SplitMix64 {
-    /// A generator from `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// Next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform-ish in `[0, n)`; 0 when `n == 0`. The modulo bias is
-    /// irrelevant at these ranges.
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
-        }
-    }
+/// Uniform in `[0, n)` for the millisecond spans here (below 2^32 even on
+/// wasm32, where `usize` is 32 bits: periods are capped at an hour).
+fn below(rng: &mut SplitMix64, n: u64) -> u64 {
+    rng.below(usize::try_from(n).unwrap_or(usize::MAX)) as u64
 }
 
 /// Cycle timing state.
 #[derive(Clone, Debug)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     period_ms: u64,
     backoff_ms: u64,
     rng: SplitMix64,
@@ -46,7 +23,7 @@ pub struct Schedule {
 
 impl Schedule {
     /// Timing for `period_ms`, randomised by `seed`.
-    pub fn new(period_ms: u64, seed: u64) -> Self {
+    pub(crate) fn new(period_ms: u64, seed: u64) -> Self {
         Self {
             period_ms,
             backoff_ms: period_ms,
@@ -56,29 +33,29 @@ impl Schedule {
 
     /// Delay before the first cycle, in `[0, period/2)`, so replicas started
     /// together do not reach Redis together.
-    pub fn startup_delay(&mut self) -> u64 {
-        self.rng.below(self.period_ms / 2)
+    pub(crate) fn startup_delay(&mut self) -> u64 {
+        below(&mut self.rng, self.period_ms / 2)
     }
 
     /// Wait after a successful cycle: period +-10 %, never below period/2.
     /// Resets the backoff.
-    pub fn after_success(&mut self) -> u64 {
+    pub(crate) fn after_success(&mut self) -> u64 {
         self.backoff_ms = self.period_ms;
         let span = self.period_ms / 10;
-        let wait = self.period_ms - span + self.rng.below(2 * span + 1);
+        let wait = self.period_ms - span + below(&mut self.rng, 2 * span + 1);
         wait.max(self.period_ms / 2)
     }
 
     /// Wait after a failed cycle: doubles each time, capped at 60 s (or at
     /// the period, when that is longer).
-    pub fn after_failure(&mut self) -> u64 {
+    pub(crate) fn after_failure(&mut self) -> u64 {
         let cap = MAX_BACKOFF_MS.max(self.period_ms);
         self.backoff_ms = self.backoff_ms.saturating_mul(2).min(cap);
         self.backoff_ms
     }
 
     /// Current base wait (period when healthy, larger while backing off).
-    pub fn backoff_ms(&self) -> u64 {
+    pub(crate) fn backoff_ms(&self) -> u64 {
         self.backoff_ms
     }
 }

@@ -7,19 +7,19 @@ use std::fmt;
 
 /// Redis closes the bridge's reply stream after about 64 KiB once Envoy has
 /// half-closed; budgets above this cannot be honoured.
-pub const MAX_REPLY_BUDGET: usize = 60 * 1024;
+pub(crate) const MAX_REPLY_BUDGET: usize = 60 * 1024;
 /// Record TTL used when the configured one is `<= 0`.
-pub const DEFAULT_RECORD_TTL_SECS: i64 = 120;
+pub(crate) const DEFAULT_RECORD_TTL_SECS: i64 = 120;
 
 /// Names of the built-in namespaces (the engine itself is generic: the host
 /// passes these names to the components it registers).
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
-pub struct SyncNamespaces {
+pub(crate) struct SyncNamespaces {
     /// Namespace of the prefix table (AIBrix: `prefixcache`).
-    pub prefixcache: String,
+    pub(crate) prefixcache: String,
     /// Namespace of the per-pod load tracker.
-    pub load: String,
+    pub(crate) load: String,
 }
 
 impl Default for SyncNamespaces {
@@ -36,39 +36,50 @@ impl Default for SyncNamespaces {
 #[serde(deny_unknown_fields, default)]
 pub struct SyncSettings {
     /// Master switch; off by default.
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// Time between cycles (jittered +-10 %).
-    pub period_ms: u64,
+    pub(crate) period_ms: u64,
     /// A cycle or poll still running after this long is abandoned as
     /// failed; a write-through call unanswered after this long counts as
     /// failed.
-    pub op_timeout_ms: u64,
+    pub(crate) op_timeout_ms: u64,
     /// First part of every key: `{key_prefix}:{{ns}}:e:{id}`.
-    pub key_prefix: String,
+    pub(crate) key_prefix: String,
     /// Names of the built-in namespaces.
-    pub namespaces: SyncNamespaces,
+    pub(crate) namespaces: SyncNamespaces,
     /// TTL of every record written; `<= 0` means the default (120 s).
-    pub record_ttl_secs: i64,
+    pub(crate) record_ttl_secs: i64,
     /// Entity writes (SETEX/DEL) per pipelined call.
     pub setex_chunk: usize,
     /// Keys per MGET, before the reply budget shrinks it.
-    pub mget_batch: usize,
+    pub(crate) mget_batch: usize,
     /// SCAN COUNT of a scan's first page (shrunk to fit the reply budget);
     /// pages whose replies stay under a quarter of it double, up to 16,384.
-    pub scan_count: usize,
+    pub(crate) scan_count: usize,
     /// Allow components to write single entities at once (`put`/`delete`).
-    pub write_through: bool,
+    pub(crate) write_through: bool,
     /// Every Nth cycle pulls with a full SCAN (anti-entropy; catches keys
     /// written by peers that do not write the change log, e.g. AIBrix's Go
     /// gateways). Cycles in between read only the change log. `0` or `1`
     /// is the AIBrix-compatible mode: every pull is a full SCAN and no
     /// change log is written or read, so the Redis traffic is exactly
     /// AIBrix's command set.
-    pub full_scan_every: u32,
+    pub(crate) full_scan_every: u32,
+    /// Anti-entropy by rotating scan: `0` (default) keeps the full SCAN
+    /// every `full_scan_every` cycles. `N > 0`: instead, every cycle (after
+    /// the first full scan) also reads the next slice of one SCAN pass over
+    /// the namespace: SCAN pages asking for `N` keys in all (Redis walks
+    /// about that many), continuing the cursor across cycles. The cost per cycle
+    /// is then flat whatever the table size; a change the change log missed
+    /// (a writer without the log, e.g. AIBrix's gateways) arrives within one
+    /// pass, `ceil(keys / N)` cycles. Namespaces with hooks (`podload`,
+    /// whose live writers rewrite their key every period) then read only
+    /// the change log after their first full scan. Ignored in AIBrix mode.
+    pub(crate) scan_keys_per_cycle: usize,
     /// MAXLEN (approximate) of each namespace's change-log stream.
-    pub change_log_max_entries: usize,
+    pub(crate) change_log_max_entries: usize,
     /// Log entries per XRANGE call.
-    pub log_read_count: usize,
+    pub(crate) log_read_count: usize,
     /// Between cycles, every `poll_ms` the engine *polls*: one call reads
     /// the change log of every delta-capable namespace without hooks from
     /// its last position and applies what peers changed (MGET of just those
@@ -84,23 +95,23 @@ pub struct SyncSettings {
     pub poll_ms: u64,
     /// Bridge calls a cycle or poll keeps in flight at once (write-through
     /// calls are not capped by it).
-    pub max_inflight_calls: usize,
+    pub(crate) max_inflight_calls: usize,
     /// Envoy cluster of the HTTP->Redis bridge (for dispatch_http_call).
-    pub bridge_cluster: String,
+    pub(crate) bridge_cluster: String,
     /// `:authority` of the bridge calls.
-    pub bridge_authority: String,
+    pub(crate) bridge_authority: String,
     /// `:path` of the bridge calls.
-    pub bridge_path: String,
+    pub(crate) bridge_path: String,
     /// ACL user for `AUTH user password`; needs `auth_password`.
-    pub auth_username: Option<String>,
+    pub(crate) auth_username: Option<String>,
     /// When set, every pipeline starts with `AUTH`. Never logged.
-    pub auth_password: Option<String>,
+    pub(crate) auth_password: Option<String>,
     /// Budget for the replies of one call (Redis truncates beyond ~64 KiB).
-    pub max_reply_bytes: usize,
+    pub(crate) max_reply_bytes: usize,
     /// Most entries of other writers (pods this replica does not route to,
     /// models it has no slot for) kept from pulls and carried in its pushes,
-    /// so it never erases them (see [`crate::foreign`]).
-    pub foreign_max_entries: usize,
+    /// so it never erases them (see [`crate::sync::foreign`]).
+    pub(crate) foreign_max_entries: usize,
 }
 
 impl Default for SyncSettings {
@@ -117,6 +128,7 @@ impl Default for SyncSettings {
             scan_count: 500,
             write_through: false,
             full_scan_every: 6,
+            scan_keys_per_cycle: 0,
             change_log_max_entries: 4096,
             log_read_count: 64,
             poll_ms: 175,
@@ -147,6 +159,7 @@ impl fmt::Debug for SyncSettings {
             .field("scan_count", &self.scan_count)
             .field("write_through", &self.write_through)
             .field("full_scan_every", &self.full_scan_every)
+            .field("scan_keys_per_cycle", &self.scan_keys_per_cycle)
             .field("change_log_max_entries", &self.change_log_max_entries)
             .field("log_read_count", &self.log_read_count)
             .field("poll_ms", &self.poll_ms)
@@ -167,11 +180,11 @@ impl fmt::Debug for SyncSettings {
 
 /// A `sync` setting that was refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SettingsError {
+pub(crate) struct SettingsError {
     /// Field path inside the `sync` object, e.g. `namespaces.load`.
-    pub field: &'static str,
+    pub(crate) field: &'static str,
     /// Why it was refused.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl fmt::Display for SettingsError {
@@ -221,7 +234,8 @@ pub(crate) fn key_part(field: &'static str, value: &str) -> Result<(), SettingsE
 
 impl SyncSettings {
     /// Parses the `sync` object (unknown fields refused) and validates it.
-    pub fn from_json(value: &serde_json::Value) -> Result<Self, SettingsError> {
+    #[cfg(test)]
+    pub(crate) fn from_json(value: &serde_json::Value) -> Result<Self, SettingsError> {
         let settings: SyncSettings =
             serde_json::from_value(value.clone()).map_err(|e| err("<object>", e.to_string()))?;
         settings.validate()?;
@@ -229,7 +243,7 @@ impl SyncSettings {
     }
 
     /// Checks every field; the error names the first bad one.
-    pub fn validate(&self) -> Result<(), SettingsError> {
+    pub(crate) fn validate(&self) -> Result<(), SettingsError> {
         range("period_ms", self.period_ms, 100, 3_600_000)?;
         range("op_timeout_ms", self.op_timeout_ms, 100, 3_600_000)?;
         key_part("key_prefix", &self.key_prefix)?;
@@ -244,6 +258,12 @@ impl SyncSettings {
         range("setex_chunk", self.setex_chunk, 1, 10_000)?;
         range("mget_batch", self.mget_batch, 1, 10_000)?;
         range("scan_count", self.scan_count, 1, 100_000)?;
+        range(
+            "scan_keys_per_cycle",
+            self.scan_keys_per_cycle,
+            0,
+            10_000_000,
+        )?;
         range(
             "change_log_max_entries",
             self.change_log_max_entries,
@@ -290,7 +310,7 @@ impl SyncSettings {
     }
 
     /// The TTL written with every record (`<= 0` configured -> default).
-    pub fn effective_ttl_secs(&self) -> i64 {
+    pub(crate) fn effective_ttl_secs(&self) -> i64 {
         if self.record_ttl_secs <= 0 {
             DEFAULT_RECORD_TTL_SECS
         } else {
@@ -299,13 +319,13 @@ impl SyncSettings {
     }
 
     /// True when pulls may read the change log and pushes write it.
-    pub fn change_log_enabled(&self) -> bool {
+    pub(crate) fn change_log_enabled(&self) -> bool {
         self.full_scan_every > 1
     }
 
     /// True when the engine polls the change log between cycles (and pushes
     /// deltas every half period): `poll_ms > 0` and the change log is on.
-    pub fn polling_enabled(&self) -> bool {
+    pub(crate) fn polling_enabled(&self) -> bool {
         self.poll_ms > 0 && self.change_log_enabled()
     }
 }
@@ -329,6 +349,7 @@ mod tests {
         assert_eq!((s.setex_chunk, s.mget_batch, s.scan_count), (25, 200, 500));
         assert!(!s.write_through);
         assert_eq!(s.poll_ms, 175);
+        assert_eq!((s.full_scan_every, s.scan_keys_per_cycle), (6, 0));
         assert!(s.polling_enabled());
         assert_eq!(s.namespaces.prefixcache, "prefixcache");
         assert!(s.validate().is_ok());
@@ -371,6 +392,10 @@ mod tests {
             (json!({"bridge_cluster": ""}), "bridge_cluster"),
             (json!({"poll_ms": 5}), "poll_ms"),
             (json!({"period_ms": 1000, "poll_ms": 1001}), "poll_ms"),
+            (
+                json!({"scan_keys_per_cycle": 10_000_001}),
+                "scan_keys_per_cycle",
+            ),
         ];
         for (value, field) in cases {
             match SyncSettings::from_json(&value) {

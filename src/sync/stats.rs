@@ -2,99 +2,105 @@
 
 /// Counters and gauges for the host to export as metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SyncStats {
+pub(crate) struct SyncStats {
     /// Cycles whose pull and push all succeeded.
-    pub cycles_ok: u64,
+    pub(crate) cycles_ok: u64,
     /// Cycles that failed (timeouts included).
-    pub cycles_failed: u64,
+    pub(crate) cycles_failed: u64,
     /// Cycles abandoned after `op_timeout_ms`.
-    pub cycles_timed_out: u64,
+    pub(crate) cycles_timed_out: u64,
     /// Current base wait between cycles (period, or more while backing off).
-    pub backoff_ms: u64,
+    pub(crate) backoff_ms: u64,
     /// Namespace pulls done by full SCAN.
-    pub full_scans: u64,
+    pub(crate) full_scans: u64,
     /// Namespace pulls done from the change log.
-    pub incremental_pulls: u64,
+    pub(crate) incremental_pulls: u64,
+    /// Slices of the rotating anti-entropy scan read (`scan_keys_per_cycle`).
+    pub(crate) scan_slices: u64,
+    /// Rotating anti-entropy passes completed (the cursor came back to 0).
+    pub(crate) scan_passes: u64,
     /// Incremental pulls that found the log trimmed/missing and fell back
     /// to a full scan, and polls that found it so (the next cycle scans).
-    pub log_fallbacks: u64,
+    pub(crate) log_fallbacks: u64,
     /// Keys returned by SCAN.
-    pub keys_scanned: u64,
+    pub(crate) keys_scanned: u64,
     /// Values fetched by MGET (non-nil).
-    pub keys_pulled: u64,
+    pub(crate) keys_pulled: u64,
     /// MGET slots that were nil (expired since SCAN).
-    pub missing_values: u64,
+    pub(crate) missing_values: u64,
     /// Remote entities merged (by cycles and polls).
-    pub applied: u64,
+    pub(crate) applied: u64,
     /// Remote entities the component refused.
-    pub rejected: u64,
+    pub(crate) rejected: u64,
     /// Stale remote entities deleted from Redis.
-    pub stale_deleted: u64,
+    pub(crate) stale_deleted: u64,
     /// Remote tombstones applied (`delete_local`).
-    pub tombstones_applied: u64,
+    pub(crate) tombstones_applied: u64,
     /// Entity writes (SETEX/DEL) confirmed, periodic and write-through.
-    pub pushed: u64,
+    pub(crate) pushed: u64,
     /// Replies cut by the bridge (never applied).
-    pub truncations: u64,
+    pub(crate) truncations: u64,
     /// Values larger than `max_reply_bytes` (cut by the bridge even alone,
     /// or arrived whole): never applied, and skipped by the next full scans.
-    pub oversized_values: u64,
+    pub(crate) oversized_values: u64,
     /// MGET slots not read because the value was found oversized recently.
-    pub oversized_skipped: u64,
+    pub(crate) oversized_skipped: u64,
     /// Calls the bridge answered with no bytes at all (the connection to
     /// Redis closed first: Redis gone mid-call, or a middlebox that closes
     /// instead of passing TCP half-close on).
-    pub empty_replies: u64,
+    pub(crate) empty_replies: u64,
     /// Full pushes that hit the size warnings.
-    pub large_snapshot_warnings: u64,
+    pub(crate) large_snapshot_warnings: u64,
     /// Bridge calls emitted.
-    pub calls_sent: u64,
+    pub(crate) calls_sent: u64,
     /// Bridge calls that failed (transport, protocol, Redis error).
-    pub calls_failed: u64,
+    pub(crate) calls_failed: u64,
     /// Redis commands sent (AUTH and QUIT included).
-    pub commands_sent: u64,
+    pub(crate) commands_sent: u64,
     /// Request bytes sent.
-    pub bytes_sent: u64,
+    pub(crate) bytes_sent: u64,
     /// Reply bytes received.
-    pub bytes_received: u64,
+    pub(crate) bytes_received: u64,
     /// Replies for calls the engine no longer waits for (abandoned cycle or
     /// poll, expired write-through call, unknown id).
-    pub late_responses: u64,
+    pub(crate) late_responses: u64,
     /// Write-through calls emitted.
-    pub write_through_calls: u64,
+    pub(crate) write_through_calls: u64,
     /// Write-through calls that failed.
-    pub write_through_failed: u64,
+    pub(crate) write_through_failed: u64,
     /// Polls (change-log reads between cycles, `poll_ms`) that succeeded.
-    pub polls_ok: u64,
+    pub(crate) polls_ok: u64,
     /// Polls that failed or timed out; polling then pauses until a cycle
     /// succeeds. Never changes the cycle schedule or backoff.
-    pub polls_failed: u64,
+    pub(crate) polls_failed: u64,
     /// Remote entities merged by polls (included in `applied`).
-    pub poll_applied: u64,
+    pub(crate) poll_applied: u64,
     /// Half-period delta pushes (riding on a poll) that succeeded.
-    pub mid_pushes: u64,
+    pub(crate) mid_pushes: u64,
     /// Half-period delta pushes that failed (the ids stay dirty for the
     /// next push; polling pauses until a cycle succeeds).
-    pub mid_pushes_failed: u64,
+    pub(crate) mid_pushes_failed: u64,
     /// `now_ms` of the last successful cycle's end.
-    pub last_success_ms: Option<u64>,
+    pub(crate) last_success_ms: Option<u64>,
     /// Duration of the last finished cycle.
-    pub last_cycle_ms: u64,
+    pub(crate) last_cycle_ms: u64,
 }
 
 /// Reads one counter of [`SyncStats`].
-pub type CounterField = fn(&SyncStats) -> u64;
+pub(crate) type CounterField = fn(&SyncStats) -> u64;
 
 impl SyncStats {
     /// Every counter, by its exported name (`prefix_router.sync.<name>`): the
     /// one table the host exports from. `backoff_ms`, `last_success_ms` and
     /// `last_cycle_ms` are not counters and are exported otherwise.
-    pub const COUNTERS: [(&'static str, CounterField); 32] = [
+    pub(crate) const COUNTERS: [(&'static str, CounterField); 34] = [
         ("cycles_ok", |s| s.cycles_ok),
         ("cycles_failed", |s| s.cycles_failed),
         ("cycles_timed_out", |s| s.cycles_timed_out),
         ("full_scans", |s| s.full_scans),
         ("incremental_pulls", |s| s.incremental_pulls),
+        ("scan_slices", |s| s.scan_slices),
+        ("scan_passes", |s| s.scan_passes),
         ("log_fallbacks", |s| s.log_fallbacks),
         ("keys_scanned", |s| s.keys_scanned),
         ("keys_pulled", |s| s.keys_pulled),
@@ -170,11 +176,13 @@ mod tests {
             mid_pushes_failed: 30,
             oversized_skipped: 31,
             empty_replies: 32,
+            scan_slices: 33,
+            scan_passes: 34,
             last_success_ms: None,
             last_cycle_ms: 0,
         };
         let mut read: Vec<u64> = SyncStats::COUNTERS.iter().map(|(_, f)| f(&s)).collect();
         read.sort_unstable();
-        assert_eq!(read, (1..=32).collect::<Vec<u64>>());
+        assert_eq!(read, (1..=34).collect::<Vec<u64>>());
     }
 }

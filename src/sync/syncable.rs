@@ -22,16 +22,9 @@ impl std::error::Error for Rejected {}
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Delta {
     /// Entities added or changed, with their current payload.
-    pub updated: Vec<(String, Vec<u8>)>,
+    pub(crate) updated: Vec<(String, Vec<u8>)>,
     /// Entities deleted locally.
-    pub deleted: Vec<String>,
-}
-
-impl Delta {
-    /// True when nothing changed.
-    pub fn is_empty(&self) -> bool {
-        self.updated.is_empty() && self.deleted.is_empty()
-    }
+    pub(crate) deleted: Vec<String>,
 }
 
 /// Optional capabilities, the equivalent of Go's interface type assertions.
@@ -39,14 +32,14 @@ impl Delta {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Capabilities {
     /// `delta` / `clear_dirty`: push only what changed.
-    pub delta: bool,
+    pub(crate) delta: bool,
     /// `on_sync_start` / `on_sync_end` around each pull.
-    pub hooks: bool,
+    pub(crate) hooks: bool,
     /// `is_stale`: stale remote entities are deleted from Redis, not applied.
-    pub stale: bool,
+    pub(crate) stale: bool,
     /// `make_tombstone` / `is_tombstone` / `delete_local`: deletions travel
     /// as tombstone payloads instead of `DEL`.
-    pub tombstones: bool,
+    pub(crate) tombstones: bool,
 }
 
 /// State that takes part in cross-replica sync.

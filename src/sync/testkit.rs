@@ -16,34 +16,34 @@ use super::stats::SyncStats;
 use super::syncable::{Capabilities, Delta, Rejected, Syncable};
 
 /// Payloads starting with this are tombstones for [`MapComponent`].
-pub const TOMBSTONE: &[u8] = b"\x00tombstone";
+pub(crate) const TOMBSTONE: &[u8] = b"\x00tombstone";
 
 /// A map `id -> bytes` with every capability switchable, recording the
 /// calls the engine makes (`events`) so tests can check their order.
 #[derive(Clone, Debug, Default)]
-pub struct MapComponent {
+pub(crate) struct MapComponent {
     /// Namespace returned by `namespace()`.
-    pub ns: String,
+    pub(crate) ns: String,
     /// Capabilities reported.
-    pub caps: Capabilities,
+    pub(crate) caps: Capabilities,
     /// Local state.
-    pub entries: BTreeMap<String, Vec<u8>>,
+    pub(crate) entries: BTreeMap<String, Vec<u8>>,
     /// Ids changed locally since the last clear.
-    pub dirty: BTreeSet<String>,
+    pub(crate) dirty: BTreeSet<String>,
     /// Ids deleted locally since the last clear.
-    pub deleted: BTreeSet<String>,
+    pub(crate) deleted: BTreeSet<String>,
     /// `start`, `end`, `apply:<id>`, `reject:<id>`, `delete:<id>`,
     /// `delta`, `snapshot`, `clear:<n>`.
-    pub events: Vec<String>,
+    pub(crate) events: Vec<String>,
     /// Remote payloads starting with this are stale.
-    pub stale_prefix: Option<Vec<u8>>,
+    pub(crate) stale_prefix: Option<Vec<u8>>,
     /// Remote payloads starting with this are rejected.
-    pub reject_prefix: Option<Vec<u8>>,
+    pub(crate) reject_prefix: Option<Vec<u8>>,
 }
 
 impl MapComponent {
     /// An empty component for `ns` with `caps`.
-    pub fn new(ns: &str, caps: Capabilities) -> Self {
+    pub(crate) fn new(ns: &str, caps: Capabilities) -> Self {
         Self {
             ns: ns.to_owned(),
             caps,
@@ -52,19 +52,19 @@ impl MapComponent {
     }
 
     /// Shared handle, so a test keeps access after registering it.
-    pub fn shared(ns: &str, caps: Capabilities) -> Rc<RefCell<Self>> {
+    pub(crate) fn shared(ns: &str, caps: Capabilities) -> Rc<RefCell<Self>> {
         Rc::new(RefCell::new(Self::new(ns, caps)))
     }
 
     /// A local change (marks the id dirty).
-    pub fn set(&mut self, id: &str, payload: &[u8]) {
+    pub(crate) fn set(&mut self, id: &str, payload: &[u8]) {
         self.entries.insert(id.to_owned(), payload.to_vec());
         self.deleted.remove(id);
         self.dirty.insert(id.to_owned());
     }
 
     /// A local delete (marks the id deleted).
-    pub fn remove(&mut self, id: &str) {
+    pub(crate) fn remove(&mut self, id: &str) {
         self.entries.remove(id);
         self.dirty.remove(id);
         self.deleted.insert(id.to_owned());
@@ -139,12 +139,12 @@ impl Syncable for MapComponent {
 
 /// A call's fate in [`deliver_with`]: `Some(Ok(reply))`, `Some(Err(_))`
 /// or `None` (held, never answered).
-pub type Outcome = Option<Result<Vec<u8>, CallFailed>>;
+pub(crate) type Outcome = Option<Result<Vec<u8>, CallFailed>>;
 
 /// Delivers `calls` to `redis` and their follow-ups until none is left.
 /// `outcome` decides each call's fate: `Some(Ok(bytes))` / `Some(Err(_))`
 /// answer it, `None` holds it (returned, never answered).
-pub fn deliver_with(
+pub(crate) fn deliver_with(
     engine: &mut SyncEngine,
     redis: &mut MemRedis,
     now_ms: u64,
@@ -165,7 +165,7 @@ pub fn deliver_with(
 }
 
 /// One tick at `now_ms`, every call answered by `redis`.
-pub fn drive(engine: &mut SyncEngine, redis: &mut MemRedis, now_ms: u64) {
+pub(crate) fn drive(engine: &mut SyncEngine, redis: &mut MemRedis, now_ms: u64) {
     let calls = engine.tick(now_ms);
     deliver_with(engine, redis, now_ms, calls, &mut |c, r| {
         Some(Ok(r.execute(&c.body)))
@@ -174,7 +174,7 @@ pub fn drive(engine: &mut SyncEngine, redis: &mut MemRedis, now_ms: u64) {
 
 /// Ticks at the engine's next due time and drives that cycle to its end;
 /// returns the time used.
-pub fn run_cycle(engine: &mut SyncEngine, redis: &mut MemRedis, not_before_ms: u64) -> u64 {
+pub(crate) fn run_cycle(engine: &mut SyncEngine, redis: &mut MemRedis, not_before_ms: u64) -> u64 {
     let now = engine
         .next_cycle_ms()
         .unwrap_or(not_before_ms)
@@ -185,7 +185,7 @@ pub fn run_cycle(engine: &mut SyncEngine, redis: &mut MemRedis, not_before_ms: u
 
 /// Host tick period the time-driven drivers use (the filter's host ticks
 /// the engine every 25 ms).
-pub const TICK_MS: u64 = 25;
+pub(crate) const TICK_MS: u64 = 25;
 
 /// Redis work of one replica per cycle period: its cycle and, between
 /// cycles, its polls (see [`SyncSettings::poll_ms`]).
@@ -206,19 +206,30 @@ pub struct CycleCost {
     /// `period_ms / poll_ms`, not on the table size or the churn.
     pub idle_polls: f64,
     /// The polls' share of `calls` (idle polls included).
-    pub poll_calls: f64,
+    pub(crate) poll_calls: f64,
     /// The polls' share of `commands`.
     pub poll_commands: f64,
     /// The polls' share of `bytes_sent`.
-    pub poll_bytes_sent: f64,
+    pub(crate) poll_bytes_sent: f64,
     /// The polls' share of `bytes_received`.
-    pub poll_bytes_received: f64,
+    pub(crate) poll_bytes_received: f64,
     /// The idle polls' share of `commands`.
     pub idle_poll_commands: f64,
     /// The idle polls' share of `bytes_sent`.
-    pub idle_poll_bytes_sent: f64,
+    pub(crate) idle_poll_bytes_sent: f64,
     /// The idle polls' share of `bytes_received`.
-    pub idle_poll_bytes_received: f64,
+    pub(crate) idle_poll_bytes_received: f64,
+    /// Keys read per period: returned by SCAN plus fetched by MGET.
+    pub keys_read: f64,
+    /// The writer's Redis commands per period (its pushes of the churn, its
+    /// own scans and polls included).
+    pub(crate) writer_commands: f64,
+    /// The writer's request bytes per period.
+    pub writer_bytes_sent: f64,
+    /// The writer's keys written per period.
+    pub writer_keys_written: f64,
+    /// The writer's keys read per period.
+    pub(crate) writer_keys_read: f64,
 }
 
 impl CycleCost {
@@ -250,6 +261,8 @@ pub struct CostModel {
     pub period_ms: u64,
     /// `poll_ms` of both replicas (0: no polls).
     pub poll_ms: u64,
+    /// `scan_keys_per_cycle` of both replicas (0: periodic full scans).
+    pub scan_keys_per_cycle: usize,
 }
 
 impl Default for CostModel {
@@ -262,13 +275,14 @@ impl Default for CostModel {
             cycles: s.full_scan_every.max(1) as usize,
             period_ms: s.period_ms,
             poll_ms: s.poll_ms,
+            scan_keys_per_cycle: s.scan_keys_per_cycle,
         }
     }
 }
 
 /// [`steady_state_cost_with`] with the default period (10 s) and poll
 /// interval (100 ms).
-pub fn steady_state_cost(
+pub(crate) fn steady_state_cost(
     entities: usize,
     churn_per_mille: usize,
     full_scan_every: u32,
@@ -302,6 +316,7 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
         full_scan_every: m.full_scan_every,
         period_ms: m.period_ms,
         poll_ms: m.poll_ms,
+        scan_keys_per_cycle: m.scan_keys_per_cycle,
         // Keep the namespace at a constant size for the whole run.
         record_ttl_secs: 86_400,
         change_log_max_entries: 100_000,
@@ -349,6 +364,7 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
     let _ = b.start(now);
     let mut cost = CycleCost::default();
     let mut before: Option<SyncStats> = None;
+    let mut writer_before: Option<SyncStats> = None;
     let cycles = m.cycles.max(1) as u64;
     let limit = now + (cycles + 3) * 2 * m.period_ms.max(TICK_MS);
     while now < limit {
@@ -362,6 +378,7 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
             // first, closes after the `cycles`-th next one.
             let Some(start) = &before else {
                 before = Some(s1);
+                writer_before = Some(a.stats().clone());
                 change(1);
                 continue;
             };
@@ -373,6 +390,15 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
                 cost.commands = d(|s| s.commands_sent);
                 cost.bytes_sent = d(|s| s.bytes_sent);
                 cost.bytes_received = d(|s| s.bytes_received);
+                cost.keys_read = d(|s| s.keys_scanned + s.keys_pulled);
+                if let Some(w0) = &writer_before {
+                    let w1 = a.stats();
+                    let dw = |f: fn(&SyncStats) -> u64| (f(w1) - f(w0)) as f64 / n;
+                    cost.writer_commands = dw(|s| s.commands_sent);
+                    cost.writer_bytes_sent = dw(|s| s.bytes_sent);
+                    cost.writer_keys_written = dw(|s| s.pushed);
+                    cost.writer_keys_read = dw(|s| s.keys_scanned + s.keys_pulled);
+                }
                 for f in [
                     &mut cost.polls,
                     &mut cost.idle_polls,

@@ -5,13 +5,14 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use super::schedule::SplitMix64;
+use super::error::SyncError;
 use super::testkit::{
     deliver_with, drive, run_cycle, steady_state_cost, steady_state_cost_with, CostModel,
     MapComponent, TICK_MS, TOMBSTONE,
 };
 use super::*;
-use crate::resp::{parse, Frame};
+use crate::rng::SplitMix64;
+use crate::sync::resp::{parse, Frame};
 use memredis::MemRedis;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -542,12 +543,11 @@ fn hooks_wrap_only_the_pull() {
         1,
     );
     comp.borrow_mut().set("1", b"a");
-    let mut now = run_cycle(&mut e, &mut r, 0);
+    let now = run_cycle(&mut e, &mut r, 0);
     e.put(NS, "2", b"b".to_vec()).unwrap();
     drive(&mut e, &mut r, now);
     comp.borrow_mut().set("3", b"c");
-    now = run_cycle(&mut e, &mut r, now);
-    let _ = now;
+    run_cycle(&mut e, &mut r, now);
     // Each cycle: start/end around the pull, the push (clear) after "end";
     // write-through calls no hook, only clears what it wrote.
     // (The second pull reads the change log from its start, which the
@@ -669,8 +669,7 @@ fn truncated_mget_is_split_never_partially_applied_and_remembered() {
         "each value applied exactly once"
     );
     // Remembered: the next cycle needs no split.
-    let now = run_cycle(&mut e, &mut r, now);
-    let _ = now;
+    run_cycle(&mut e, &mut r, now);
     assert_eq!(e.stats().truncations, truncated_calls);
     assert!(r.log.iter().rev().find(|c| c[0] == b"MGET").unwrap().len() <= 1 + 48);
 }
@@ -1037,6 +1036,47 @@ fn a_fresh_redis_is_polled_from_the_first_cycle() {
     assert_eq!(reader.borrow().entries.get("new"), Some(&b"v".to_vec()));
     assert_eq!(eb.stats().full_scans, 1, "no second scan needed");
     assert_eq!(eb.stats().cycles_ok, 1, "a poll, not a cycle, read it");
+}
+
+#[test]
+fn rotating_scan_reads_a_slice_per_cycle_and_catches_log_less_writers_within_a_pass() {
+    // 1,000 keys, a budget of 100 keys a cycle: after the first full scan,
+    // each cycle reads the change log plus the next ~100 keys of one SCAN
+    // pass; a key written without the log is found within one pass.
+    let s = SyncSettings {
+        scan_keys_per_cycle: 100,
+        ..settings()
+    };
+    let comp = MapComponent::shared(NS, caps(true, false, false, false));
+    let mut e = engine(s, &[&comp], 1);
+    let mut r = MemRedis::new();
+    for i in 0..1000 {
+        r.setex(&key(&format!("k{i:04}")), 600, b"v");
+    }
+    let mut now = run_cycle(&mut e, &mut r, 0);
+    assert_eq!(comp.borrow().entries.len(), 1000);
+    // Key "zz" sorts last in the double's keyspace: the pass reaches it at
+    // its end.
+    r.setex(&key("zz-from-go"), 600, b"go");
+    let mut cycles = 0;
+    while !comp.borrow().entries.contains_key("zz-from-go") {
+        let scanned = e.stats().keys_scanned;
+        now = run_cycle(&mut e, &mut r, now);
+        cycles += 1;
+        // One slice: its pages stop once they asked for 100 keys (the first
+        // page may be smaller: the double counts keys, not slots).
+        assert!(
+            e.stats().keys_scanned - scanned <= 100,
+            "cycle {cycles}: {} keys scanned",
+            e.stats().keys_scanned - scanned
+        );
+        assert!(cycles <= 11, "not found within one pass: {:?}", e.stats());
+    }
+    assert!(cycles >= 9, "found after {cycles} cycles: slices too large");
+    let st = e.stats();
+    assert_eq!(st.full_scans, 1, "no periodic full scans");
+    assert_eq!(st.scan_slices, cycles);
+    assert_eq!(st.scan_passes, 1);
 }
 
 #[test]
@@ -1666,12 +1706,15 @@ fn convergence_ms(s: &SyncSettings, seed: u64, write_through: bool, busy: bool) 
     eb.register(Box::new(Rc::clone(&b))).unwrap();
     let mut r = MemRedis::new();
     r.record = false;
-    let (phase_a, phase_b) = (rng.below(TICK_MS), rng.below(TICK_MS));
+    let (phase_a, phase_b) = (
+        rng.below(TICK_MS as usize) as u64,
+        rng.below(TICK_MS as usize) as u64,
+    );
     ea.start(phase_a).unwrap();
     eb.start(phase_b).unwrap();
     a.borrow_mut().set("warm", b"0");
     let period = s.period_ms;
-    let t0 = 4 * period + rng.below(period);
+    let t0 = 4 * period + rng.below(period as usize) as u64;
     let (mut next_a, mut next_b) = (phase_a, phase_b);
     let mut changed = false;
     loop {

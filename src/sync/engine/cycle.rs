@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use super::runs::{delta_writes, queue_writes, Kind, NsRun, Run};
 use super::sending::{Op, Read, Write};
-use super::{SyncEngine, LARGE_SNAPSHOT_AVG_BYTES, LARGE_SNAPSHOT_ENTITIES};
+use super::{NsIndex, SyncEngine, LARGE_SNAPSHOT_AVG_BYTES, LARGE_SNAPSHOT_ENTITIES};
 use crate::sync::error::SyncError;
 
 impl SyncEngine {
@@ -16,7 +16,7 @@ impl SyncEngine {
         self.cycles_started += 1;
         let log = self.settings.change_log_enabled();
         let every = u64::from(self.settings.full_scan_every.max(1));
-        let full_cycle = !log || index % every == 0;
+        let budget = self.settings.scan_keys_per_cycle;
         let seq = self.next_seq();
         let mut cycle = Run::new(Kind::Cycle, seq, now_ms, self.regs.len());
         for (i, reg) in self.regs.iter_mut().enumerate() {
@@ -24,25 +24,46 @@ impl SyncEngine {
             if reg.caps.hooks {
                 reg.comp.on_sync_start();
             }
+            // With a budget, a rotating slice replaces the periodic full
+            // scan (namespaces with hooks, `podload`, whose every live writer
+            // rewrites its key each period, then read only the change log);
+            // a full scan still runs whenever the log position is unknown.
+            let rotating = log && budget > 0;
+            let sliced = rotating && !reg.caps.hooks;
+            let full_cycle = !log || (!rotating && index % every == 0);
             let pos = if full_cycle {
                 None
             } else {
                 reg.log_pos.clone()
             };
+            let mut slice_keys = None;
             match &pos {
                 Some(from) => {
                     self.stats.incremental_pulls += 1;
                     cycle.queue.push_back(Op::Read(Read::Log {
-                        ns: i,
+                        ns: NsIndex(i),
                         from: from.clone(),
                         count: reg.log_cap,
                         attempt: 0,
                     }));
+                    if sliced {
+                        self.stats.scan_slices += 1;
+                        slice_keys = Some(0);
+                        cycle.queue.push_back(Op::Read(Read::Scan {
+                            ns: NsIndex(i),
+                            cursor: reg.scan_cursor.clone().unwrap_or_else(|| "0".into()),
+                            count: reg.scan_cap.min(budget),
+                            with_head: false,
+                            attempt: 0,
+                        }));
+                    }
                 }
                 None => {
+                    // This scan covers everything: a new pass starts after.
+                    reg.scan_cursor = None;
                     self.stats.full_scans += 1;
                     cycle.queue.push_back(Op::Read(Read::Scan {
-                        ns: i,
+                        ns: NsIndex(i),
                         cursor: "0".into(),
                         count: reg.scan_cap,
                         with_head: log,
@@ -55,6 +76,7 @@ impl SyncEngine {
                 new_pos: pos,
                 seen: HashSet::new(),
                 hooks_started: reg.caps.hooks,
+                slice_keys,
             });
         }
         self.run = Some(cycle);
@@ -90,7 +112,7 @@ impl SyncEngine {
                     .map(|(id, v)| Write::Set(id, v))
                     .collect()
             };
-            queue_writes(cycle, i, writes, chunk);
+            queue_writes(cycle, NsIndex(i), writes, chunk);
         }
     }
 

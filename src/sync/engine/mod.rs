@@ -33,27 +33,29 @@ mod write_through;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::{Index, IndexMut};
 
 use super::error::{CallFailed, SyncError};
 use super::keys::KeyLayout;
 use super::reply::decode;
-use super::schedule::{Schedule, SplitMix64};
+use super::schedule::Schedule;
 use super::settings::{key_part, SyncSettings};
 use super::stats::SyncStats;
 use super::syncable::{Capabilities, Syncable};
+use crate::rng::SplitMix64;
 
 use runs::{Kind, Run};
 use sending::{Outstanding, Write};
 
 /// Identifies one call between [`SyncEngine::tick`]/[`SyncEngine::on_response`].
-pub type CallId = u64;
+pub(crate) type CallId = u64;
 
 /// Snapshot size beyond which a full push logs a warning (as AIBrix does).
-pub const LARGE_SNAPSHOT_ENTITIES: usize = 10_000;
+pub(crate) const LARGE_SNAPSHOT_ENTITIES: usize = 10_000;
 /// Average payload beyond which a full push logs a warning.
-pub const LARGE_SNAPSHOT_AVG_BYTES: usize = 512 * 1024;
+pub(crate) const LARGE_SNAPSHOT_AVG_BYTES: usize = 512 * 1024;
 /// Halvings of a truncated MGET/SCAN/XRANGE before the cycle gives up.
-pub const MAX_TRUNCATION_RETRIES: u32 = 10;
+pub(crate) const MAX_TRUNCATION_RETRIES: u32 = 10;
 /// Largest SCAN COUNT a page grows to (Redis walks this many keys in one
 /// call, about a millisecond of its time).
 pub(crate) const MAX_SCAN_COUNT: usize = 16_384;
@@ -65,11 +67,29 @@ pub(crate) const MAX_OVERSIZED_REMEMBERED: usize = 1024;
 
 /// One bridge call to make: POST `body` to the Redis bridge.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Call {
+pub(crate) struct Call {
     /// Pass back to [`SyncEngine::on_response`] with the reply.
-    pub id: CallId,
+    pub(crate) id: CallId,
     /// Raw RESP pipeline, ending with QUIT.
-    pub body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
+}
+
+/// Which registered namespace: its place in registration order. Ops,
+/// replies and runs carry it; its name is [`Registered::ns`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct NsIndex(usize);
+
+impl Index<NsIndex> for Vec<Registered> {
+    type Output = Registered;
+    fn index(&self, ns: NsIndex) -> &Registered {
+        &self[ns.0]
+    }
+}
+
+impl IndexMut<NsIndex> for Vec<Registered> {
+    fn index_mut(&mut self, ns: NsIndex) -> &mut Registered {
+        &mut self[ns.0]
+    }
 }
 
 /// A registered component and what the engine learned about its namespace.
@@ -81,6 +101,9 @@ struct Registered {
     /// Last change-log entry this replica has seen; None = unknown, the
     /// next pull must be a full scan.
     log_pos: Option<String>,
+    /// Where the rotating anti-entropy scan (`scan_keys_per_cycle`) goes on
+    /// next cycle; None = a new pass starts.
+    scan_cursor: Option<String>,
     /// Learned page sizes (SCAN: shrink on truncation, grow while replies
     /// are small; XRANGE: shrink on truncation).
     scan_cap: usize,
@@ -97,7 +120,7 @@ struct Registered {
 }
 
 /// The cross-replica sync state machine. See the module docs.
-pub struct SyncEngine {
+pub(crate) struct SyncEngine {
     settings: SyncSettings,
     schedule: Schedule,
     origin: String,
@@ -137,7 +160,7 @@ impl SyncEngine {
     /// An engine for (already validated) `settings`. `seed` drives the
     /// startup delay, jitter and this replica's origin id in the change log:
     /// give every replica a different one (e.g. current time in ns).
-    pub fn new(settings: SyncSettings, seed: u64) -> Self {
+    pub(crate) fn new(settings: SyncSettings, seed: u64) -> Self {
         let mut origin_rng = SplitMix64::new(seed ^ 0x5EED_0F01_2345_6789);
         Self {
             schedule: Schedule::new(settings.period_ms, seed),
@@ -166,7 +189,7 @@ impl SyncEngine {
     /// Adds a component. Refused (with a warning) after `start`, for an
     /// empty or invalid namespace, or a namespace already registered.
     /// Capabilities are read once, here.
-    pub fn register(&mut self, comp: Box<dyn Syncable>) -> Result<(), SyncError> {
+    pub(crate) fn register(&mut self, comp: Box<dyn Syncable>) -> Result<(), SyncError> {
         let ns = comp.namespace();
         let refused = if self.started {
             Some(SyncError::AlreadyStarted)
@@ -199,6 +222,7 @@ impl SyncEngine {
             ns,
             caps,
             log_pos: None,
+            scan_cursor: None,
             scan_cap,
             log_cap: self.settings.log_read_count,
             value_reply_bytes: 0,
@@ -210,7 +234,7 @@ impl SyncEngine {
 
     /// Starts the loop: the first cycle runs after a random delay in
     /// `[0, period/2)` from `now_ms`.
-    pub fn start(&mut self, now_ms: u64) -> Result<(), SyncError> {
+    pub(crate) fn start(&mut self, now_ms: u64) -> Result<(), SyncError> {
         if !self.settings.enabled {
             return Err(SyncError::Disabled);
         }
@@ -225,7 +249,7 @@ impl SyncEngine {
     /// Ends the loop: the running cycle or poll is dropped (a cycle's pull
     /// hooks closed), later replies are ignored, no further calls are
     /// emitted.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut run) = self.run.take() {
             self.end_pull_hooks(&mut run);
         }
@@ -236,7 +260,7 @@ impl SyncEngine {
     }
 
     /// Whether the last cycle failed (sync is backing off).
-    pub fn failing(&self) -> bool {
+    pub(crate) fn failing(&self) -> bool {
         self.started && !self.stopped && self.stats.cycles_failed > 0 && !self.polls_allowed
     }
 
@@ -244,7 +268,7 @@ impl SyncEngine {
     /// off): start the next cycle at the next tick instead of waiting out
     /// the backoff (up to 60 s). Does nothing unless sync is failing and no
     /// run is in progress.
-    pub fn retry_now(&mut self, now_ms: u64) {
+    pub(crate) fn retry_now(&mut self, now_ms: u64) {
         if self.failing() && self.run.is_none() {
             self.next_cycle_ms = Some(now_ms);
         }
@@ -280,7 +304,7 @@ impl SyncEngine {
     ///   touch interval, 30 s by default). Only an entity that changes
     ///   again within every half period is written up to twice per period
     ///   instead of once.
-    pub fn tick(&mut self, now_ms: u64) -> Vec<Call> {
+    pub(crate) fn tick(&mut self, now_ms: u64) -> Vec<Call> {
         if !self.started || self.stopped {
             return Vec::new();
         }
@@ -311,7 +335,7 @@ impl SyncEngine {
 
     /// Feed the outcome of call `id`; returns follow-up calls to send now
     /// (a cycle proceeds on replies, not only on ticks).
-    pub fn on_response(
+    pub(crate) fn on_response(
         &mut self,
         id: CallId,
         now_ms: u64,
@@ -372,7 +396,7 @@ impl SyncEngine {
     }
 
     /// Queues a write-through SETEX of one entity; sent on the next tick.
-    pub fn put(&mut self, ns: &str, id: &str, payload: Vec<u8>) -> Result<(), SyncError> {
+    pub(crate) fn put(&mut self, ns: &str, id: &str, payload: Vec<u8>) -> Result<(), SyncError> {
         let reg = self.write_through_target(ns)?;
         reg.write_through.push(Write::Set(id.to_owned(), payload));
         Ok(())
@@ -380,7 +404,8 @@ impl SyncEngine {
 
     /// Queues a write-through delete (tombstone SETEX when the component
     /// supports tombstones, else DEL); sent on the next tick.
-    pub fn delete(&mut self, ns: &str, id: &str) -> Result<(), SyncError> {
+    #[cfg(test)]
+    pub(crate) fn delete(&mut self, ns: &str, id: &str) -> Result<(), SyncError> {
         let reg = self.write_through_target(ns)?;
         let write = if reg.caps.tombstones {
             Write::Set(id.to_owned(), reg.comp.make_tombstone(id))
@@ -392,22 +417,22 @@ impl SyncEngine {
     }
 
     /// Counters so far.
-    pub fn stats(&self) -> &SyncStats {
+    pub(crate) fn stats(&self) -> &SyncStats {
         &self.stats
     }
 
     /// Round-trip times (ms) of calls answered since the last drain.
-    pub fn drain_rtt_samples(&mut self) -> Vec<u64> {
+    pub(crate) fn drain_rtt_samples(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.rtt_samples)
     }
 
     /// This replica's id in change-log entries.
-    pub fn origin(&self) -> &str {
+    pub(crate) fn origin(&self) -> &str {
         &self.origin
     }
 
     /// Registered namespaces, in registration order.
-    pub fn namespaces(&self) -> Vec<&str> {
+    pub(crate) fn namespaces(&self) -> Vec<&str> {
         self.regs.iter().map(|r| r.ns.as_str()).collect()
     }
 }
@@ -417,33 +442,33 @@ impl SyncEngine {
 #[cfg(any(test, feature = "testkit"))]
 impl SyncEngine {
     /// When the next cycle is due (None before start / after stop).
-    pub fn next_cycle_ms(&self) -> Option<u64> {
+    pub(crate) fn next_cycle_ms(&self) -> Option<u64> {
         self.next_cycle_ms
     }
 
     /// True while a cycle is in progress.
-    pub fn cycle_in_progress(&self) -> bool {
+    pub(crate) fn cycle_in_progress(&self) -> bool {
         self.run.as_ref().is_some_and(|r| r.kind == Kind::Cycle)
     }
 
     /// True while a poll (with its half-period push, if any) is in progress.
-    pub fn poll_in_progress(&self) -> bool {
+    pub(crate) fn poll_in_progress(&self) -> bool {
         self.run.as_ref().is_some_and(|r| r.kind == Kind::Poll)
     }
 
     /// When the next poll may start (None while polls are off or paused:
     /// before the first successful cycle, after a failed cycle or poll).
-    pub fn next_poll_ms(&self) -> Option<u64> {
+    pub(crate) fn next_poll_ms(&self) -> Option<u64> {
         self.next_poll_ms.filter(|_| self.polls_allowed)
     }
 
     /// Calls sent and not answered yet.
-    pub fn pending_calls(&self) -> usize {
+    pub(crate) fn pending_calls(&self) -> usize {
         self.outstanding.len()
     }
 
     /// The settings in use.
-    pub fn settings(&self) -> &SyncSettings {
+    pub(crate) fn settings(&self) -> &SyncSettings {
         &self.settings
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::runs::{delta_writes, queue_writes, Kind, NsRun, Run, Stage};
 use super::sending::{LogRead, Op, Read};
-use super::{Registered, SyncEngine};
+use super::{NsIndex, Registered, SyncEngine};
 use crate::sync::error::SyncError;
 
 impl SyncEngine {
@@ -33,7 +33,7 @@ impl SyncEngine {
             if active {
                 if let Some(from) = &reg.log_pos {
                     reads.push(LogRead {
-                        ns: i,
+                        ns: NsIndex(i),
                         from: from.clone(),
                         count: reg.log_cap,
                     });
@@ -44,6 +44,7 @@ impl SyncEngine {
                 new_pos: reg.log_pos.clone().filter(|_| active),
                 seen: HashSet::new(),
                 hooks_started: false,
+                slice_keys: None,
             });
         }
         if reads.is_empty() {
@@ -103,7 +104,7 @@ impl SyncEngine {
             }
             let writes = delta_writes(reg);
             poll.pushed_ids[i] = writes.iter().map(|w| w.id().to_owned()).collect();
-            queue_writes(poll, i, writes, chunk);
+            queue_writes(poll, NsIndex(i), writes, chunk);
         }
     }
 

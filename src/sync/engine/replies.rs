@@ -4,15 +4,16 @@
 
 use std::collections::BTreeMap;
 
-use crate::resp::Frame;
 use crate::sync::error::SyncError;
 use crate::sync::reply::{log_entries, proto};
+use crate::sync::resp::Frame;
 use crate::sync::settings::SyncSettings;
 
 use super::runs::{Kind, Run};
 use super::sending::{Op, Read, Sent};
 use super::{
-    Registered, SyncEngine, MAX_OVERSIZED_REMEMBERED, MAX_SCAN_COUNT, MAX_TRUNCATION_RETRIES,
+    NsIndex, Registered, SyncEngine, MAX_OVERSIZED_REMEMBERED, MAX_SCAN_COUNT,
+    MAX_TRUNCATION_RETRIES,
 };
 
 /// The change-log position before any entry (`XRANGE` reads after it).
@@ -81,7 +82,7 @@ impl SyncEngine {
 
     fn on_scan(
         &mut self,
-        ns: usize,
+        ns: NsIndex,
         with_head: bool,
         count: usize,
         frames: Vec<Frame>,
@@ -135,17 +136,37 @@ impl SyncEngine {
             let reg = &mut self.regs[ns];
             reg.scan_cap = reg.scan_cap.max(grown);
         }
-        let reg = &self.regs[ns];
+        let budget = self.settings.scan_keys_per_cycle;
+        let reg = &mut self.regs[ns];
         let scan_cap = reg.scan_cap;
         let Some(cycle) = self.run.as_mut() else {
             return Ok(());
         };
+        // A rotating slice stops once it has walked its keys (SCAN's COUNT:
+        // Redis's work, whatever matched) and keeps the cursor for the next
+        // cycle; the pass ends when the cursor comes back to 0.
+        if let Some(read) = cycle.ns[ns].slice_keys.as_mut() {
+            *read += count;
+            if cursor == b"0" {
+                reg.scan_cursor = None;
+                self.stats.scan_passes += 1;
+            } else if *read >= budget {
+                reg.scan_cursor = Some(String::from_utf8_lossy(&cursor).into_owned());
+                let batch = mget_batch_size(reg, &self.settings);
+                queue_mgets(cycle, ns, ids, batch);
+                return Ok(());
+            }
+        }
+        let slice_cap = cycle.ns[ns].slice_keys.map_or(scan_cap, |read| {
+            scan_cap.min(budget.saturating_sub(read).max(1))
+        });
+        let reg = &self.regs[ns];
         if cursor != b"0" {
             // Next page first: enumeration overlaps with the MGETs below.
             cycle.queue.push_front(Op::Read(Read::Scan {
                 ns,
                 cursor: String::from_utf8_lossy(&cursor).into_owned(),
-                count: scan_cap,
+                count: slice_cap,
                 with_head: false,
                 attempt: 0,
             }));
@@ -157,7 +178,7 @@ impl SyncEngine {
 
     fn on_log(
         &mut self,
-        ns: usize,
+        ns: NsIndex,
         from: &str,
         count: usize,
         frame: Frame,
@@ -230,7 +251,7 @@ impl SyncEngine {
 
     fn on_mget(
         &mut self,
-        ns: usize,
+        ns: NsIndex,
         ids: Vec<String>,
         frames: Vec<Frame>,
         reply_len: usize,
@@ -318,7 +339,7 @@ impl SyncEngine {
     }
 
     /// `ids` without those recently found too large to fetch (counted).
-    fn skip_oversized(&mut self, ns: usize, mut ids: Vec<String>) -> Vec<String> {
+    fn skip_oversized(&mut self, ns: NsIndex, mut ids: Vec<String>) -> Vec<String> {
         let reg = &self.regs[ns];
         if reg.oversized.is_empty() {
             return ids;
@@ -463,7 +484,7 @@ fn mget_batch_size(reg: &Registered, settings: &SyncSettings) -> usize {
     n.max(1)
 }
 
-fn queue_mgets(run: &mut Run, ns: usize, ids: Vec<String>, batch: usize) {
+fn queue_mgets(run: &mut Run, ns: NsIndex, ids: Vec<String>, batch: usize) {
     let mut it = ids.into_iter().peekable();
     while it.peek().is_some() {
         let ids: Vec<String> = it.by_ref().take(batch).collect();

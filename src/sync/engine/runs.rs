@@ -2,9 +2,10 @@
 //! (up to `max_inflight_calls`) and how it moves from pull to push to done.
 
 use std::collections::{HashSet, VecDeque};
+use std::ops::{Index, IndexMut};
 
 use super::sending::{Op, Write};
-use super::{Call, Registered, SyncEngine};
+use super::{Call, NsIndex, Registered, SyncEngine};
 use crate::sync::error::SyncError;
 
 /// Where a run is: reading (pull) or writing (push).
@@ -30,6 +31,21 @@ pub(super) struct NsRun {
     pub(super) new_pos: Option<String>,
     pub(super) seen: HashSet<String>,
     pub(super) hooks_started: bool,
+    /// Keys this run's rotating-scan slice has read (None: no slice).
+    pub(super) slice_keys: Option<usize>,
+}
+
+impl Index<NsIndex> for Vec<NsRun> {
+    type Output = NsRun;
+    fn index(&self, ns: NsIndex) -> &NsRun {
+        &self[ns.0]
+    }
+}
+
+impl IndexMut<NsIndex> for Vec<NsRun> {
+    fn index_mut(&mut self, ns: NsIndex) -> &mut NsRun {
+        &mut self[ns.0]
+    }
 }
 
 /// A cycle or a poll in progress; at most one exists.
@@ -153,7 +169,7 @@ pub(super) fn delta_writes(reg: &Registered) -> Vec<Write> {
     writes
 }
 
-pub(super) fn queue_writes(run: &mut Run, ns: usize, writes: Vec<Write>, chunk: usize) {
+pub(super) fn queue_writes(run: &mut Run, ns: NsIndex, writes: Vec<Write>, chunk: usize) {
     let mut it = writes.into_iter().peekable();
     while it.peek().is_some() {
         let writes: Vec<Write> = it.by_ref().take(chunk).collect();

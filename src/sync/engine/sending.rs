@@ -3,10 +3,10 @@
 //! last; the commands themselves are in [`crate::sync::cmd`]) and a
 //! [`Call`].
 
-use crate::resp::Pipeline;
 use crate::sync::cmd;
+use crate::sync::resp::Pipeline;
 
-use super::{Call, SyncEngine};
+use super::{Call, NsIndex, SyncEngine};
 
 /// One entity write: SETEX of a payload, or DEL.
 pub(super) enum Write {
@@ -26,7 +26,7 @@ impl Write {
 /// [`Sent`]): its reply and a truncation retry work on it directly.
 pub(super) enum Read {
     Scan {
-        ns: usize,
+        ns: NsIndex,
         cursor: String,
         count: usize,
         with_head: bool,
@@ -34,7 +34,7 @@ pub(super) enum Read {
     },
     /// XRANGE of one namespace's change log.
     Log {
-        ns: usize,
+        ns: NsIndex,
         from: String,
         count: usize,
         attempt: u32,
@@ -42,7 +42,7 @@ pub(super) enum Read {
     /// A poll's first call: one XRANGE per polled namespace, one pipeline.
     Logs(Vec<LogRead>),
     Mget {
-        ns: usize,
+        ns: NsIndex,
         ids: Vec<String>,
         attempt: u32,
     },
@@ -61,7 +61,7 @@ impl Read {
 /// One namespace's part of [`Read::Logs`].
 #[derive(Clone, Debug)]
 pub(super) struct LogRead {
-    pub(super) ns: usize,
+    pub(super) ns: NsIndex,
     pub(super) from: String,
     pub(super) count: usize,
 }
@@ -69,8 +69,8 @@ pub(super) struct LogRead {
 /// Work not yet sent.
 pub(super) enum Op {
     Read(Read),
-    DelStale { ns: usize, ids: Vec<String> },
-    Write { ns: usize, writes: Vec<Write> },
+    DelStale { ns: NsIndex, ids: Vec<String> },
+    Write { ns: NsIndex, writes: Vec<Write> },
 }
 
 /// What a call in flight was for: a read as it was queued; for writes only
@@ -81,7 +81,7 @@ pub(super) enum Sent {
         n: usize,
     },
     Write {
-        ns: usize,
+        ns: NsIndex,
         /// Ids written (their count goes to `pushed`); a successful
         /// write-through clears their dirty marks.
         ids: Vec<String>,
@@ -209,7 +209,7 @@ impl SyncEngine {
         }
     }
 
-    fn entity_keys(&self, ns: usize, ids: &[String]) -> Vec<String> {
+    fn entity_keys(&self, ns: NsIndex, ids: &[String]) -> Vec<String> {
         let keys = &self.regs[ns].keys;
         ids.iter().map(|id| keys.entity_key(id)).collect()
     }

@@ -2,11 +2,11 @@
 //! the next tick outside any run, never retried (the entity stays dirty
 //! for the periodic push).
 
-use crate::resp::Frame;
 use crate::sync::error::SyncError;
+use crate::sync::resp::Frame;
 
 use super::sending::{Op, Sent, Write};
-use super::{Call, Registered, SyncEngine};
+use super::{Call, NsIndex, Registered, SyncEngine};
 
 impl SyncEngine {
     pub(super) fn write_through_target(&mut self, ns: &str) -> Result<&mut Registered, SyncError> {
@@ -27,7 +27,14 @@ impl SyncEngine {
             while it.peek().is_some() {
                 let writes: Vec<Write> = it.by_ref().take(chunk).collect();
                 self.stats.write_through_calls += 1;
-                calls.push(self.dispatch(Op::Write { ns, writes }, None, now_ms));
+                calls.push(self.dispatch(
+                    Op::Write {
+                        ns: NsIndex(ns),
+                        writes,
+                    },
+                    None,
+                    now_ms,
+                ));
             }
         }
     }
@@ -41,7 +48,7 @@ impl SyncEngine {
             (Sent::Write { ns, ids }, Ok(_)) => {
                 self.stats.pushed += ids.len() as u64;
                 // Written: the periodic push need not send these again.
-                if let Some(reg) = self.regs.get_mut(ns) {
+                if let Some(reg) = self.regs.get_mut(ns.0) {
                     if reg.caps.delta {
                         reg.comp.clear_dirty(&ids);
                     }

@@ -1,28 +1,16 @@
 //! Building blocks of `prefix-bench` (the demo and benchmarks of the Envoy
 //! prefix-router filter) and of router comparisons to come: deterministic
 //! workloads, an HTTP load runner, percentiles, process fleets on loopback
-//! (through the integration-test harness) and report output.
+//! (through the `harness` crate the integration tests share) and report
+//! output.
 
 // Test tooling: a benchmark whose setup fails (a process that does not
 // start, a file that cannot be written) can only stop, with the reason.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-// The integration-test harness finds the repository (envoy/*.yaml, .venv,
-// target/) from CARGO_MANIFEST_DIR, which here is tools/bench: this `env!`
-// shadow (a textual macro scope reaches the module below) points it two
-// levels up and leaves every other use of `env!` alone.
-macro_rules! env {
-    ("CARGO_MANIFEST_DIR") => {
-        concat!(::core::env!("CARGO_MANIFEST_DIR"), "/../..")
-    };
-}
-#[path = "../../../tests/support/mod.rs"]
-pub mod support;
-
 pub mod chart;
 pub mod commands;
 pub mod drive;
-pub mod fleet;
 pub mod metrics;
 pub mod outage;
 pub mod peer;

@@ -64,6 +64,31 @@ enum Command {
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
+    /// Model: fleet-wide Redis load of sync (commands/s, keys/s, bytes/s)
+    /// for many replicas and large tables, from the engine's own cost model.
+    Scale {
+        /// Replica counts to report, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "3,10,100")]
+        replicas: Vec<usize>,
+        /// Table sizes (entities) to model, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "200000,1000000")]
+        entities: Vec<usize>,
+        /// Entities changed per period, per mille (fleet-wide).
+        #[arg(long, default_value_t = 10)]
+        churn_per_mille: usize,
+        /// Sync period, ms.
+        #[arg(long, default_value_t = 10_000)]
+        period_ms: u64,
+        /// Periodic mode: a full scan every N cycles.
+        #[arg(long, default_value_t = 6)]
+        full_scan_every: u32,
+        /// Rotating mode: `sync.scan_keys_per_cycle`.
+        #[arg(long, default_value_t = 2_000)]
+        scan_keys_per_cycle: usize,
+        /// Per-shard budget the report checks against, keys/s.
+        #[arg(long, default_value_t = 20_000.0)]
+        shard_keys_per_s: f64,
+    },
     /// Benchmark: Redis work per sync cycle, incremental vs full scan.
     SyncCost {
         /// Entities in the namespace.
@@ -86,6 +111,10 @@ enum Command {
         /// filter's).
         #[arg(long, default_value_t = 10_000)]
         period_ms: u64,
+        /// Incremental mode: `sync.scan_keys_per_cycle` (rotating
+        /// anti-entropy scan) instead of the periodic full scan; 0 = off.
+        #[arg(long, default_value_t = 0)]
+        scan_keys_per_cycle: usize,
         /// Change-log poll interval between cycles, ms (the filter's default).
         #[arg(long, default_value_t = 175)]
         poll_ms: u64,
@@ -206,6 +235,23 @@ fn main() {
                 seed,
             },
         ),
+        Command::Scale {
+            replicas,
+            entities,
+            churn_per_mille,
+            period_ms,
+            full_scan_every,
+            scan_keys_per_cycle,
+            shard_keys_per_s,
+        } => commands::scale::run(&commands::scale::ScaleArgs {
+            replicas,
+            entities,
+            churn_per_mille,
+            period_ms,
+            full_scan_every,
+            scan_keys_per_cycle,
+            shard_keys_per_s,
+        }),
         Command::SyncCost {
             entities,
             churn_per_mille,
@@ -214,6 +260,7 @@ fn main() {
             full_cycles,
             period_ms,
             poll_ms,
+            scan_keys_per_cycle,
             model_only,
             seed,
         } => commands::sync_cost::run(&commands::sync_cost::SyncCostArgs {
@@ -226,6 +273,7 @@ fn main() {
             poll_ms,
             model_only,
             seed,
+            scan_keys_per_cycle,
         }),
         Command::Memory {
             bodies,

@@ -21,8 +21,8 @@ use crate::drive::drive;
 use crate::metrics::hit_rate;
 use crate::runner::{Outcome, Pacing};
 use crate::scenario::PodSet;
-use crate::support::{self, Envoy, TestDir};
 use crate::workload::Request;
+use harness::{self, Envoy, TestDir};
 
 /// Requests that fail within this long of the kill were (or could have
 /// been) in flight before anyone could notice; the issue's bound for "no
@@ -76,7 +76,7 @@ impl Watch {
     /// Is the pod healthy in Envoy's eyes (None: the admin did not say)?
     fn envoy_healthy(&self) -> Option<bool> {
         let url = format!("http://127.0.0.1:{}/clusters", self.admin);
-        let body = support::get(&url).ok()?.body;
+        let body = harness::get(&url).ok()?.body;
         let key = format!("pods::127.0.0.1:{}::health_flags::", self.pod_port);
         let flags = body.lines().find_map(|l| l.strip_prefix(&key))?;
         Some(flags.trim() == "healthy")
@@ -89,7 +89,7 @@ impl Watch {
             "http://127.0.0.1:{}/stats?filter=prefix_router%5C.membership%5C.healthy",
             self.admin
         );
-        let body = support::get(&url).ok()?.body;
+        let body = harness::get(&url).ok()?.body;
         let v: i64 = body
             .lines()
             .next()?
@@ -356,7 +356,7 @@ pub fn upstream_counters(envoy: &Envoy, port: u16) -> BTreeMap<String, i64> {
     .into_iter()
     .map(|k| (k.to_string(), 0))
     .collect();
-    if let Ok(reply) = support::get(&envoy.admin_url("/clusters?format=json")) {
+    if let Ok(reply) = harness::get(&envoy.admin_url("/clusters?format=json")) {
         let json: Value = serde_json::from_str(&reply.body).unwrap_or_default();
         out.extend(host_counters(&json, "pods", port));
     }

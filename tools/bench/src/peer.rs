@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{self, TestDir};
+use harness::{self, TestDir};
 
 /// Which peer router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,7 +30,7 @@ impl PeerKind {
 pub fn bench_dir() -> PathBuf {
     std::env::var_os("BENCH_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| support::repo_root().join(".bench"))
+        .unwrap_or_else(|| harness::repo_root().join(".bench"))
 }
 
 /// Is the peers venv there (`scripts/bench/setup-peers.sh` ran)?
@@ -56,19 +56,19 @@ impl Peer {
         workers: &[String],
         dir: &TestDir,
     ) -> Result<Peer, String> {
-        let port = support::free_port();
-        let metrics_port = support::free_port();
+        let port = harness::free_port();
+        let metrics_port = harness::free_port();
         let log = dir.join(&format!("{}.log", kind.script_name()));
         let out = fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
-        let script = support::repo_root().join("scripts/bench/start-peer.sh");
+        let script = harness::repo_root().join("scripts/bench/start-peer.sh");
         let child = Command::new(&script)
             .arg(kind.script_name())
             .arg(port.to_string())
             .arg(metrics_port.to_string())
             .arg(policy)
             .args(workers)
-            .current_dir(support::repo_root())
+            .current_dir(harness::repo_root())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -88,10 +88,10 @@ impl Peer {
                 return Err(format!(
                     "{} exited during startup ({status}):\n{}",
                     kind.script_name(),
-                    support::tail(&peer.log, 20)
+                    harness::tail(&peer.log, 20)
                 ));
             }
-            if let Ok(reply) = support::get(&url) {
+            if let Ok(reply) = harness::get(&url) {
                 let healthy = serde_json::from_str::<serde_json::Value>(&reply.body)
                     .ok()
                     .and_then(|v| v["healthy_workers"].as_u64());
@@ -103,7 +103,7 @@ impl Peer {
                 return Err(format!(
                     "{} not ready in 90 s:\n{}",
                     kind.script_name(),
-                    support::tail(&peer.log, 20)
+                    harness::tail(&peer.log, 20)
                 ));
             }
             std::thread::sleep(Duration::from_millis(50));

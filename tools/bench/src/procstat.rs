@@ -1,21 +1,15 @@
-//! Linux `/proc` readers: a process's CPU time, our child processes, and a
-//! panic hook that kills those children (the release profile aborts on
-//! panic, so no destructor would stop them).
+//! Linux `/proc` readers: a process's CPU time, and a panic hook that kills
+//! our child processes (the release profile aborts on panic, so no
+//! destructor would stop them). Finding children is the harness's.
 
 use std::fs;
 use std::time::Duration;
 
+use harness::{children, stat_fields};
+
 /// Kernel clock ticks per second of `/proc/<pid>/stat` times (USER_HZ; 100
 /// on every Linux architecture this runs on).
 const USER_HZ: u64 = 100;
-
-/// Fields of `/proc/<pid>/stat` after the command name, which may contain
-/// spaces: `[0]` is the state, `[1]` the parent PID, `[11]`/`[12]` utime/stime.
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &text[text.rfind(')')? + 1..];
-    Some(after.split_whitespace().map(str::to_string).collect())
-}
 
 /// User + system CPU time of a whole process (all threads, exited ones
 /// included), from `/proc/<pid>/stat`; 10 ms resolution.
@@ -155,28 +149,6 @@ impl std::fmt::Display for Load {
     }
 }
 
-/// PIDs of this process's direct children.
-pub fn children() -> Vec<u32> {
-    let me = std::process::id().to_string();
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| stat_fields(pid).is_some_and(|f| f.get(1) == Some(&me)))
-        .collect()
-}
-
-/// The child of ours whose command line contains `args` in a row.
-pub fn child_with_args(args: &[&str]) -> Option<u32> {
-    children().into_iter().find(|pid| {
-        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let argv: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-        argv.windows(args.len())
-            .any(|w| w.iter().zip(args).all(|(a, b)| *a == b.as_bytes()))
-    })
-}
-
 /// On panic, after the usual message, kill (SIGKILL, by PID) every child
 /// process still running, so a failed benchmark leaves nothing behind.
 pub fn kill_children_on_panic() {
@@ -210,17 +182,5 @@ mod tests {
         let after = cpu_sample(me);
         assert!(after.sched > before.sched);
         assert!(after.stat >= before.stat);
-    }
-
-    #[test]
-    fn finds_a_child_by_its_arguments() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("5.123")
-            .spawn()
-            .unwrap();
-        let found = child_with_args(&["5.123"]);
-        let _ = child.kill();
-        let _ = child.wait();
-        assert_eq!(found, Some(child.id()));
     }
 }

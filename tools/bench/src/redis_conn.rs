@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use envoy_prefix_router::resp::{encode_command, parse, Frame, ParseError};
+use envoy_prefix_router::sync::resp::{encode_command, parse, Frame, ParseError};
 
 /// One connection to `127.0.0.1:<port>`.
 pub struct RedisConn {

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-use envoy_prefix_router::resp::{parse, Frame, ParseError};
+use envoy_prefix_router::sync::resp::{parse, Frame, ParseError};
 use serde::Serialize;
 
 /// Traffic of one class of calls or one command.
@@ -290,7 +290,7 @@ fn namespace_of(name: &str, args: &[&[u8]]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use envoy_prefix_router::resp::encode_command;
+    use envoy_prefix_router::sync::resp::encode_command;
 
     #[test]
     fn namespace_comes_from_the_hash_tag_of_the_key_or_the_scan_pattern() {

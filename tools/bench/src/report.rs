@@ -77,7 +77,7 @@ impl Table {
 
 /// `results/` in the repository root.
 pub fn results_dir() -> PathBuf {
-    crate::support::repo_root().join("results")
+    harness::repo_root().join("results")
 }
 
 /// Writes `value` to `results/<name>-<unix seconds>.json`; returns the path.

@@ -20,9 +20,9 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::fleet::SyncPatch;
 use crate::peer::{Peer, PeerKind};
-use crate::support::{self, Envoy, EnvoyOptions, Pod, Ports, Redis, TestDir};
+use harness::fleet::SyncPatch;
+use harness::{self, Envoy, EnvoyOptions, Pod, Ports, Redis, TestDir};
 
 /// One router setup of a comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -287,7 +287,7 @@ impl Gateway {
                 }
             }
             Router::Filter3Sync | Router::Filter3WriteThrough => {
-                let redis_port = support::free_port();
+                let redis_port = harness::free_port();
                 gw.redis = Some(Redis::start(dir, redis_port, None));
                 let patch = sync(router == Router::Filter3WriteThrough);
                 for i in 0..3 {
@@ -305,7 +305,7 @@ impl Gateway {
                 // as a fleet that has been up for a while.
                 let timeout = Duration::from_millis(opts.sync_period_ms * 3 + 2000);
                 for (i, e) in gw.envoys.iter().enumerate() {
-                    if !support::wait_until(timeout, || {
+                    if !harness::wait_until(timeout, || {
                         e.router_stat("prefix_router.sync.cycles_ok") >= 1
                     }) {
                         return Err(format!("sync replica {i}: no successful sync cycle"));
@@ -355,7 +355,7 @@ impl Gateway {
         }
         // The request path's stats reach Envoy on each worker's tick: wait
         // for it once, then read every replica.
-        std::thread::sleep(support::STATS_FLUSH * 3);
+        std::thread::sleep(harness::STATS_FLUSH * 3);
         self.envoys.iter().map(Envoy::router_stats).collect()
     }
 }
@@ -366,9 +366,9 @@ impl Gateway {
 /// share nothing with any workload and record two 128-byte blocks.
 fn warm_up_sync(envoys: &[Envoy], timeout: Duration) -> Result<(), String> {
     for (i, e) in envoys.iter().enumerate() {
-        let prompt = support::text(0xFEED_0000 + i as u64, 300);
+        let prompt = harness::text(0xFEED_0000 + i as u64, 300);
         let body = json!({"model": "sim-model", "prompt": prompt, "max_tokens": 1}).to_string();
-        let reply = support::send(
+        let reply = harness::send(
             "POST",
             &e.url("/v1/completions"),
             &[("content-type", "application/json")],
@@ -383,7 +383,7 @@ fn warm_up_sync(envoys: &[Envoy], timeout: Duration) -> Result<(), String> {
         }
     }
     for (i, e) in envoys.iter().enumerate() {
-        if !support::wait_until(timeout, || {
+        if !harness::wait_until(timeout, || {
             e.router_stat("prefix_router.sync.polls_ok") >= 1
         }) {
             return Err(format!(
@@ -410,7 +410,7 @@ fn wait_all_healthy(e: &Envoy, n: usize, filter: bool) -> Result<(), String> {
             == n
     };
     let filter_sees = || !filter || e.router_stat("prefix_router.membership.healthy") == n;
-    if support::wait_until(Duration::from_secs(20), || envoy_sees() && filter_sees()) {
+    if harness::wait_until(Duration::from_secs(20), || envoy_sees() && filter_sees()) {
         if filter {
             // The singleton has published the members; each worker reads
             // them on its next tick (every 250 ms). Until then it passes
@@ -451,17 +451,17 @@ pub fn start_envoy(
     }
     let mut pods = [0u16; 4];
     for (i, slot) in pods.iter_mut().enumerate() {
-        *slot = backends.get(i).copied().unwrap_or_else(support::free_port);
+        *slot = backends.get(i).copied().unwrap_or_else(harness::free_port);
     }
     let unused: Vec<u16> = pods[backends.len()..].to_vec();
     let endpoints: Vec<String> = backends.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let ports = Ports {
-        listener: support::free_port(),
-        admin: support::free_port(),
+        listener: harness::free_port(),
+        admin: harness::free_port(),
         pods,
-        redis_bridge: support::free_port(),
+        redis_bridge: harness::free_port(),
         redis: if redis_port == 0 {
-            support::free_port()
+            harness::free_port()
         } else {
             redis_port
         },
@@ -472,7 +472,7 @@ pub fn start_envoy(
         }
         patch(c);
     };
-    let rendered = support::render_config(dir, template, &ports, &mut plugin);
+    let rendered = harness::render_config(dir, template, &ports, &mut plugin);
     let text = std::fs::read_to_string(&rendered).map_err(|e| e.to_string())?;
     let text = drop_endpoints(&text, &unused);
     let text = render_sources(&text, dir, name, &ports, &unused, &mut plugin)?;
@@ -506,11 +506,11 @@ fn render_sources(
         let Some(file) = rel.strip_prefix("envoy/") else {
             continue;
         };
-        let text = support::substitute_ports(&support::envoy_template(file), ports).replace(
-            support::WASM_REL_PATH,
-            &support::wasm_module().display().to_string(),
+        let text = harness::substitute_ports(&harness::envoy_template(file), ports).replace(
+            harness::WASM_REL_PATH,
+            &harness::wasm_module().display().to_string(),
         );
-        let text = drop_endpoints(&support::patch_plugin_json(&text, plugin), unused);
+        let text = drop_endpoints(&harness::patch_plugin_json(&text, plugin), unused);
         let path = dir.join(&format!("{name}.{}", file.replace('/', "-")));
         std::fs::write(&path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
         out = out.replace(
@@ -619,7 +619,7 @@ impl PodSet {
                     _ => args.clone(),
                 };
                 let flags: Vec<&str> = own.iter().map(String::as_str).collect();
-                Pod::start_with(dir, &format!("pod-{i}"), support::free_port(), &flags)
+                Pod::start_with(dir, &format!("pod-{i}"), harness::free_port(), &flags)
             })
             .collect();
         PodSet { pods, args }
@@ -660,7 +660,7 @@ impl PodSet {
 
 /// One series of a pod's `/metrics` (labels ignored, first match).
 pub fn pod_metric(port: u16, name: &str) -> Option<f64> {
-    let reply = support::get(&format!("http://127.0.0.1:{port}/metrics")).ok()?;
+    let reply = harness::get(&format!("http://127.0.0.1:{port}/metrics")).ok()?;
     reply.body.lines().find_map(|l| {
         let rest = l.strip_prefix(name)?;
         if !(rest.starts_with(' ') || rest.starts_with('{')) {
@@ -680,7 +680,7 @@ mod tests {
             assert_eq!(Router::parse(r.key()), Some(r));
             assert_eq!(serde_json::to_value(r).unwrap(), json!(r.key()));
         }
-        assert_eq!(parse_routers("all").unwrap().len(), 7);
+        assert_eq!(parse_routers("all").unwrap().len(), 8);
         assert_eq!(
             parse_routers("round-robin,filter").unwrap(),
             vec![Router::RoundRobin, Router::Filter]
@@ -708,12 +708,12 @@ mod tests {
             vec!["envoy/eds/pods.yaml".to_string()]
         );
         assert!(config_sources("a: 1\n").is_empty());
-        let eds = support::envoy_template("eds.yaml");
+        let eds = harness::envoy_template("eds.yaml");
         assert_eq!(
             config_sources(&eds),
             vec!["envoy/eds/pods.yaml".to_string()]
         );
-        let plain = support::envoy_template("plain-eds.yaml");
+        let plain = harness::envoy_template("plain-eds.yaml");
         assert_eq!(config_sources(&plain), config_sources(&eds));
     }
 

@@ -8,7 +8,7 @@
 //!   whole history (a session's turns share ever longer prefixes);
 //! - [`no_sharing`]: unique prompts, the control where routing cannot help.
 //!
-//! Prompt text is the harness's deterministic filler ([`crate::support::text`]),
+//! Prompt text is the harness's deterministic filler ([`harness::text`]),
 //! seeded from one SplitMix64 stream per workload.
 
 use envoy_prefix_router::rng::SplitMix64;
@@ -137,11 +137,11 @@ pub fn shared_prefix(cfg: &SharedPrefix) -> Vec<Request> {
     let mut rng = SplitMix64::new(cfg.seed);
     let mut by_group: Vec<Vec<Request>> = Vec::with_capacity(cfg.groups);
     for group in 0..cfg.groups {
-        let system = crate::support::text(rng.next_u64(), cfg.system_prompt_len);
+        let system = harness::text(rng.next_u64(), cfg.system_prompt_len);
         let api = cfg.api.for_family(group);
         let questions = (0..cfg.prompts_per_group)
             .map(|member| {
-                let question = crate::support::text(rng.next_u64(), cfg.question_len);
+                let question = harness::text(rng.next_u64(), cfg.question_len);
                 let stream = cfg.body.streaming.for_member(member);
                 let body = match api {
                     Api::Completions => {
@@ -205,17 +205,14 @@ pub fn chat_sessions(cfg: &ChatSessions) -> Vec<Request> {
     let mut rng = SplitMix64::new(cfg.seed);
     let mut sessions: Vec<Vec<Request>> = Vec::with_capacity(cfg.sessions);
     for session in 0..cfg.sessions {
-        let mut history = vec![(
-            "system",
-            crate::support::text(rng.next_u64(), cfg.system_len),
-        )];
+        let mut history = vec![("system", harness::text(rng.next_u64(), cfg.system_len))];
         let mut turns = Vec::with_capacity(cfg.turns);
         for turn in 0..cfg.turns {
             if turn > 0 {
-                let reply = crate::support::text(rng.next_u64(), cfg.assistant_len);
+                let reply = harness::text(rng.next_u64(), cfg.assistant_len);
                 history.push(("assistant", reply));
             }
-            history.push(("user", crate::support::text(rng.next_u64(), cfg.user_len)));
+            history.push(("user", harness::text(rng.next_u64(), cfg.user_len)));
             let messages: Vec<(&str, &str)> =
                 history.iter().map(|(r, c)| (*r, c.as_str())).collect();
             let stream = cfg.body.streaming.for_member(turn);
@@ -258,7 +255,7 @@ pub fn zipf_prefix(cfg: &ZipfPrefix) -> Vec<Request> {
     let mut rng = SplitMix64::new(cfg.seed);
     let groups = cfg.groups.max(1);
     let systems: Vec<String> = (0..groups)
-        .map(|_| crate::support::text(rng.next_u64(), cfg.system_prompt_len))
+        .map(|_| harness::text(rng.next_u64(), cfg.system_prompt_len))
         .collect();
     let weights: Vec<f64> = (0..groups)
         .map(|k| 1.0 / ((k + 1) as f64).powf(cfg.exponent))
@@ -278,7 +275,7 @@ pub fn zipf_prefix(cfg: &ZipfPrefix) -> Vec<Request> {
             let member = seen[group];
             seen[group] += 1;
             let system = &systems[group];
-            let question = crate::support::text(rng.next_u64(), cfg.question_len);
+            let question = harness::text(rng.next_u64(), cfg.question_len);
             let api = cfg.api.for_family(group);
             let stream = cfg.body.streaming.for_member(member);
             let body = match api {
@@ -318,7 +315,7 @@ pub fn no_sharing(cfg: &NoSharing) -> Vec<Request> {
     let mut rng = SplitMix64::new(cfg.seed);
     (0..cfg.count)
         .map(|member| {
-            let prompt = crate::support::text(rng.next_u64(), cfg.prompt_len);
+            let prompt = harness::text(rng.next_u64(), cfg.prompt_len);
             let stream = cfg.body.streaming.for_member(member);
             let body = match cfg.api {
                 Api::Completions => completion_body(&prompt, &cfg.body, stream),

@@ -54,11 +54,11 @@ use crate::procstat::{Load, LoadMeter};
 use crate::report::{num, results_dir, verdict, Table};
 use crate::runner::{Outcome, Pacing};
 use crate::scenario::{sum_stat, Gateway, GatewayOptions, PodModel, PodSet, Router};
-use crate::support::TestDir;
 use crate::workload::{
     chat_sessions, no_sharing, shared_prefix, zipf_prefix, Api, ApiMix, BodyOptions, ChatSessions,
     NoSharing, Order, Request, SharedPrefix, Streaming, ZipfPrefix,
 };
+use harness::TestDir;
 
 /// podsim's tokenizer: 4 bytes of text per token.
 pub const BYTES_PER_TOKEN: usize = 4;

@@ -37,15 +37,15 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use envoy_prefix_router::config::{AIBRIX_BLOCK_SIZE, AIBRIX_DENSE_BLOCKS};
-use envoy_prefix_router::router::sampled_positions;
+use envoy_prefix_router::route::router::sampled_positions;
 
-use crate::fleet::{Fleet, Replica};
 use crate::procstat::cpu_sample;
 use crate::redis_conn::RedisConn;
 use crate::redis_meter::{Counts, RedisMeter, Traffic};
 use crate::report::{num, write_json_in, Table};
-use crate::support::aibrix::{prefix_text, AibrixReader};
-use crate::support::{self, Ports};
+use harness::aibrix::{prefix_text, AibrixReader};
+use harness::fleet::{Fleet, Replica};
+use harness::{self, Ports};
 
 /// The model every request names.
 const MODEL: &str = "llama-3-8b-instruct";
@@ -317,10 +317,10 @@ fn write_eds(fleet: &Fleet) -> String {
         redis_bridge: 0,
         redis: 0,
     };
-    let path = support::repo_root().join("envoy/eds/aibrix-pods.yaml");
+    let path = harness::repo_root().join("envoy/eds/aibrix-pods.yaml");
     let text = std::fs::read_to_string(&path).expect("read envoy/eds/aibrix-pods.yaml");
     let out = fleet.dir.join("aibrix-pods.yaml");
-    std::fs::write(&out, support::substitute_ports(&text, &ports)).expect("write EDS file");
+    std::fs::write(&out, harness::substitute_ports(&text, &ports)).expect("write EDS file");
     out.display().to_string()
 }
 
@@ -348,7 +348,7 @@ fn start_replica(
         mode.patch(args, c)
     });
     let r = &fleet.replicas[i];
-    let ready = support::wait_until(DEADLINE, || {
+    let ready = harness::wait_until(DEADLINE, || {
         r.stat("prefix_router.membership.healthy") == PODS && r.cycles_done() >= 1
     });
     assert!(ready, "{} replica not ready: {:?}", mode.name(), r.stats());
@@ -360,7 +360,7 @@ fn snapshot(replica: &Replica, meter: &RedisMeter, redis: &mut RedisConn) -> Sna
         meter: meter.snapshot(),
         redis: redis_info(redis),
         dbsize: match redis.command(&[b"DBSIZE"]) {
-            envoy_prefix_router::resp::Frame::Integer(n) => n,
+            envoy_prefix_router::sync::resp::Frame::Integer(n) => n,
             other => panic!("DBSIZE: {other:?}"),
         },
         stats: replica.stats(),
@@ -385,7 +385,7 @@ fn redis_info(redis: &mut RedisConn) -> BTreeMap<String, f64> {
 fn next_cycle(replica: &Replica) -> i64 {
     let start = replica.cycles_done();
     let mut now = start;
-    support::wait_until(DEADLINE, || {
+    harness::wait_until(DEADLINE, || {
         now = replica.cycles_done();
         now > start
     });
@@ -417,7 +417,7 @@ fn wait_quiet(replica: &Replica, meter: &RedisMeter) -> bool {
 /// other prompt of the run from its first 4 bytes on.
 fn chat(id: u64, len: usize) -> String {
     let lead = format!("{:04x} ", id % 0x1_0000);
-    let content = format!("{lead}{}", support::text(id, len - lead.len()));
+    let content = format!("{lead}{}", harness::text(id, len - lead.len()));
     json!({
         "model": MODEL,
         "messages": [{ "role": "user", "content": content }],
@@ -432,12 +432,12 @@ fn send_prompts(replica: &Replica, n: usize, kib: usize, next_id: &mut u64) -> V
     for _ in 0..n {
         let body = chat(*next_id, kib * 1024);
         *next_id += 1;
-        let reply = support::send(
+        let reply = harness::send(
             "POST",
             &replica.envoy.url(CHAT_PATH),
             &[("content-type", "application/json")],
             Some(body.as_bytes()),
-            support::CLIENT_TIMEOUT,
+            harness::CLIENT_TIMEOUT,
         )
         .unwrap_or_else(|e| panic!("POST: {e}"));
         assert_eq!(reply.status, 200, "POST: {}", reply.body);
@@ -447,7 +447,7 @@ fn send_prompts(replica: &Replica, n: usize, kib: usize, next_id: &mut u64) -> V
 }
 
 /// What an AIBrix gateway's lookup finds in Redis for each prompt (the
-/// oracle of tests/support/aibrix.rs): the share of its blocks matched on
+/// oracle of tools/harness/src/aibrix.rs): the share of its blocks matched on
 /// the pod found, in percent.
 fn aibrix_lookups(redis_port: u16, bodies: &[String]) -> Vec<f64> {
     let reader = AibrixReader::new(redis_port);
@@ -470,7 +470,7 @@ fn route_time(replica: &Replica) -> (f64, f64) {
     let url = replica
         .envoy
         .admin_url("/stats/prometheus?filter=route_time_us");
-    let body = support::get(&url).map(|r| r.body).unwrap_or_default();
+    let body = harness::get(&url).map(|r| r.body).unwrap_or_default();
     let field = |suffix: &str| -> f64 {
         body.lines()
             .filter(|l| !l.starts_with('#'))
@@ -540,9 +540,9 @@ fn push_cell(
     // Histograms reach the admin after a stats flush (every 5 s); the
     // filter times one routed request in SAMPLE_EVERY per worker.
     let n = args.prompts as f64;
-    let sampled = (n / f64::from(envoy_prefix_router::meter::SAMPLE_EVERY)).floor();
+    let sampled = (n / f64::from(envoy_prefix_router::route::meter::SAMPLE_EVERY)).floor();
     let mut rt = route_time(r);
-    support::wait_until(Duration::from_secs(15), || {
+    harness::wait_until(Duration::from_secs(15), || {
         rt = route_time(r);
         rt.1 - count0 >= sampled.max(1.0)
     });
@@ -637,7 +637,7 @@ fn print_push(args: &CompatCostArgs, cells: &[PushCell]) {
              Redis per row). push = the replica's calls that write prompt blocks (SETEX; + XADD \
              and EXPIRE of the change log in native). AIBrix lookup = the share of each prompt \
              an AIBrix gateway's in-order walk matches in Redis afterwards \
-             (tests/support/aibrix.rs), and how many prompts it finds whole",
+             (tools/harness/src/aibrix.rs), and how many prompts it finds whole",
             args.prompts
         ),
         &[

@@ -20,15 +20,15 @@
 use std::time::{Duration, Instant};
 
 use envoy_prefix_router::rng::SplitMix64;
-use envoy_prefix_router::router::sampled_positions;
+use envoy_prefix_router::route::router::sampled_positions;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::fleet::{Fleet, Replica, SyncPatch};
 use crate::percentiles::Summary;
 use crate::report::{num, verdict, write_json, Table};
 use crate::runner::Runner;
 use crate::workload::{completion_body, Api, BodyOptions, Request};
+use harness::fleet::{Fleet, Replica, SyncPatch};
 
 /// Target of issue 3 for write-through, ms.
 const TARGET_WRITE_THROUGH_MS: f64 = 250.0;
@@ -200,7 +200,7 @@ fn run_mode(
             settle(a, b, args.period_ms);
             let phase = Duration::from_millis(rng.below(args.period_ms as usize) as u64);
             tokio::time::sleep(phase).await;
-            let text = crate::support::text(rng.next_u64(), blocks * BLOCK_SIZE + 40);
+            let text = harness::text(rng.next_u64(), blocks * BLOCK_SIZE + 40);
             let request = Request {
                 api: Api::Completions,
                 body: completion_body(&text, &body, false),
@@ -244,9 +244,9 @@ fn run_mode(
 fn settle(a: &Replica, b: &Replica, period_ms: u64) {
     let timeout = Duration::from_millis(period_ms * 4 + 1000);
     let ca = sync_stat(a, "cycles_ok");
-    crate::support::wait_until(timeout, || sync_stat(a, "cycles_ok") > ca);
+    harness::wait_until(timeout, || sync_stat(a, "cycles_ok") > ca);
     let cb = sync_stat(b, "cycles_ok");
-    crate::support::wait_until(timeout, || sync_stat(b, "cycles_ok") > cb);
+    harness::wait_until(timeout, || sync_stat(b, "cycles_ok") > cb);
 }
 
 /// One `prefix_router.sync.*` counter, read with a narrow filter (this is

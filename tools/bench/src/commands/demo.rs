@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::fleet::{Fleet, SyncPatch};
 use crate::percentiles::Summary;
 use crate::report::{num, write_json, Table};
 use crate::runner::{Outcome, Pacing, Runner};
 use crate::workload::{shared_prefix, ApiMix, BodyOptions, Order, SharedPrefix, Streaming};
+use harness::fleet::{Fleet, SyncPatch};
 
 /// Options of the demo.
 #[derive(Clone, Debug)]

@@ -19,7 +19,7 @@ use crate::commands::compare::{write_outputs, CompareArgs};
 use crate::peer::bench_dir;
 use crate::report::{num, results_dir, Table};
 use crate::scenario::{parse_routers, Gateway, GatewayOptions, PodModel, PodSet, Router};
-use crate::support::{self, TestDir};
+use harness::{self, TestDir};
 
 /// podsim tokens (4 bytes) per token of inference-perf's local BPE tokenizer
 /// on its own generated text, measured (671 podsim tokens for 512 + 32).
@@ -221,7 +221,7 @@ pub fn main(cli: IperfCli) {
             router.key(),
             out_dir.display()
         );
-        let status = Command::new(support::repo_root().join("scripts/bench/run-inference-perf.sh"))
+        let status = Command::new(harness::repo_root().join("scripts/bench/run-inference-perf.sh"))
             .arg(&url)
             .arg("sim-model")
             .arg(&out_dir)

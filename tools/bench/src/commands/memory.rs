@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::fleet::{Fleet, Replica, SyncPatch};
 use crate::redis_conn::{setex_all, Namespace, RedisConn};
 use crate::report::{num, Table};
-use crate::support::{self, send, CLIENT_TIMEOUT};
+use harness::fleet::{Fleet, Replica, SyncPatch};
+use harness::{self, send, CLIENT_TIMEOUT};
 
 #[derive(Clone, Debug)]
 pub struct MemoryArgs {
@@ -61,7 +61,7 @@ fn bodies(args: &MemoryArgs) {
     fleet.start_pods(&["--time-scale", "0"]);
     let plain = fleet.start_envoy("plain", "plain.yaml", 1, &mut |_| {});
     let filter = fleet.start_envoy("filter", "single.yaml", 1, &mut |_| {});
-    let text = support::text(91, args.body_mib * 1024 * 1024);
+    let text = harness::text(91, args.body_mib * 1024 * 1024);
     let mut t = Table::new(
         &format!(
             "Large bodies: {} chat requests of {} MiB each (distinct prompts)",

@@ -8,4 +8,5 @@ pub mod iperf;
 pub mod memory;
 pub mod overhead;
 pub mod real;
+pub mod scale;
 pub mod sync_cost;

@@ -30,9 +30,9 @@ use crate::peer::{bench_dir, peers_installed};
 use crate::procstat::LoadMeter;
 use crate::runner::Pacing;
 use crate::scenario::{parse_routers, Gateway, GatewayOptions, Router};
-use crate::support::{self, TestDir};
 use crate::tagproxy::TagProxy;
 use crate::workload::{shared_prefix, ApiMix, BodyOptions, Order, SharedPrefix, Streaming};
+use harness::{self, TestDir};
 
 /// Gemma's tokenizer on the harness's filler text: ~4.5 bytes per token.
 const BYTES_PER_GEMMA_TOKEN: f64 = 4.5;
@@ -84,16 +84,16 @@ pub struct LlamaServer {
 impl LlamaServer {
     /// Starts `start-llama.sh PORT gemma-270m` and waits for `GET /health` 200.
     pub fn start(dir: &TestDir, name: &str, cache_ram_mib: u32) -> Result<LlamaServer, String> {
-        let port = support::free_port();
+        let port = harness::free_port();
         let log = dir.join(&format!("{name}.log"));
         let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
-        let script = support::repo_root().join("scripts/bench/start-llama.sh");
+        let script = harness::repo_root().join("scripts/bench/start-llama.sh");
         let child = Command::new(&script)
             .arg(port.to_string())
             .arg("gemma-270m")
             .env("LLAMA_CACHE_RAM", cache_ram_mib.to_string())
-            .current_dir(support::repo_root())
+            .current_dir(harness::repo_root())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -106,10 +106,10 @@ impl LlamaServer {
             if let Ok(Some(status)) = s.child.try_wait() {
                 return Err(format!(
                     "{name} exited during startup ({status}):\n{}",
-                    support::tail(&s.log, 20)
+                    harness::tail(&s.log, 20)
                 ));
             }
-            if support::get(&url).is_ok_and(|r| r.status == 200) {
+            if harness::get(&url).is_ok_and(|r| r.status == 200) {
                 return Ok(s);
             }
             if Instant::now() >= deadline {
@@ -121,7 +121,7 @@ impl LlamaServer {
 
     /// `llamacpp:*` counters of `/metrics`.
     pub fn metrics(&self) -> Vec<(String, f64)> {
-        let Ok(r) = support::get(&format!("http://127.0.0.1:{}/metrics", self.port)) else {
+        let Ok(r) = harness::get(&format!("http://127.0.0.1:{}/metrics", self.port)) else {
             return Vec::new();
         };
         r.body

@@ -21,10 +21,10 @@ use envoy_prefix_router::sync::testkit::{steady_state_cost_with, CostModel, Cycl
 use serde::Serialize;
 use serde_json::json;
 
-use crate::fleet::{Fleet, Replica, SyncPatch};
 use crate::procstat::cpu_sample;
 use crate::redis_conn::{push_like_a_peer, setex_all, Namespace, RedisConn};
 use crate::report::{num, verdict, write_json, Table};
+use harness::fleet::{Fleet, Replica, SyncPatch};
 
 /// Target of issue 3: incremental at least this many times cheaper.
 const TARGET_RATIO: f64 = 20.0;
@@ -45,6 +45,9 @@ pub struct SyncCostArgs {
     pub poll_ms: u64,
     pub model_only: bool,
     pub seed: u64,
+    /// `sync.scan_keys_per_cycle` of incremental mode (0: full scan every
+    /// `full_scan_every` cycles), model and real replica.
+    pub scan_keys_per_cycle: usize,
 }
 
 /// Redis work of one observed cycle of the real replica.
@@ -63,11 +66,19 @@ struct Cycle {
 
 pub fn run(args: &SyncCostArgs) {
     let wall = Instant::now();
+    let anti_entropy = if args.scan_keys_per_cycle > 0 {
+        format!(
+            "rotating scan of {} keys per cycle",
+            args.scan_keys_per_cycle
+        )
+    } else {
+        format!("full scan every {}", args.full_scan_every)
+    };
     println!(
         "prefix-bench sync-cost: {} entities, {} per mille churn per period, incremental \
-         (full scan every {}, change-log polls every {} ms) vs full scan every cycle (AIBrix); \
+         ({anti_entropy}, change-log polls every {} ms) vs full scan every cycle (AIBrix); \
          period {} ms",
-        args.entities, args.churn_per_mille, args.full_scan_every, args.poll_ms, args.period_ms
+        args.entities, args.churn_per_mille, args.poll_ms, args.period_ms
     );
     let meter = crate::procstat::LoadMeter::start();
     let model = model_costs(args);
@@ -87,6 +98,7 @@ pub fn run(args: &SyncCostArgs) {
             "full_scan_every": args.full_scan_every,
             "period_ms": args.period_ms,
             "poll_ms": args.poll_ms,
+            "scan_keys_per_cycle": args.scan_keys_per_cycle,
             "target_ratio": TARGET_RATIO,
             "model": {
                 "incremental_cycle": cost_json(&model.incremental_cycle),
@@ -127,6 +139,11 @@ fn model_costs(args: &SyncCostArgs) -> ModelCosts {
             cycles,
             period_ms: args.period_ms,
             poll_ms: args.poll_ms,
+            scan_keys_per_cycle: if full_scan_every > 1 {
+                args.scan_keys_per_cycle
+            } else {
+                0
+            },
         })
     };
     ModelCosts {
@@ -182,8 +199,13 @@ fn print_model(args: &SyncCostArgs, m: &ModelCosts) {
         ),
         (
             format!(
-                "incremental, average over {} periods (full scan every {every})",
-                m.cycles
+                "incremental, average over {} periods ({})",
+                m.cycles,
+                if args.scan_keys_per_cycle > 0 {
+                    format!("rotating scan, {} keys/cycle", args.scan_keys_per_cycle)
+                } else {
+                    format!("full scan every {every}")
+                }
             ),
             &m.amortised,
             true,
@@ -311,7 +333,16 @@ fn real_costs(args: &SyncCostArgs) -> RealCosts {
             poll_ms: Some(args.poll_ms),
         };
         let name = format!("reader-every-{every}");
-        let i = fleet.start_envoy(&name, "sync.yaml", 1, &mut |c| patch.apply(c));
+        let rotating =
+            (every > 1 && args.scan_keys_per_cycle > 0).then_some(args.scan_keys_per_cycle);
+        let i = fleet.start_envoy(&name, "sync.yaml", 1, &mut |c| {
+            patch.apply(c);
+            if let (Some(n), Some(sync)) = (rotating, c.get_mut("sync")) {
+                if sync.is_object() {
+                    sync["scan_keys_per_cycle"] = json!(n);
+                }
+            }
+        });
         let replica = &fleet.replicas[i];
         // Cycle 0 is the startup full scan that loads the namespace; in
         // incremental mode, cycle 1 still scans the podload namespace, whose

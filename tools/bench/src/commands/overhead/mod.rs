@@ -36,7 +36,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::fleet::Fleet;
 use crate::percentiles::Summary;
 use crate::procstat::{cpu_sample, CpuSample, LoadMeter};
 use crate::report::write_json;
@@ -44,6 +43,7 @@ use crate::runner::{Outcome, Pacing, Runner};
 use crate::workload::{
     completion_body, shared_prefix, Api, ApiMix, BodyOptions, Order, Request, SharedPrefix,
 };
+use harness::fleet::Fleet;
 
 /// Targets of issue 11, this filter minus the reference, same run, µs: p50
 /// latency and Envoy CPU per request at 8 KB (matched, new prefix), CPU at
@@ -361,7 +361,7 @@ fn chat_8kb(groups: usize, prompts_per_group: usize, seed: u64) -> Vec<Request> 
 /// `n` distinct completions prompts of `kib` KiB (one shared text, each with
 /// its own first bytes, so none matches another).
 fn big_workload(n: usize, kib: usize, seed: u64) -> Vec<Request> {
-    let base = crate::support::text(seed, kib * 1024);
+    let base = harness::text(seed, kib * 1024);
     let o = BodyOptions {
         max_tokens: 4,
         ..BodyOptions::default()

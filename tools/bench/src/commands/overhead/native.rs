@@ -5,10 +5,10 @@
 use std::time::Instant;
 
 use envoy_prefix_router::config::Settings;
-use envoy_prefix_router::request::{parse_body, ApiKind};
 use envoy_prefix_router::rng::SplitMix64;
-use envoy_prefix_router::router::Router;
-use envoy_prefix_router::store::MemStore;
+use envoy_prefix_router::route::request::{parse_body, ApiKind};
+use envoy_prefix_router::route::router::Router;
+use envoy_prefix_router::route::store::MemStore;
 use serde_json::Value;
 
 use crate::workload::{Api, Request};
@@ -28,8 +28,10 @@ pub struct Native {
 /// `measured` in order on a store that has seen `primed` first, and
 /// shared-data gets + sets per route + release.
 fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) -> Native {
-    let hasher =
-        envoy_prefix_router::hashing::BlockHasher::new(settings.block_size, settings.hash_seed);
+    let hasher = envoy_prefix_router::route::hashing::BlockHasher::new(
+        settings.block_size,
+        settings.hash_seed,
+    );
     let router = Router::new(settings.clone());
     let store = MemStore::new();
     let mut rng = SplitMix64::new(1);
@@ -81,9 +83,9 @@ pub fn native_reference(
     fresh: &[Request],
     big: &[Request],
 ) -> [Native; 3] {
-    let yaml = crate::support::envoy_template("single.yaml");
+    let yaml = harness::envoy_template("single.yaml");
     let mut config = None;
-    crate::support::patch_plugin_json(&yaml, &mut |v: &mut Value| config = Some(v.clone()));
+    harness::patch_plugin_json(&yaml, &mut |v: &mut Value| config = Some(v.clone()));
     let config = config.expect("plugin JSON in single.yaml");
     let settings = Settings::from_json(config.to_string().as_bytes()).expect("valid settings");
     [

@@ -1,6 +1,9 @@
-//! Shared harness for the integration tests: free loopback ports, `envoy/*.yaml`
-//! rendered onto them, Envoy / podsim / Redis child processes that are killed
-//! when the test drops them, and small HTTP and admin-stats clients.
+//! The process harness shared by the integration tests (`tests/`) and
+//! `prefix-bench`: free loopback ports, `envoy/*.yaml` rendered onto them,
+//! Envoy / podsim / Redis child processes that are killed when dropped, small
+//! HTTP and admin-stats clients, a [`fleet`] of Envoy replicas sharing pods
+//! and Redis, an independent RESP client ([`redis`]) and the AIBrix oracle
+//! ([`aibrix`]).
 //!
 //! Binaries are found, in order, through an environment variable
 //! (`ENVOY_BIN`, `PODSIM_BIN`, `PREFIX_ROUTER_WASM`, `REFERENCE_FILTER_WASM`,
@@ -9,8 +12,9 @@
 //! then on `PATH`.
 //! Building them is the Makefile's job (`make build`), not the tests'.
 
-// Each test binary uses a different subset of these helpers.
-#![allow(dead_code)]
+// Test tooling: a setup that fails (a process that does not start, a file
+// that cannot be written) can only stop, with the reason.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -25,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 pub mod aibrix;
+pub mod fleet;
 pub mod redis;
 
 /// Reserved placeholder port numbers used in `envoy/*.yaml` (docs/CONTRACTS.md).
@@ -48,9 +53,10 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 // Paths and binaries
 // ---------------------------------------------------------------------------
 
-/// The repository root; Envoy runs with this as its working directory.
+/// The repository root (two levels above this crate); Envoy runs with this
+/// as its working directory.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// Cargo's target directory as the Makefile uses it (`CARGO_TARGET_DIR` or `target/`).
@@ -350,6 +356,37 @@ pub fn render_config(
 // ---------------------------------------------------------------------------
 // Child processes
 // ---------------------------------------------------------------------------
+
+/// PIDs of this process's direct children (from `/proc`).
+pub fn children() -> Vec<u32> {
+    let me = std::process::id().to_string();
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| stat_fields(pid).is_some_and(|f| f.get(1) == Some(&me)))
+        .collect()
+}
+
+/// Fields of `/proc/<pid>/stat` after the command name, which may contain
+/// spaces: `[0]` is the state, `[1]` the parent PID, `[11]`/`[12]` utime/stime.
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &text[text.rfind(')')? + 1..];
+    Some(after.split_whitespace().map(str::to_string).collect())
+}
+
+/// The child of ours whose command line contains `args` in a row (e.g.
+/// Envoy behind the `.venv` wrapper, found by its `--base-id`).
+pub fn child_with_args(args: &[&str]) -> Option<u32> {
+    children().into_iter().find(|pid| {
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let argv: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        argv.windows(args.len())
+            .any(|w| w.iter().zip(args).all(|(a, b)| *a == b.as_bytes()))
+    })
+}
 
 /// Waits until `ready` returns true, or `deadline` passes (then false).
 /// One endpoint of an EDS file: its hostname (the pod name), its port on
@@ -1056,13 +1093,6 @@ impl Running {
             .unwrap_or_else(|| panic!("no pod named {name:?}"))
     }
 
-    pub fn pod_named_mut(&mut self, name: &str) -> &mut Pod {
-        self.pods
-            .iter_mut()
-            .find(|p| p.name == name)
-            .unwrap_or_else(|| panic!("no pod named {name:?}"))
-    }
-
     /// POSTs a JSON body to `path` through Envoy on a new connection.
     pub fn post(&self, path: &str, body: &str) -> Reply {
         self.post_with(path, body, &[])
@@ -1249,4 +1279,21 @@ pub fn token_ids(seed: u64, count: usize) -> Vec<u32> {
             (state % 50_000) as u32
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_child_by_its_arguments() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5.123")
+            .spawn()
+            .unwrap();
+        let found = child_with_args(&["5.123"]);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(found, Some(child.id()));
+    }
 }

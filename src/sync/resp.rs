@@ -23,7 +23,7 @@ pub const MAX_ARRAY_LEN: usize = 1024 * 1024;
 pub const MAX_DEPTH: usize = 16;
 /// Longest header line (`+`, `-`, `:`, `$`, `*` lines) accepted; beyond it a
 /// missing `\r\n` is a protocol error rather than "need more bytes".
-pub const MAX_LINE_LEN: usize = 64 * 1024;
+pub(crate) const MAX_LINE_LEN: usize = 64 * 1024;
 
 /// One RESP2 value.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -149,36 +149,38 @@ pub fn encode_command(out: &mut Vec<u8>, args: &[&[u8]]) {
 /// A batch of commands sent in one bridge call. [`Pipeline::finish`] appends
 /// `QUIT`, whose `+OK` marks a complete (untruncated) reply.
 #[derive(Clone, Debug, Default)]
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     buf: Vec<u8>,
     commands: usize,
 }
 
 impl Pipeline {
     /// An empty pipeline.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Appends one command.
-    pub fn push(&mut self, args: &[&[u8]]) {
+    pub(crate) fn push(&mut self, args: &[&[u8]]) {
         encode_command(&mut self.buf, args);
         self.commands += 1;
     }
 
     /// Commands so far (without the final `QUIT`).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.commands
     }
 
     /// True when no command was pushed.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.commands == 0
     }
 
     /// Appends `QUIT` and returns the body and the number of replies to
     /// expect (commands + 1), for [`parse_pipeline_reply`].
-    pub fn finish(mut self) -> (Vec<u8>, usize) {
+    pub(crate) fn finish(mut self) -> (Vec<u8>, usize) {
         self.push(&[b"QUIT"]);
         (self.buf, self.commands)
     }

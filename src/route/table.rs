@@ -9,13 +9,13 @@
 //! one-byte layout version). A block lives in bucket `block % buckets`. A full
 //! bucket reuses its expired or least recently used slot, so memory stays flat
 //! however many distinct prompts arrive. Writes are read-modify-write under
-//! CAS with bounded retries (see [`crate::store::cas_update`]).
+//! CAS with bounded retries (see [`crate::route::store::cas_update`]).
 //!
 //! A record names its model and pod by `u16` slots of the model and pod
-//! registries ([`crate::registry`]): stable names, bounded, reused only long
+//! registries ([`crate::route::registry`]): stable names, bounded, reused only long
 //! after a name was last seen.
 
-use crate::store::{cas_update, SharedStore, StoreError};
+use crate::route::store::{cas_update, SharedStore, StoreError};
 
 /// Records per bucket: 8 x 16 bytes keeps one value at 129 bytes, so a
 /// read-modify-write copies little while collisions still have room.
@@ -25,8 +25,8 @@ const LAYOUT_VERSION: u8 = 1;
 /// One (block, model, pod) fact with the time it was last seen, unix seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record {
-    pub block: u64,
-    pub model: u16,
+    pub(crate) block: u64,
+    pub(crate) model: u16,
     pub pod: u16,
     pub last_access: u32,
 }
@@ -35,8 +35,8 @@ pub struct Record {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableConfig {
     pub buckets: u32,
-    pub idle_expiry_secs: u32,
-    pub max_cas_attempts: u32,
+    pub(crate) idle_expiry_secs: u32,
+    pub(crate) max_cas_attempts: u32,
 }
 
 impl TableConfig {
@@ -48,6 +48,7 @@ impl TableConfig {
         }
     }
 
+    #[cfg(any(test, feature = "testkit"))]
     /// Total records the table can hold.
     pub fn capacity(&self) -> u64 {
         u64::from(self.buckets) * SLOTS_PER_BUCKET as u64
@@ -56,18 +57,18 @@ impl TableConfig {
 
 /// What one write did, for the stats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WriteOutcome {
-    pub cas_retries: u32,
+pub(crate) struct WriteOutcome {
+    pub(crate) cas_retries: u32,
     /// Never-used slots that now hold a record (table occupancy growth).
-    pub new_slots: u32,
+    pub(crate) new_slots: u32,
     /// Buckets whose update gave up after `max_cas_attempts`.
-    pub failed_buckets: u32,
+    pub(crate) failed_buckets: u32,
     /// Live records replaced because their bucket was full.
-    pub evictions: u32,
+    pub(crate) evictions: u32,
     /// Facts not stored: their bucket was full of live records at least as
     /// recent (a burst filling a bucket within one second, or an old
     /// pulled fact). Lost for this table; counted, never silent.
-    pub refused: u32,
+    pub(crate) refused: u32,
 }
 
 /// The shared prefix table over a [`SharedStore`].
@@ -79,10 +80,6 @@ pub struct PrefixTable<'s, S: SharedStore + ?Sized> {
 impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
     pub fn new(store: &'s S, cfg: TableConfig) -> Self {
         Self { store, cfg }
-    }
-
-    pub fn config(&self) -> &TableConfig {
-        &self.cfg
     }
 
     fn bucket_of(&self, block: u64) -> u32 {
@@ -103,7 +100,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
 
     /// Pods that hold `block` for `model`, with their last access, written
     /// into `out` (cleared first).
-    pub fn pods_holding(
+    pub(crate) fn pods_holding(
         &self,
         block: u64,
         model: u16,
@@ -120,7 +117,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
     }
 
     /// Every live record of one block (all models and pods): the sync export.
-    pub fn block_records(&self, block: u64, now: u32) -> Result<Vec<Record>, StoreError> {
+    pub(crate) fn block_records(&self, block: u64, now: u32) -> Result<Vec<Record>, StoreError> {
         let mut records = self.live_bucket(block, now)?;
         records.retain(|r| r.block == block);
         Ok(records)
@@ -142,7 +139,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
     }
 
     /// Records that `pod` served `blocks` for `model` at `now`.
-    pub fn record(&self, blocks: &[u64], model: u16, pod: u16, now: u32) -> WriteOutcome {
+    pub(crate) fn record(&self, blocks: &[u64], model: u16, pod: u16, now: u32) -> WriteOutcome {
         let facts: Vec<Record> = blocks
             .iter()
             .map(|&block| Record {
@@ -157,7 +154,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
 
     /// Merges facts (e.g. from a peer replica): per (block, model, pod) the
     /// newer time wins; facts already past idle expiry are dropped.
-    pub fn upsert(&self, facts: &[Record], now: u32) -> WriteOutcome {
+    pub(crate) fn upsert(&self, facts: &[Record], now: u32) -> WriteOutcome {
         let mut out = WriteOutcome::default();
         let mut by_bucket: Vec<(u32, Record)> = facts
             .iter()
@@ -280,7 +277,7 @@ fn bucket_key(bucket: u32) -> String {
 
 /// Decodes a bucket value; unknown versions or torn lengths read as empty
 /// rather than failing the request.
-pub fn decode_bucket(bytes: &[u8]) -> Vec<Record> {
+pub(crate) fn decode_bucket(bytes: &[u8]) -> Vec<Record> {
     match bytes.split_first() {
         Some((&LAYOUT_VERSION, rest)) => rest
             .chunks_exact(RECORD_LEN)
@@ -296,7 +293,7 @@ pub fn decode_bucket(bytes: &[u8]) -> Vec<Record> {
     }
 }
 
-pub fn encode_bucket(records: &[Record]) -> Vec<u8> {
+pub(crate) fn encode_bucket(records: &[Record]) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + records.len() * RECORD_LEN);
     out.push(LAYOUT_VERSION);
     for r in records.iter().take(SLOTS_PER_BUCKET) {
@@ -311,7 +308,7 @@ pub fn encode_bucket(records: &[Record]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -16,22 +16,22 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 /// Most foreign (model, pod) entries kept for one block; the newest win.
-pub const MAX_PER_BLOCK: usize = 32;
+pub(crate) const MAX_PER_BLOCK: usize = 32;
 /// Longest model or pod name kept (a Kubernetes name is at most 253 bytes).
-pub const MAX_NAME_LEN: usize = 253;
+pub(crate) const MAX_NAME_LEN: usize = 253;
 
 /// One foreign fact of a block: model, pod and the writer's time (unix nanos,
 /// clamped to now when it was pulled).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ForeignEntry {
-    pub model: Rc<str>,
-    pub pod: Rc<str>,
-    pub nanos: u64,
+pub(crate) struct ForeignEntry {
+    pub(crate) model: Rc<str>,
+    pub(crate) pod: Rc<str>,
+    pub(crate) nanos: u64,
 }
 
 /// Bounded store of other writers' facts, by block.
 #[derive(Debug)]
-pub struct ForeignFacts {
+pub(crate) struct ForeignFacts {
     by_block: HashMap<u64, Vec<ForeignEntry>>,
     names: HashSet<Rc<str>>,
     len: usize,
@@ -40,7 +40,7 @@ pub struct ForeignFacts {
 }
 
 impl ForeignFacts {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             by_block: HashMap::new(),
             names: HashSet::new(),
@@ -51,22 +51,18 @@ impl ForeignFacts {
     }
 
     /// Entries held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Entries dropped so far (a full store, a full block, an empty or too long
     /// name).
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.dropped
     }
 
     /// This block's foreign entries.
-    pub fn of(&self, block: u64) -> &[ForeignEntry] {
+    pub(crate) fn of(&self, block: u64) -> &[ForeignEntry] {
         self.by_block.get(&block).map_or(&[], Vec::as_slice)
     }
 
@@ -80,7 +76,7 @@ impl ForeignFacts {
     }
 
     /// Merges one pulled entry: the newer time per (model, pod) wins.
-    pub fn merge(&mut self, block: u64, model: &str, pod: &str, nanos: u64) {
+    pub(crate) fn merge(&mut self, block: u64, model: &str, pod: &str, nanos: u64) {
         let bad = |n: &str| n.is_empty() || n.len() > MAX_NAME_LEN;
         if bad(model) || bad(pod) {
             self.dropped += 1;
@@ -120,7 +116,7 @@ impl ForeignFacts {
     }
 
     /// Drops entries last seen before `horizon_nanos`, and names no entry uses.
-    pub fn sweep(&mut self, horizon_nanos: u64) {
+    pub(crate) fn sweep(&mut self, horizon_nanos: u64) {
         let mut len = 0;
         self.by_block.retain(|_, es| {
             es.retain(|e| e.nanos >= horizon_nanos);

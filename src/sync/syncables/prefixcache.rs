@@ -1,6 +1,6 @@
 //! The `prefixcache` namespace: the prefix table as a [`Syncable`], byte
 //! compatible with AIBrix's Go gateways (see the module docs of
-//! [`crate::syncables`]).
+//! [`crate::sync::syncables`]).
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
@@ -10,12 +10,12 @@ use serde::{Deserialize, Serialize};
 use super::{Clock, NANOS};
 use crate::config::Settings;
 use crate::fleet::SharedView;
-use crate::foreign::ForeignFacts;
-use crate::handoff::{DirtySet, Touched};
-use crate::registry::{NameRegistry, MAX_SLOTS};
-use crate::store::SharedStore;
+use crate::route::registry::{NameRegistry, MAX_SLOTS};
+use crate::route::store::SharedStore;
+use crate::route::table::{PrefixTable, Record, TableConfig};
+use crate::sync::foreign::ForeignFacts;
+use crate::sync::handoff::{DirtySet, Touched};
 use crate::sync::{Capabilities, Delta, Rejected, Syncable};
-use crate::table::{PrefixTable, Record, TableConfig};
 
 /// AIBrix's payload of one block.
 #[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -74,13 +74,13 @@ impl<S: SharedStore> PrefixCacheSync<S> {
     }
 
     /// Other writers' entries held, and how many were dropped at the caps.
-    pub fn foreign_stats(&self) -> (usize, u64) {
+    pub(crate) fn foreign_stats(&self) -> (usize, u64) {
         let f = self.foreign.borrow();
         (f.len(), f.dropped())
     }
 
     /// Marks blocks a worker recorded, for the next push.
-    pub fn mark(&mut self, touched: &Touched) {
+    pub(crate) fn mark(&mut self, touched: &Touched) {
         for b in &touched.blocks {
             self.dirty.mark(*b);
         }
@@ -89,7 +89,7 @@ impl<S: SharedStore> PrefixCacheSync<S> {
     /// Marks every live block of the table for the next push (Redis
     /// restarted and may have lost every key). Bounded by the dirty set's
     /// capacity; returns how many blocks were marked.
-    pub fn mark_all(&mut self) -> usize {
+    pub(crate) fn mark_all(&mut self) -> usize {
         let table = PrefixTable::new(&self.store, self.table);
         let mut blocks: Vec<u64> = table
             .all_records(self.now())
@@ -105,11 +105,12 @@ impl<S: SharedStore> PrefixCacheSync<S> {
         blocks.len()
     }
 
-    pub fn dirty_len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn dirty_len(&self) -> usize {
         self.dirty.len()
     }
 
-    pub fn dirty_dropped(&self) -> u64 {
+    pub(crate) fn dirty_dropped(&self) -> u64 {
         self.dirty.dropped()
     }
 
@@ -135,7 +136,7 @@ impl<S: SharedStore> PrefixCacheSync<S> {
     }
 
     /// The payload of `block` as this replica knows it, None if not held.
-    pub fn payload(&self, block: u64) -> Option<Vec<u8>> {
+    pub(crate) fn payload(&self, block: u64) -> Option<Vec<u8>> {
         let table = PrefixTable::new(&self.store, self.table);
         let records = table.block_records(block, self.now()).ok()?;
         self.encode(block, &records)
@@ -304,7 +305,7 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
 mod tests {
     use super::super::testutil::{clock, settings, view};
     use super::*;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     use std::cell::Cell;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -439,8 +440,8 @@ mod tests {
         .unwrap();
         sync.apply_remote("1", &payload).unwrap();
         let (held, dropped) = sync.foreign_stats();
-        assert_eq!(held, crate::foreign::MAX_PER_BLOCK);
-        assert_eq!(dropped, 5000 - crate::foreign::MAX_PER_BLOCK as u64);
+        assert_eq!(held, crate::sync::foreign::MAX_PER_BLOCK);
+        assert_eq!(dropped, 5000 - crate::sync::foreign::MAX_PER_BLOCK as u64);
         // Many blocks: the store's cap holds.
         for b in 2..50u64 {
             sync.apply_remote(&b.to_string(), &payload).unwrap();
@@ -515,7 +516,7 @@ mod tests {
         assert_eq!(sync.facts_ignored(), 8 * 300);
         let reg = NameRegistry::models(&*store).load().unwrap();
         assert_eq!(reg.slots.iter().flatten().count(), MAX_SLOTS / 2);
-        let router = crate::router::Router::new((*s).clone());
+        let router = crate::route::router::Router::new((*s).clone());
         assert!(router.model_id(&*store, "llama", 1000).unwrap().is_some());
     }
 

@@ -8,21 +8,21 @@
 //! operator can alert on (`sync.last_success_age_s`, `sync.singleton_age_s`).
 
 /// Shared-data key of the heartbeat (one fixed key).
-pub const KEY: &str = "sync/heartbeat";
+pub(crate) const KEY: &str = "sync/heartbeat";
 /// How often the singleton rewrites the heartbeat.
-pub const WRITE_EVERY_MS: u64 = 500;
+pub(crate) const WRITE_EVERY_MS: u64 = 500;
 /// A singleton silent this long is reported dead (error log on the workers).
-pub const DEAD_AFTER_MS: u64 = 10_000;
+pub(crate) const DEAD_AFTER_MS: u64 = 10_000;
 
 /// What the singleton last reported, in Unix milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Heartbeat {
     /// When the sync engine started.
-    pub started_ms: u64,
+    pub(crate) started_ms: u64,
     /// The singleton's last tick.
-    pub tick_ms: u64,
+    pub(crate) tick_ms: u64,
     /// The last successful sync cycle; 0 if none yet.
-    pub success_ms: u64,
+    pub(crate) success_ms: u64,
 }
 
 impl Heartbeat {

@@ -15,8 +15,8 @@
 use std::cell::{Cell, RefCell};
 
 use crate::config::Settings;
-use crate::policy::Reason;
-use crate::request::PassReason;
+use crate::route::policy::Reason;
+use crate::route::request::PassReason;
 
 /// One routed request in this many is timed for `route_time_us`.
 pub const SAMPLE_EVERY: u32 = 8;
@@ -25,7 +25,7 @@ const MAX_SAMPLES: usize = 256;
 
 /// Kinds of Envoy stats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MetricKind {
+pub(crate) enum MetricKind {
     Counter,
     Gauge,
     Histogram,
@@ -33,7 +33,7 @@ pub enum MetricKind {
 
 /// Envoy's stat hostcalls. Best effort: a stat that fails never fails a
 /// request, so nothing here returns an error.
-pub trait MetricSink {
+pub(crate) trait MetricSink {
     /// Defines a stat; 0 when the host refuses (writes to 0 are ignored).
     fn define_metric(&self, kind: MetricKind, name: &str) -> u32;
     /// Adds to a counter or gauge.
@@ -44,7 +44,7 @@ pub trait MetricSink {
 
 /// The counters a request moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Count {
+pub(crate) enum Count {
     Requests,
     Routed(Reason),
     Pass(PassReason),
@@ -109,23 +109,23 @@ impl Count {
 }
 
 /// Stats of one worker VM.
-pub struct Meter {
+pub(crate) struct Meter {
     ids: [u32; N],
     pending: [Cell<u64>; N],
     route_time_us: u32,
     samples: RefCell<Vec<u64>>,
     sample_turn: Cell<u32>,
     /// Liveness of the sync singleton, recorded on tick (see
-    /// [`crate::liveness`]); defined only with sync on.
-    pub sync_success_age_s: u32,
-    pub sync_singleton_age_s: u32,
+    /// [`crate::sync::liveness`]); defined only with sync on.
+    pub(crate) sync_success_age_s: u32,
+    pub(crate) sync_singleton_age_s: u32,
     /// In-flight gauge per pod address and the value last recorded.
     inflight: RefCell<Vec<(String, u32, u32)>>,
 }
 
 impl Meter {
     /// Defines every stat of the request path.
-    pub fn define(settings: &Settings, sink: &impl MetricSink) -> Self {
+    pub(crate) fn define(settings: &Settings, sink: &impl MetricSink) -> Self {
         let ids = std::array::from_fn(|i| {
             let kind = if i == Count::SlotsUsed.index() {
                 MetricKind::Gauge
@@ -153,38 +153,39 @@ impl Meter {
         }
     }
 
-    pub fn add(&self, c: Count, n: u64) {
+    pub(crate) fn add(&self, c: Count, n: u64) {
         let cell = &self.pending[c.index()];
         cell.set(cell.get().saturating_add(n));
     }
 
-    pub fn inc(&self, c: Count) {
+    pub(crate) fn inc(&self, c: Count) {
         self.add(c, 1);
     }
 
     /// Whether this request is one to time (one in [`SAMPLE_EVERY`]).
-    pub fn sample_this(&self) -> bool {
+    pub(crate) fn sample_this(&self) -> bool {
         let t = self.sample_turn.get();
         self.sample_turn.set(t.wrapping_add(1));
         t % SAMPLE_EVERY == 0
     }
 
     /// Keeps one `route_time_us` sample for the next flush.
-    pub fn route_time(&self, us: u64) {
+    pub(crate) fn route_time(&self, us: u64) {
         let mut s = self.samples.borrow_mut();
         if s.len() < MAX_SAMPLES {
             s.push(us);
         }
     }
 
-    /// Counted but not yet handed to Envoy (tests and the flush).
-    pub fn pending(&self, c: Count) -> u64 {
+    /// Counted but not yet handed to Envoy.
+    #[cfg(test)]
+    pub(crate) fn pending(&self, c: Count) -> u64 {
         self.pending[c.index()].get()
     }
 
     /// Hands what moved since the last flush to Envoy: one call per counter
     /// that moved and one per timing sample.
-    pub fn flush(&self, sink: &impl MetricSink) {
+    pub(crate) fn flush(&self, sink: &impl MetricSink) {
         for (id, cell) in self.ids.iter().zip(&self.pending) {
             let n = cell.replace(0);
             if n > 0 {
@@ -198,7 +199,7 @@ impl Meter {
 
     /// Sets a pod's in-flight gauge, `prefix_router.inflight.<host>_<port>`,
     /// when its value changed (defined on first use).
-    pub fn inflight(&self, sink: &impl MetricSink, address: &str, value: u32) {
+    pub(crate) fn inflight(&self, sink: &impl MetricSink, address: &str, value: u32) {
         let mut gauges = self.inflight.borrow_mut();
         let i = match gauges.iter().position(|(a, _, _)| a == address) {
             Some(i) => i,

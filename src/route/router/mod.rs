@@ -19,20 +19,20 @@ use std::fmt;
 
 use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
-use crate::hashing::BlockHasher;
-use crate::load::{PodLatency, VmLoad};
-use crate::policy::{
+use crate::rng::SplitMix64;
+use crate::route::hashing::BlockHasher;
+use crate::route::load::{PodLatency, VmLoad};
+use crate::route::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
 };
-use crate::registry::{NameRegistry, SEEN_EVERY_SECS};
-use crate::request::PromptRequest;
-use crate::rng::SplitMix64;
+use crate::route::registry::{NameRegistry, SEEN_EVERY_SECS};
+use crate::route::request::PromptRequest;
+use crate::route::store::{SharedStore, StoreError};
+use crate::route::table::{PrefixTable, TableConfig, WriteOutcome};
 use crate::signals::SignalView;
-use crate::store::{SharedStore, StoreError};
-use crate::table::{PrefixTable, TableConfig, WriteOutcome};
 
 /// Most table reads one routing decision may do.
-pub const MAX_PROBES: usize = 64;
+pub(crate) const MAX_PROBES: usize = 64;
 /// A VM's new-prefix counts per pod are halved when one reaches this, so
 /// they follow recent placements.
 const PLACED_HALVE_AT: u32 = 256;
@@ -67,14 +67,14 @@ impl From<StoreError> for RouteError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routed {
     pub choice: Choice,
-    pub total_blocks: usize,
-    pub probes: usize,
+    pub(crate) total_blocks: usize,
+    pub(crate) probes: usize,
     /// Model id in the table, None when the registry is full.
-    pub model: Option<u16>,
+    pub(crate) model: Option<u16>,
     /// The block hashes written for the chosen pod (sync pushes these): the
     /// sampled blocks past its fresh matched prefix.
-    pub recorded: Vec<u64>,
-    pub write: WriteOutcome,
+    pub(crate) recorded: Vec<u64>,
+    pub(crate) write: WriteOutcome,
 }
 
 /// Routing state of one VM: settings-derived helpers, the VM's view of the
@@ -131,14 +131,14 @@ impl Router {
 
     /// Names this VM's in-flight key (a value unique per VM, see
     /// [`VmLoad::new`]); call once, before the first tick.
-    pub fn with_vm_token(self, token: u64) -> Self {
+    pub(crate) fn with_vm_token(self, token: u64) -> Self {
         *self.load.borrow_mut() = VmLoad::new(token);
         self
     }
 
     /// The tick's load exchange (see [`VmLoad::refresh`]); returns this
     /// replica's in-flight count per slot, for the gauges.
-    pub fn refresh_load<S: SharedStore + ?Sized>(
+    pub(crate) fn refresh_load<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         now_ms: u64,
@@ -149,7 +149,7 @@ impl Router {
         Ok(load.replica(self.fleet.borrow().bound()))
     }
 
-    pub fn settings(&self) -> &Settings {
+    pub(crate) fn settings(&self) -> &Settings {
         &self.settings
     }
 
@@ -161,30 +161,30 @@ impl Router {
     }
 
     /// This VM's view of the fleet (members, health, cooldowns).
-    pub fn fleet(&self) -> Ref<'_, FleetView> {
+    pub(crate) fn fleet(&self) -> Ref<'_, FleetView> {
         self.fleet.borrow()
     }
 
     /// Replaces the members (published by the singleton, or built from
     /// static pools), keeping the cooldowns.
-    pub fn set_members(&self, members: Members) {
+    pub(crate) fn set_members(&self, members: Members) {
         self.fleet.borrow_mut().set_members(members);
     }
 
-    pub fn set_down(&self, down: Vec<(u16, u64)>) {
+    pub(crate) fn set_down(&self, down: Vec<(u16, u64)>) {
         self.fleet.borrow_mut().set_down(down);
     }
 
     /// Whether every pool is a static list (this VM builds its own members
     /// then; cluster pools are published by the singleton).
-    pub fn all_static(&self) -> bool {
+    pub(crate) fn all_static(&self) -> bool {
         self.settings.cluster_pools().is_empty()
     }
 
     /// Builds the members of static pools, registering their names (a CAS
     /// write only when one is new, or at most once a minute to mark them
     /// still in use). No-op with cluster pools.
-    pub fn refresh_static<S: SharedStore + ?Sized>(
+    pub(crate) fn refresh_static<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         now_secs: u32,
@@ -206,7 +206,7 @@ impl Router {
     /// seen in the registry at most once a minute: an id is given to another
     /// model only after it has not been seen for `retire_secs`, so a cached id
     /// is always still this model's. `None` when the registry is full.
-    pub fn model_id<S: SharedStore + ?Sized>(
+    pub(crate) fn model_id<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         model: &str,
@@ -224,7 +224,7 @@ impl Router {
         match id {
             Some(id) => {
                 // Bounded like the registry itself.
-                if cache.len() >= crate::registry::MAX_SLOTS {
+                if cache.len() >= crate::route::registry::MAX_SLOTS {
                     cache.clear();
                 }
                 cache.insert(model.to_string(), (id, now_secs));
@@ -326,7 +326,7 @@ impl Router {
             }
         }
         .ok_or(RouteError::NoEndpoints)?;
-        let advance = usize::from(choice.reason != crate::policy::Reason::PrefixMatch);
+        let advance = usize::from(choice.reason != crate::route::policy::Reason::PrefixMatch);
         if advance == 1 {
             self.count_placed(choice.pod);
         }
@@ -361,11 +361,11 @@ impl Router {
     }
 
     /// Counts a new prefix placed on `pod` (bounded: slots past
-    /// [`crate::registry::MAX_SLOTS`] are not counted; counts halve at
+    /// [`crate::route::registry::MAX_SLOTS`] are not counted; counts halve at
     /// [`PLACED_HALVE_AT`]).
     fn count_placed(&self, pod: u16) {
         let i = usize::from(pod);
-        if i >= crate::registry::MAX_SLOTS {
+        if i >= crate::route::registry::MAX_SLOTS {
             return;
         }
         let mut placed = self.placed.borrow_mut();
@@ -500,28 +500,28 @@ fn longest_matches<S: SharedStore + ?Sized>(
         // Start at the hint: held there -> search above it, else below.
         if let Some(h) = p.hint.filter(|&h| h > 0 && h < n) {
             match probe.held_since(h, pod)? {
-                Some(Some(t)) => {
+                Held::Since(t) => {
                     oldest = oldest.min(t);
                     lo = h;
                 }
-                Some(None) => hi = h,
-                None => {}
+                Held::No => hi = h,
+                Held::OutOfBudget => {}
             }
         }
         // Gallop: double the stride while the pod still holds the block.
         let mut step = 1;
         while lo + step < hi {
             match probe.held_since(lo + step, pod)? {
-                Some(Some(t)) => {
+                Held::Since(t) => {
                     oldest = oldest.min(t);
                     lo += step;
                     step *= 2;
                 }
-                Some(None) => {
+                Held::No => {
                     hi = lo + step;
                     break;
                 }
-                None => {
+                Held::OutOfBudget => {
                     hi = lo + 1;
                     break;
                 }
@@ -531,12 +531,12 @@ fn longest_matches<S: SharedStore + ?Sized>(
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
             match probe.held_since(mid, pod)? {
-                Some(Some(t)) => {
+                Held::Since(t) => {
                     oldest = oldest.min(t);
                     lo = mid;
                 }
-                Some(None) => hi = mid,
-                None => break,
+                Held::No => hi = mid,
+                Held::OutOfBudget => break,
             }
         }
         matches.push(PodMatch {
@@ -547,6 +547,17 @@ fn longest_matches<S: SharedStore + ?Sized>(
         });
     }
     Ok((matches, probe.probes))
+}
+
+/// What one probe of a pod at a sampled position found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// The pod holds the block, last accessed at this time.
+    Since(u32),
+    /// The pod does not hold the block.
+    No,
+    /// The probe budget ([`MAX_PROBES`]) is spent: nothing was read.
+    OutOfBudget,
 }
 
 /// Memoized table reads at sampled positions, capped at [`MAX_PROBES`].
@@ -581,12 +592,15 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
         Ok(self.memo[idx].as_deref())
     }
 
-    /// `Some(Some(last_access))` if `pod` holds the block, `Some(None)` if
-    /// not, None once the probe budget is spent.
-    fn held_since(&mut self, idx: usize, pod: u16) -> Result<Option<Option<u32>>, StoreError> {
-        Ok(self
-            .pods_at(idx)?
-            .map(|p| p.iter().find(|(q, _)| *q == pod).map(|(_, t)| *t)))
+    /// Whether `pod` holds the block at sampled index `idx`, and since when.
+    fn held_since(&mut self, idx: usize, pod: u16) -> Result<Held, StoreError> {
+        Ok(match self.pods_at(idx)? {
+            None => Held::OutOfBudget,
+            Some(p) => match p.iter().find(|(q, _)| *q == pod) {
+                Some(&(_, t)) => Held::Since(t),
+                None => Held::No,
+            },
+        })
     }
 }
 

@@ -1,4 +1,4 @@
-//! The two namespaces the filter syncs through Redis, as [`Syncable`]s over
+//! The two namespaces the filter syncs through Redis, as [`Syncable`](crate::sync::Syncable)s over
 //! the shared store.
 //!
 //! - [`PrefixCacheSync`] (`prefixcache`): entity id = block hash in decimal,
@@ -10,10 +10,10 @@
 //!
 //! Pods travel by their stable name, never by slot. Remote facts are applied
 //! to routing only for pods that are members here now (a slot is given to
-//! another pod only long after its pod left, see [`crate::registry`]), and
+//! another pod only long after its pod left, see [`crate::route::registry`]), and
 //! their times are clamped to now, so a hostile or skewed writer cannot pin a
 //! fact beyond its idle expiry. Facts for other pods (another gateway's, e.g.
-//! an AIBrix gateway's) are kept, bounded, as [`ForeignFacts`](crate::foreign::ForeignFacts) and carried in
+//! an AIBrix gateway's) are kept, bounded, as [`ForeignFacts`](crate::sync::foreign::ForeignFacts) and carried in
 //! every value this replica writes: it never erases another writer's data,
 //! and a key naming a pod it does not know is never deleted as stale (it
 //! leaves by TTL).
@@ -23,8 +23,11 @@ mod prefixcache;
 
 use std::rc::Rc;
 
-pub use podload::{LoadReport, PodLoadSync};
-pub use prefixcache::{BlockPayload, PrefixCacheSync};
+pub use podload::PodLoadSync;
+pub use prefixcache::PrefixCacheSync;
+// The payloads, for tests that decode them.
+#[cfg(any(test, feature = "testkit"))]
+pub use {podload::LoadReport, prefixcache::BlockPayload};
 
 /// The host's clock: [`PrefixCacheSync`] reads Unix seconds from it,
 /// [`PodLoadSync`] Unix milliseconds.
@@ -37,20 +40,20 @@ mod testutil {
     use super::Clock;
     use crate::config::Settings;
     use crate::fleet::SharedView;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     use std::rc::Rc;
 
-    pub fn settings() -> Rc<Settings> {
+    pub(crate) fn settings() -> Rc<Settings> {
         Rc::new(Settings::from_json(br#"{"endpoints":["a:1","b:1"]}"#).unwrap())
     }
 
     /// The static pools as members (a:1 gets slot 0, b:1 slot 1).
-    pub fn view(store: &MemStore, s: &Settings) -> SharedView {
+    pub(crate) fn view(store: &MemStore, s: &Settings) -> SharedView {
         let m = crate::fleet::static_members(store, &s.static_pools(), 1, 100).unwrap();
         Rc::new(std::cell::RefCell::new(crate::fleet::FleetView::new(m)))
     }
 
-    pub fn clock(secs: u64) -> Clock {
+    pub(crate) fn clock(secs: u64) -> Clock {
         Rc::new(move || secs)
     }
 }

@@ -16,13 +16,13 @@ use serde_json::Value;
 
 /// How a prompt becomes the bytes that are hashed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Render {
+pub(crate) enum Render {
     /// This filter's layout: roles and turns shape the bytes
     /// ([`chat_message_bytes`], [`completion_prompt_bytes`]).
     #[default]
     Native,
     /// AIBrix's: chat message contents joined by one space, no roles, tools
-    /// first; a completions prompt only as a string ([`aibrix_chat_text`]).
+    /// first; a completions prompt only as a string (see the `aibrix` module).
     Aibrix,
 }
 
@@ -46,7 +46,7 @@ pub enum PassReason {
 }
 
 impl PassReason {
-    pub const ALL: [PassReason; 7] = [
+    pub(crate) const ALL: [PassReason; 7] = [
         PassReason::Method,
         PassReason::Path,
         PassReason::NotJson,
@@ -74,7 +74,8 @@ impl PassReason {
 pub struct PromptRequest {
     /// `model` from the body; empty when absent (served by the default pool).
     pub model: String,
-    /// The prompt as bytes to hash, see [`prompt_bytes`] for the layout.
+    /// The prompt as bytes to hash: the layout of [`completion_prompt_bytes`]
+    /// or [`chat_message_bytes`] (native), or AIBrix's text (`aibrix`).
     pub prompt: Vec<u8>,
 }
 
@@ -109,6 +110,7 @@ struct ChatBody {
     messages: Option<Vec<Value>>,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 /// Parses a complete request body of the given kind, native layout.
 pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, PassReason> {
     parse_body_as(kind, body, Render::Native)
@@ -190,7 +192,7 @@ fn fast_native(kind: ApiKind, body: &[u8]) -> Option<PromptRequest> {
 }
 
 /// Parses a complete request body of the given kind, rendered as `render`.
-pub fn parse_body_as(
+pub(crate) fn parse_body_as(
     kind: ApiKind,
     body: &[u8],
     render: Render,

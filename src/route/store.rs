@@ -34,7 +34,7 @@ impl fmt::Display for StoreError {
 impl std::error::Error for StoreError {}
 
 /// A value and the cas token to write it back conditionally.
-pub type Versioned = (Option<Vec<u8>>, Option<u32>);
+pub(crate) type Versioned = (Option<Vec<u8>>, Option<u32>);
 
 /// Key-value store with compare-and-swap, shaped like proxy-wasm shared data.
 pub trait SharedStore {
@@ -56,11 +56,11 @@ impl<T: SharedStore + ?Sized> SharedStore for std::rc::Rc<T> {
 
 /// Outcome of a [`cas_update`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CasOutcome {
+pub(crate) struct CasOutcome {
     /// Conditional writes that lost a race and were retried.
-    pub retries: u32,
+    pub(crate) retries: u32,
     /// Whether a write happened (the closure may decline).
-    pub written: bool,
+    pub(crate) written: bool,
 }
 
 /// Read-modify-write of one key under CAS with at most `max_attempts` tries.
@@ -70,7 +70,7 @@ pub struct CasOutcome {
 /// created empty (unconditional write of `[]`), then updated under CAS: Envoy
 /// accepts any cas for a missing key, so creating with data directly could
 /// silently overwrite a concurrent creator's data.
-pub fn cas_update<S, F>(
+pub(crate) fn cas_update<S, F>(
     store: &S,
     key: &str,
     max_attempts: u32,
@@ -141,7 +141,7 @@ impl MemStore {
     }
 
     /// The next `n` conditional writes fail as if another writer got there first.
-    pub fn interfere_next(&self, n: u32) {
+    pub(crate) fn interfere_next(&self, n: u32) {
         self.inner.borrow_mut().interfere = n;
     }
 

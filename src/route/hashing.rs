@@ -26,12 +26,8 @@ impl BlockHasher {
         }
     }
 
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
     /// Number of full blocks `len` bytes make.
-    pub fn block_count(&self, len: usize) -> usize {
+    pub(crate) fn block_count(&self, len: usize) -> usize {
         len / self.block_size
     }
 
@@ -61,7 +57,7 @@ mod tests {
     /// Golden vectors: produced by `tests/golden/gen_hash_vectors.py` with
     /// Python's `xxhash` package (an independent C implementation).
     /// Columns: block size, seed, input, expected hashes.
-    const GOLDEN: &[(usize, u64, &str, &[u64])] = include!("../tests/golden/hash_vectors.rs.in");
+    const GOLDEN: &[(usize, u64, &str, &[u64])] = include!("../../tests/golden/hash_vectors.rs.in");
 
     #[test]
     fn golden_vectors_match_independent_xxh64() {

@@ -1,18 +1,18 @@
-//! The processes of one benchmark: podsim pods, Envoy replicas on rendered
-//! `envoy/*.yaml` and optionally Redis, started through the integration-test
-//! harness ([`crate::support`]) and stopped (by PID) when the [`Fleet`] drops.
-//!
-//! What the harness does not offer and a benchmark needs lives here: pods
-//! with custom flags, several Envoys sharing pods and Redis, Envoy's PID for
-//! CPU accounting, and sync settings patched into the plugin JSON.
+//! A fleet: podsim pods, Envoy replicas on rendered `envoy/*.yaml` and
+//! optionally Redis, stopped when the [`Fleet`] drops. Beyond one Envoy on
+//! its own pods: pods with custom flags, several Envoys sharing pods and
+//! Redis, Envoy's PID (for CPU accounting), and sync settings patched into
+//! the plugin JSON.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::procstat;
-use crate::support::{self, Envoy, EnvoyOptions, Pod, Ports, Redis, TestDir};
+use crate::{
+    child_with_args, free_port, get, render_config, wait_until, Envoy, EnvoyOptions, Pod, Ports,
+    Redis, TestDir,
+};
 
 /// One Envoy of the fleet.
 pub struct Replica {
@@ -57,7 +57,7 @@ impl Replica {
     /// Waits (polling every 20 ms, at most `timeout`) until stat `name`
     /// reaches `min`; returns whether it did.
     pub fn wait_stat(&self, name: &str, min: i64, timeout: Duration) -> bool {
-        support::wait_until(timeout, || self.stat(name) >= min)
+        wait_until(timeout, || self.stat(name) >= min)
     }
 
     /// Cumulative quantiles (`(percent, value)`) of a filter histogram, as
@@ -66,7 +66,7 @@ impl Replica {
         let url = self
             .envoy
             .admin_url(&format!("/stats?format=json&filter={name}"));
-        let Ok(reply) = support::get(&url) else {
+        let Ok(reply) = get(&url) else {
             return Vec::new();
         };
         let json: Value = serde_json::from_str(&reply.body).unwrap_or_default();
@@ -105,18 +105,13 @@ pub struct Fleet {
 impl Fleet {
     /// A scratch dir and free ports for pods and Redis; nothing started yet.
     pub fn new(label: &str) -> Fleet {
-        let pod_ports = [
-            support::free_port(),
-            support::free_port(),
-            support::free_port(),
-            support::free_port(),
-        ];
+        let pod_ports = [free_port(), free_port(), free_port(), free_port()];
         Fleet {
             replicas: Vec::new(),
             pods: Vec::new(),
             redis: None,
             pod_ports,
-            redis_port: support::free_port(),
+            redis_port: free_port(),
             dir: TestDir::new(label),
         }
     }
@@ -148,8 +143,7 @@ impl Fleet {
     }
 
     /// [`Fleet::start_envoy`] with Envoy's Redis cluster on `redis_port`
-    /// (e.g. a [`crate::redis_meter::RedisMeter`] in front of the fleet's
-    /// Redis) and `edit` applied to the rendered YAML (e.g. to point at an
+    /// (e.g. a counting relay in front of the fleet's Redis) and `edit` applied to the rendered YAML (e.g. to point at an
     /// EDS file of the fleet's pods).
     pub fn start_envoy_via(
         &mut self,
@@ -161,14 +155,14 @@ impl Fleet {
         patch: &mut dyn FnMut(&mut Value),
     ) -> usize {
         let ports = Ports {
-            listener: support::free_port(),
-            admin: support::free_port(),
+            listener: free_port(),
+            admin: free_port(),
             pods: self.pod_ports,
-            redis_bridge: support::free_port(),
+            redis_bridge: free_port(),
             redis: redis_port,
         };
         // The harness writes `<dir>/<template>`; keep one file per replica.
-        let rendered = support::render_config(&self.dir, template, &ports, patch);
+        let rendered = render_config(&self.dir, template, &ports, patch);
         let config = self.dir.join(&format!("{name}.yaml"));
         let text = std::fs::read_to_string(&rendered).expect("read rendered config");
         std::fs::write(&config, edit(text)).expect("write rendered config");
@@ -183,7 +177,7 @@ impl Fleet {
         };
         let log = self.dir.join(&format!("{name}.log"));
         let envoy = Envoy::start(&config, &ports, log, &options).unwrap_or_else(|e| panic!("{e}"));
-        let pid = procstat::child_with_args(&["--base-id", &ports.admin.to_string()])
+        let pid = child_with_args(&["--base-id", &ports.admin.to_string()])
             .unwrap_or_else(|| panic!("no child process of ours runs Envoy {name}"));
         self.replicas.push(Replica {
             name: name.to_string(),

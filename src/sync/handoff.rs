@@ -8,14 +8,14 @@
 use std::collections::{HashSet, VecDeque};
 
 /// Name of the shared queue (registered by the singleton, resolved by workers).
-pub const QUEUE_NAME: &str = "prefix_router.dirty";
+pub(crate) const QUEUE_NAME: &str = "prefix_router.dirty";
 
 /// Blocks recorded for one (model, pod) at one time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Touched {
-    pub model: u16,
-    pub pod: u16,
-    pub time: u32,
+    pub(crate) model: u16,
+    pub(crate) pod: u16,
+    pub(crate) time: u32,
     pub blocks: Vec<u64>,
 }
 
@@ -78,10 +78,12 @@ impl DirtySet {
         }
     }
 
+    #[cfg(any(test, feature = "testkit"))]
     pub fn len(&self) -> usize {
         self.order.len()
     }
 
+    #[cfg(any(test, feature = "testkit"))]
     pub fn is_empty(&self) -> bool {
         self.order.is_empty()
     }
@@ -102,7 +104,7 @@ impl DirtySet {
     }
 
     /// Blocks dropped because the set was full, since creation.
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.dropped
     }
 }

@@ -1,5 +1,5 @@
-//! A tiny independent RESP2 client for tests (the crate's own codec is under
-//! test): one plain TCP connection per pipeline, AUTH first when a password
+//! A tiny independent RESP2 client for tests (the filter's own codec is
+//! under test): one plain TCP connection per pipeline, AUTH first when a password
 //! is set, QUIT last.
 
 use std::io::{Read, Write};

@@ -193,17 +193,17 @@ pub struct PodLoads<'a> {
 
 /// The policy's two knobs (AIBrix ships 16 and 2).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PolicyConfig {
+pub(crate) struct PolicyConfig {
     /// Max - min in-flight spread above which only the least loaded pods count.
-    pub imbalance_abs_count: u32,
+    pub(crate) imbalance_abs_count: u32,
     /// A matched pod is taken only if its in-flight count is within
     /// mean + factor x standard deviation of the pool's counts.
-    pub stddev_factor: f64,
+    pub(crate) stddev_factor: f64,
 }
 
 /// Why a pod was chosen; each maps to a stat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// The pod with the longest cached prefix within load bounds.
     PrefixMatch,
     /// No pod holds the first block: least loaded pod.
@@ -216,9 +216,9 @@ pub enum Reason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Choice {
     pub pod: u16,
-    pub reason: Reason,
+    pub(crate) reason: Reason,
     /// Share of the request's blocks the chosen pod already holds, 0..=100.
-    pub match_percent: u8,
+    pub(crate) match_percent: u8,
 }
 
 /// Picks a pod from `pool`.
@@ -233,7 +233,7 @@ pub struct Choice {
 ///   one per pod. Ties among matched pods are still shuffled (`rng`).
 ///
 /// Returns None only for an empty pool.
-pub fn choose(
+pub(crate) fn choose(
     cfg: &PolicyConfig,
     pool: &[u16],
     load: &[u32],

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use super::Clock;
 use crate::config::Settings;
 use crate::fleet::SharedView;
-use crate::load;
-use crate::store::SharedStore;
+use crate::route::load;
+use crate::route::store::SharedStore;
 use crate::sync::{Capabilities, Rejected, Syncable};
 
 /// One replica's load report.
@@ -137,7 +137,7 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
 mod tests {
     use super::super::testutil::{settings, view};
     use super::*;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     use std::cell::Cell;
     use std::rc::Rc;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]

@@ -16,16 +16,16 @@
 //! written.
 //!
 //! Counts are a `u32` per pod slot (index = the pod's registry slot, see
-//! [`crate::fleet::registry`]), little endian.
+//! [`crate::route::registry`]), little endian.
 
-use crate::registry::MAX_SLOTS;
-use crate::store::{SharedStore, StoreError};
+use crate::route::registry::MAX_SLOTS;
+use crate::route::store::{SharedStore, StoreError};
 
 /// Key holding the other replicas' total, per slot (sync singleton only).
 const REMOTE_KEY: &str = "load/remote";
 const VM_KEY_PREFIX: &str = "load/vm/";
 /// Most worker VMs whose counts are kept (keys `load/vm/0..MAX_VMS`).
-pub const MAX_VMS: usize = 64;
+pub(crate) const MAX_VMS: usize = 64;
 /// A VM's counts stop counting this long after its last publish (20 ticks).
 pub const VM_STALE_MS: u64 = 5_000;
 /// Token and time before the counts.
@@ -70,7 +70,7 @@ impl Published {
 
 /// One worker VM's in-flight counts and its picture of everyone else's.
 #[derive(Debug)]
-pub struct VmLoad {
+pub(crate) struct VmLoad {
     token: u64,
     /// The `load/vm/<i>` key this VM holds, once claimed.
     key: Option<usize>,
@@ -84,7 +84,7 @@ pub struct VmLoad {
 impl VmLoad {
     /// `token` tells this VM's key from another's: it must be unique among
     /// the VMs sharing the store (see [`crate::worker::vm_number`]).
-    pub fn new(token: u64) -> Self {
+    pub(crate) fn new(token: u64) -> Self {
         Self {
             token,
             key: None,
@@ -96,7 +96,7 @@ impl VmLoad {
 
     /// Adds `delta` to `pod`'s count of this VM (saturating at 0); returns
     /// the new count. Pods past [`MAX_SLOTS`] are not counted.
-    pub fn add(&mut self, pod: u16, delta: i32) -> u32 {
+    pub(crate) fn add(&mut self, pod: u16, delta: i32) -> u32 {
         let i = usize::from(pod);
         if i >= MAX_SLOTS {
             return 0;
@@ -110,19 +110,19 @@ impl VmLoad {
 
     /// This replica's in-flight count per slot (this VM exactly, the other
     /// VMs as of their last publish), at least `n` long.
-    pub fn replica(&self, n: usize) -> Vec<u32> {
+    pub(crate) fn replica(&self, n: usize) -> Vec<u32> {
         sum(&[&self.own, &self.others], n)
     }
 
     /// [`Self::replica`] plus the other replicas' counts.
-    pub fn fleet(&self, n: usize) -> Vec<u32> {
+    pub(crate) fn fleet(&self, n: usize) -> Vec<u32> {
         sum(&[&self.own, &self.others, &self.remote], n)
     }
 
     /// The tick's exchange: publishes this VM's counts and reads the other
     /// VMs' (and, with `with_remote`, the other replicas' total). Costs one
     /// get per VM key ever written, one set, and one get for the remote.
-    pub fn refresh<S: SharedStore + ?Sized>(
+    pub(crate) fn refresh<S: SharedStore + ?Sized>(
         &mut self,
         store: &S,
         now_ms: u64,
@@ -190,7 +190,8 @@ impl VmLoad {
     }
 
     /// The key index this VM publishes to (None before its first claim).
-    pub fn key(&self) -> Option<usize> {
+    #[cfg(test)]
+    pub(crate) fn key(&self) -> Option<usize> {
         self.key
     }
 }
@@ -256,7 +257,7 @@ impl PodLatency {
 
 /// Every live VM's published counts summed: the replica's in-flight load
 /// as the sync singleton reports it to the others.
-pub fn replica_total<S: SharedStore + ?Sized>(
+pub(crate) fn replica_total<S: SharedStore + ?Sized>(
     store: &S,
     now_ms: u64,
 ) -> Result<Vec<u32>, StoreError> {
@@ -273,11 +274,15 @@ pub fn replica_total<S: SharedStore + ?Sized>(
 }
 
 /// Replaces the other replicas' total per slot (sync singleton only).
-pub fn set_remote<S: SharedStore + ?Sized>(store: &S, counts: &[u32]) -> Result<(), StoreError> {
+pub(crate) fn set_remote<S: SharedStore + ?Sized>(
+    store: &S,
+    counts: &[u32],
+) -> Result<(), StoreError> {
     let n = counts.len().min(MAX_SLOTS);
     store.set(REMOTE_KEY, &encode_counts(&counts[..n]), None)
 }
 
+#[cfg(any(test, feature = "testkit"))]
 /// The other replicas' total per slot, as the singleton last wrote it.
 pub fn remote<S: SharedStore + ?Sized>(store: &S) -> Result<Vec<u32>, StoreError> {
     read_counts(store, REMOTE_KEY)
@@ -320,7 +325,7 @@ fn encode_counts(counts: &[u32]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

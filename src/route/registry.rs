@@ -18,18 +18,18 @@
 //! Layout of one registry value: per slot, in slot order,
 //! `last_seen u32 | len u8 | name bytes` (little endian; `len` 0 = free).
 
-use crate::store::{cas_update, SharedStore, StoreError};
+use crate::route::store::{cas_update, SharedStore, StoreError};
 
 /// Shared-data key of the pod registry.
-pub const PODS_KEY: &str = "fleet/pods";
+pub(crate) const PODS_KEY: &str = "fleet/pods";
 /// Shared-data key of the model registry.
-pub const MODELS_KEY: &str = "ptab/models";
+pub(crate) const MODELS_KEY: &str = "ptab/models";
 /// Most slots of a registry (names live at once, plus the recently gone).
 pub const MAX_SLOTS: usize = 1024;
 /// Longest name kept (a Kubernetes pod name is at most 253 bytes).
 pub const MAX_NAME: usize = 255;
 /// A member's `last_seen` is rewritten at most this often (bounded writes).
-pub const SEEN_EVERY_SECS: u32 = 60;
+pub(crate) const SEEN_EVERY_SECS: u32 = 60;
 const MAX_ATTEMPTS: u32 = 16;
 
 /// One registry slot.
@@ -91,6 +91,7 @@ impl Registry {
             .and_then(|i| u16::try_from(i).ok())
     }
 
+    #[cfg(any(test, feature = "testkit"))]
     pub fn name_of(&self, slot: u16) -> Option<&str> {
         self.slots
             .get(usize::from(slot))?
@@ -98,6 +99,7 @@ impl Registry {
             .map(|s| s.name.as_str())
     }
 
+    #[cfg(any(test, feature = "testkit"))]
     /// Marks `names` seen at `now`, giving new names a slot. Returns each
     /// name's slot (None: registry full of names seen within `retire_secs`,
     /// or a name that is empty or too long) and whether anything changed.
@@ -110,11 +112,11 @@ impl Registry {
         self.intern_within(names, now, retire_secs, MAX_SLOTS)
     }
 
-    /// [`Registry::intern`], but a new name (or a retired one coming back)
+    /// `intern`, but a new name (or a retired one coming back)
     /// gets a slot only while fewer than `limit` slots are live (names from
     /// untrusted sources, such as another writer's Redis values, may not
     /// take the last ones).
-    pub fn intern_within(
+    pub(crate) fn intern_within(
         &mut self,
         names: &[&str],
         now: u32,
@@ -196,6 +198,7 @@ impl Registry {
             .count()
     }
 
+    #[cfg(any(test, feature = "testkit"))]
     /// One past the highest slot in use (sizes per-slot arrays).
     pub fn bound(&self) -> usize {
         self.slots
@@ -212,7 +215,7 @@ pub struct NameRegistry<'s, S: SharedStore + ?Sized> {
 }
 
 impl<'s, S: SharedStore + ?Sized> NameRegistry<'s, S> {
-    pub fn pods(store: &'s S) -> Self {
+    pub(crate) fn pods(store: &'s S) -> Self {
         Self {
             store,
             key: PODS_KEY,
@@ -231,9 +234,10 @@ impl<'s, S: SharedStore + ?Sized> NameRegistry<'s, S> {
         Ok(Registry::decode(value.as_deref().unwrap_or(&[])))
     }
 
-    /// [`Registry::intern`] under CAS; writes only when something changed.
+    /// [`Registry::intern_within`] with every slot open, under CAS; writes only
+    /// when something changed.
     /// Returns the slots and the registry as written (or read).
-    pub fn intern(
+    pub(crate) fn intern(
         &self,
         names: &[&str],
         now: u32,
@@ -243,7 +247,7 @@ impl<'s, S: SharedStore + ?Sized> NameRegistry<'s, S> {
     }
 
     /// [`Registry::intern_within`] under CAS.
-    pub fn intern_within(
+    pub(crate) fn intern_within(
         &self,
         names: &[&str],
         now: u32,
@@ -265,7 +269,7 @@ impl<'s, S: SharedStore + ?Sized> NameRegistry<'s, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemStore;
+    use crate::route::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -1,7 +1,8 @@
-//! An independent AIBrix oracle for the integration tests: what an AIBrix Go
-//! gateway (`vllm-project/aibrix`) hashes, writes to and reads from Redis,
-//! written from AIBrix's Go source and not from this crate (nothing here
-//! calls the filter's request parsing, hashing or sync code). The XXH64 is
+//! An independent AIBrix oracle for the integration tests and prefix-bench:
+//! what an AIBrix Go gateway (`vllm-project/aibrix`) hashes, writes to and
+//! reads from Redis, written from AIBrix's Go source and not from the
+//! filter's crate (nothing here calls its request parsing, hashing or sync
+//! code). The XXH64 is
 //! `twox-hash`, not the `xxhash-rust` the filter uses, so the hash is not
 //! checked against itself.
 //!

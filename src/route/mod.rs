@@ -1,0 +1,20 @@
+//! The request path: from a request body to the pod it goes to.
+//!
+//! [`request`] turns a body into a model and prompt bytes, [`hashing`] cuts
+//! them into chained block hashes, [`table`] (the prefix table in shared
+//! data) answers which pods hold how much of the chain, `policy` picks a pod
+//! under the load guard from the in-flight counts of [`load`], and
+//! [`router`] ties the steps together. All of it runs over the
+//! [`store::SharedStore`] trait; [`registry`] names pods and models by small
+//! slots in that store, and [`meter`] keeps the path's stats in VM memory
+//! until the worker's tick flushes them.
+
+pub mod hashing;
+pub mod load;
+pub mod meter;
+pub(crate) mod policy;
+pub mod registry;
+pub mod request;
+pub mod router;
+pub mod store;
+pub mod table;

@@ -1,0 +1,198 @@
+//! `prefix-bench scale`: what sync costs Redis for a whole fleet (issue 13),
+//! from the engine's own cost model.
+//!
+//! For each table size, `sync::testkit::steady_state_cost_with` drives two
+//! real sync engines (a writer holding the table and changing
+//! `churn_per_mille` of it per period, and a reader) over the in-memory Redis
+//! on a fake clock, and counts every command, key and byte. The fleet figure
+//! is then `replicas` readers plus one writer's pushes: every replica reads
+//! every change and does its own anti-entropy, while the churn is written
+//! once whoever writes it. Two anti-entropy modes are modelled: a full scan
+//! every `full_scan_every` cycles (the default), and the rotating scan of
+//! `sync.scan_keys_per_cycle`. `prefix-bench sync-cost` checks the same cost
+//! model against real Redis and a real Envoy replica at 200k entities.
+//!
+//! All keys sit in one Redis Cluster slot (the namespace's hash tag), so
+//! "per shard" is the whole load.
+
+use std::time::Instant;
+
+use envoy_prefix_router::sync::testkit::{steady_state_cost_with, CostModel, CycleCost};
+use envoy_prefix_router::sync::SyncSettings;
+use serde_json::json;
+
+use crate::report::{num, write_json, Table};
+
+#[derive(Clone, Debug)]
+pub struct ScaleArgs {
+    pub replicas: Vec<usize>,
+    pub entities: Vec<usize>,
+    pub churn_per_mille: usize,
+    pub period_ms: u64,
+    pub full_scan_every: u32,
+    pub scan_keys_per_cycle: usize,
+    pub shard_keys_per_s: f64,
+}
+
+/// One modelled mode at one table size.
+struct Modelled {
+    mode: String,
+    entities: usize,
+    cost: CycleCost,
+    /// Worst-case delay for a change the change log missed, in periods.
+    missed_change_periods: f64,
+}
+
+pub fn run(args: &ScaleArgs) {
+    let wall = Instant::now();
+    println!(
+        "prefix-bench scale: {} per mille churn per {} ms period, change-log polls every {} ms; \
+         replicas {:?}, entities {:?}",
+        args.churn_per_mille,
+        args.period_ms,
+        SyncSettings::default().poll_ms,
+        args.replicas,
+        args.entities
+    );
+    let period_s = args.period_ms as f64 / 1000.0;
+    let every = args.full_scan_every.max(2);
+    let mut modelled = Vec::new();
+    for &entities in &args.entities {
+        let base = CostModel {
+            entities,
+            churn_per_mille: args.churn_per_mille,
+            full_scan_every: every,
+            cycles: every as usize,
+            period_ms: args.period_ms,
+            poll_ms: SyncSettings::default().poll_ms,
+            scan_keys_per_cycle: 0,
+        };
+        let started = Instant::now();
+        let periodic = steady_state_cost_with(&base);
+        modelled.push(Modelled {
+            mode: format!("full scan every {every}"),
+            entities,
+            cost: periodic,
+            missed_change_periods: f64::from(every),
+        });
+        let budget = args.scan_keys_per_cycle.max(1);
+        let rotating = steady_state_cost_with(&CostModel {
+            scan_keys_per_cycle: budget,
+            ..base
+        });
+        // The keyspace a pass walks: the namespace's keys (the change log
+        // and the other namespace are a handful).
+        modelled.push(Modelled {
+            mode: format!("rotating, {budget} keys/cycle"),
+            entities,
+            cost: rotating,
+            missed_change_periods: (entities as f64 / budget as f64).ceil() + 1.0,
+        });
+        eprintln!(
+            "  modelled {entities} entities in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    let mut per_replica = Table::new(
+        "Per replica and period (cost model: reader engine; the writer's pushes separately)",
+        &[
+            "entities",
+            "anti-entropy",
+            "reader cmds",
+            "reader keys read",
+            "reader KB",
+            "writer keys written",
+            "missed change reaches all within",
+        ],
+    );
+    for m in &modelled {
+        per_replica.row(&[
+            num(m.entities as f64, 0),
+            m.mode.clone(),
+            num(m.cost.commands, 0),
+            num(m.cost.keys_read, 0),
+            num((m.cost.bytes_sent + m.cost.bytes_received) / 1024.0, 0),
+            num(m.cost.writer_keys_written, 0),
+            format!("{} s", num(m.missed_change_periods * period_s, 0)),
+        ]);
+    }
+    print!("\n{}", per_replica.render());
+
+    let mut fleet = Table::new(
+        "Fleet-wide Redis load (one slot: all of it on one shard)",
+        &[
+            "replicas",
+            "entities",
+            "anti-entropy",
+            "commands/s",
+            "keys/s",
+            "MB/s",
+            "shards at budget",
+        ],
+    );
+    let mut rows = Vec::new();
+    for m in &modelled {
+        for &r in &args.replicas {
+            let r_f = r as f64;
+            let c = &m.cost;
+            // Writes: SETEX per key plus XADD and EXPIRE per chunk.
+            let chunk = SyncSettings::default().setex_chunk as f64;
+            let writes = c.writer_keys_written * (1.0 + 2.0 / chunk);
+            let commands = (r_f * c.commands + writes) / period_s;
+            let keys = (r_f * c.keys_read + c.writer_keys_written) / period_s;
+            let bytes = (r_f * (c.bytes_sent + c.bytes_received) + c.writer_bytes_sent) / period_s;
+            let shards = (keys / args.shard_keys_per_s).ceil().max(1.0);
+            fleet.row(&[
+                r.to_string(),
+                num(m.entities as f64, 0),
+                m.mode.clone(),
+                num(commands, 0),
+                num(keys, 0),
+                num(bytes / 1e6, 2),
+                num(shards, 0),
+            ]);
+            rows.push(json!({
+                "replicas": r,
+                "entities": m.entities,
+                "mode": m.mode,
+                "commands_per_s": commands,
+                "keys_per_s": keys,
+                "bytes_per_s": bytes,
+                "shards_at_budget": shards,
+                "missed_change_s": m.missed_change_periods * period_s,
+            }));
+        }
+    }
+    print!("\n{}", fleet.render());
+    println!(
+        "(keys/s counts keys returned by SCAN or fetched by MGET plus keys written; \
+         \"shards at budget\" = keys/s / {} rounded up, if the keys could be spread)",
+        num(args.shard_keys_per_s, 0)
+    );
+    let path = write_json(
+        "scale",
+        &json!({
+            "churn_per_mille": args.churn_per_mille,
+            "period_ms": args.period_ms,
+            "full_scan_every": every,
+            "scan_keys_per_cycle": args.scan_keys_per_cycle,
+            "shard_keys_per_s": args.shard_keys_per_s,
+            "per_replica": modelled.iter().map(|m| json!({
+                "entities": m.entities,
+                "mode": m.mode,
+                "reader_commands": m.cost.commands,
+                "reader_keys_read": m.cost.keys_read,
+                "reader_bytes": m.cost.bytes_sent + m.cost.bytes_received,
+                "writer_keys_written": m.cost.writer_keys_written,
+                "missed_change_periods": m.missed_change_periods,
+            })).collect::<Vec<_>>(),
+            "fleet": rows,
+        }),
+    );
+    println!(
+        "\nresults: {}\nwall time: {:.1} s",
+        path.display(),
+        wall.elapsed().as_secs_f64()
+    );
+}
