@@ -38,7 +38,12 @@ fn total_inflight(run: &Running) -> i64 {
 
 #[test]
 fn load_guard_moves_traffic_from_busy_pod() {
+    // AIBrix's imbalance guard (`policy.mode: aibrix`): once it fires, every
+    // request goes to the least loaded pod, counted as `load_guard`. (The
+    // load-aware policy sends a request to another pod that holds the
+    // prefix, as a match: tests/signals.rs.)
     let run = Setup::new("single.yaml")
+        .plugin_field("policy", json!({"mode": "aibrix"}))
         .plugin_field("imbalance_abs_count", json!(2))
         .start();
     let prefix = text(50, 4096);
