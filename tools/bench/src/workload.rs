@@ -131,6 +131,31 @@ pub struct SharedPrefix {
     pub seed: u64,
 }
 
+/// Member `member` of prefix group `group`: completions prompt
+/// `system + "\n" + question`, or a chat system message and user message.
+fn system_and_question(
+    api: Api,
+    opts: &BodyOptions,
+    group: usize,
+    member: usize,
+    system: &str,
+    question: &str,
+) -> Request {
+    let stream = opts.streaming.for_member(member);
+    let body = match api {
+        Api::Completions => completion_body(&format!("{system}\n{question}"), opts, stream),
+        Api::Chat => chat_body(&[("system", system), ("user", question)], opts, stream),
+    };
+    Request {
+        api,
+        body,
+        stream,
+        family: Some(group),
+        member,
+        prompt_len: system.len() + question.len(),
+    }
+}
+
 /// Builds a [`SharedPrefix`] workload. Completions prompts are
 /// `system + "\n" + question`; chat requests send a system and a user message.
 pub fn shared_prefix(cfg: &SharedPrefix) -> Vec<Request> {
@@ -142,25 +167,7 @@ pub fn shared_prefix(cfg: &SharedPrefix) -> Vec<Request> {
         let questions = (0..cfg.prompts_per_group)
             .map(|member| {
                 let question = harness::text(rng.next_u64(), cfg.question_len);
-                let stream = cfg.body.streaming.for_member(member);
-                let body = match api {
-                    Api::Completions => {
-                        completion_body(&format!("{system}\n{question}"), &cfg.body, stream)
-                    }
-                    Api::Chat => chat_body(
-                        &[("system", &system), ("user", &question)],
-                        &cfg.body,
-                        stream,
-                    ),
-                };
-                Request {
-                    api,
-                    body,
-                    stream,
-                    family: Some(group),
-                    member,
-                    prompt_len: system.len() + question.len(),
-                }
+                system_and_question(api, &cfg.body, group, member, &system, &question)
             })
             .collect();
         by_group.push(questions);
@@ -277,25 +284,7 @@ pub fn zipf_prefix(cfg: &ZipfPrefix) -> Vec<Request> {
             let system = &systems[group];
             let question = harness::text(rng.next_u64(), cfg.question_len);
             let api = cfg.api.for_family(group);
-            let stream = cfg.body.streaming.for_member(member);
-            let body = match api {
-                Api::Completions => {
-                    completion_body(&format!("{system}\n{question}"), &cfg.body, stream)
-                }
-                Api::Chat => chat_body(
-                    &[("system", system), ("user", &question)],
-                    &cfg.body,
-                    stream,
-                ),
-            };
-            Request {
-                api,
-                body,
-                stream,
-                family: Some(group),
-                member,
-                prompt_len: system.len() + question.len(),
-            }
+            system_and_question(api, &cfg.body, group, member, system, &question)
         })
         .collect()
 }

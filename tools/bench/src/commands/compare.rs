@@ -468,31 +468,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
             ),
         )
     };
-    let open = |requests: &[Request]| -> (Pacing, String) {
-        if let Some(c) = args.concurrency {
-            return (
-                Pacing::Closed { concurrency: c },
-                format!("closed loop, {c} in flight"),
-            );
-        }
-        let rate = args
-            .rate
-            .unwrap_or_else(|| derived_rate(args, mean_tokens(requests)));
-        (
-            Pacing::Poisson {
-                rate_per_sec: rate,
-                seed: args.seed,
-            },
-            format!(
-                "Poisson {rate} req/s{}",
-                if args.rate.is_none() {
-                    format!(" (pods {:.0} % busy if nothing hit)", args.load * 100.0)
-                } else {
-                    String::new()
-                }
-            ),
-        )
-    };
+    let open = |requests: &[Request]| open_at(requests, args.load);
     let gsp = |groups: usize, prompts: usize, order: Order| SharedPrefix {
         groups,
         prompts_per_group: prompts,
