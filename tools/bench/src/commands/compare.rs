@@ -62,6 +62,9 @@ use harness::TestDir;
 
 /// podsim's tokenizer: 4 bytes of text per token.
 pub const BYTES_PER_TOKEN: usize = 4;
+/// Tenants of the `tenants` workload, and its requests (before `--scale`).
+const TENANTS: usize = 16;
+const TENANT_REQUESTS: usize = 512;
 
 /// The workloads of a comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -75,10 +78,11 @@ pub enum WorkloadKind {
     HighLoad,
     CachePressure,
     HeteroFleet,
+    Tenants,
 }
 
 impl WorkloadKind {
-    pub const ALL: [WorkloadKind; 8] = [
+    pub const ALL: [WorkloadKind; 9] = [
         WorkloadKind::SharedPrefix,
         WorkloadKind::Concurrency1,
         WorkloadKind::Chat,
@@ -87,6 +91,7 @@ impl WorkloadKind {
         WorkloadKind::HighLoad,
         WorkloadKind::CachePressure,
         WorkloadKind::HeteroFleet,
+        WorkloadKind::Tenants,
     ];
 
     pub fn key(self) -> &'static str {
@@ -99,6 +104,7 @@ impl WorkloadKind {
             WorkloadKind::HighLoad => "high-load",
             WorkloadKind::CachePressure => "cache-pressure",
             WorkloadKind::HeteroFleet => "hetero-fleet",
+            WorkloadKind::Tenants => "tenants",
         }
     }
 }
@@ -116,7 +122,7 @@ pub fn parse_workloads(s: &str) -> Result<Vec<WorkloadKind>, String> {
                 .find(|w| w.key() == p.trim())
                 .ok_or_else(|| {
                     format!(
-                        "unknown workload {p:?}; one of: all, shared-prefix, concurrency-1, chat, no-sharing, live-fleet, high-load, cache-pressure, hetero-fleet"
+                        "unknown workload {p:?}; one of: all, shared-prefix, concurrency-1, chat, no-sharing, live-fleet, high-load, cache-pressure, hetero-fleet, tenants"
                     )
                 })
         })
@@ -240,7 +246,7 @@ impl CompareArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct CompareCli {
     /// Workloads, comma-separated: shared-prefix, concurrency-1, chat,
-    /// no-sharing, live-fleet, high-load, cache-pressure, hetero-fleet, or all.
+    /// no-sharing, live-fleet, high-load, cache-pressure, hetero-fleet, tenants, or all.
     #[arg(long, default_value = "all")]
     pub workloads: String,
     /// Routers, comma-separated: round-robin, filter, filter-aibrix,
@@ -552,6 +558,40 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                     args.question_tokens,
                     args.zipf_exponent,
                     distinct as f64 / cache.max(1) as f64
+                ),
+                mean_prompt_tokens: mean_tokens(&requests),
+                requests,
+                pacing,
+                outage: None,
+                slow_pod: None,
+            }
+        }
+        WorkloadKind::Tenants => {
+            // Tenants of uneven size, each with its own system prompt (all
+            // of them more than one pod's cache holds, a third of the
+            // fleet's): how evenly a router spreads requests over pods while
+            // keeping each tenant's prefix hot.
+            let count = args.scaled(TENANT_REQUESTS);
+            let requests = zipf_prefix(&ZipfPrefix {
+                groups: TENANTS,
+                requests: count,
+                exponent: args.zipf_exponent,
+                system_prompt_len: args.system_tokens * BYTES_PER_TOKEN,
+                question_len: args.question_tokens * BYTES_PER_TOKEN,
+                api: ApiMix::Alternate,
+                body: body(args),
+                seed: args.seed,
+            });
+            let (pacing, how) = open(&requests);
+            Built {
+                kind,
+                description: format!(
+                    "{count} requests of {TENANTS} tenants, each with its own {}-token system prompt \
+                     (+ {}-token question), tenant drawn Zipf(s = {}): the largest sends {:.0} %; {how}",
+                    args.system_tokens,
+                    args.question_tokens,
+                    args.zipf_exponent,
+                    100.0 / (1..=TENANTS).map(|k| 1.0 / (k as f64).powf(args.zipf_exponent)).sum::<f64>()
                 ),
                 mean_prompt_tokens: mean_tokens(&requests),
                 requests,
@@ -1176,6 +1216,32 @@ pub fn targets(results: &[WorkloadResult]) -> Vec<Target> {
     ] {
         if let Some(w) = find(kind) {
             out.extend(peer_targets(w));
+        }
+    }
+    if let Some(w) = find(WorkloadKind::Tenants) {
+        let best_hit = [Router::Sglang, Router::Vllm, Router::RoundRobin]
+            .iter()
+            .filter_map(|&r| hit(w, r))
+            .fold(None, |a: Option<f64>, h| {
+                Some(a.map_or(h, |a: f64| a.max(h)))
+            });
+        for r in [Router::Filter, Router::Filter3WriteThrough] {
+            let Some(s) = w.get(r) else { continue };
+            out.push(target(
+                &format!(
+                    "tenants: {} requests per pod max/min <= 1.5 at hit rate >= best peer",
+                    r.key()
+                ),
+                format!(
+                    "{} at {} vs {}",
+                    spread_label(s.spread),
+                    f3(s.hit_rate),
+                    f3(best_hit)
+                ),
+                s.spread
+                    .zip(s.hit_rate.zip(best_hit))
+                    .map(|(m, (h, b))| m <= 1.5 && h >= b),
+            ));
         }
     }
     if let Some(w) = find(WorkloadKind::NoSharing) {
