@@ -475,6 +475,19 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
         )
     };
     let open = |requests: &[Request]| open_at(requests, args.load);
+    // Requests drawing their group's system prompt Zipf(s = --zipf-exponent).
+    let zipf = |groups: usize, requests: usize| {
+        zipf_prefix(&ZipfPrefix {
+            groups,
+            requests,
+            exponent: args.zipf_exponent,
+            system_prompt_len: args.system_tokens * BYTES_PER_TOKEN,
+            question_len: args.question_tokens * BYTES_PER_TOKEN,
+            api: ApiMix::Alternate,
+            body: body(args),
+            seed: args.seed,
+        })
+    };
     let gsp = |groups: usize, prompts: usize, order: Order| SharedPrefix {
         groups,
         prompts_per_group: prompts,
@@ -534,16 +547,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
         }
         WorkloadKind::CachePressure => {
             let count = args.scaled(args.pressure_requests);
-            let requests = zipf_prefix(&ZipfPrefix {
-                groups: args.pressure_groups,
-                requests: count,
-                exponent: args.zipf_exponent,
-                system_prompt_len: args.system_tokens * BYTES_PER_TOKEN,
-                question_len: args.question_tokens * BYTES_PER_TOKEN,
-                api: ApiMix::Alternate,
-                body: body(args),
-                seed: args.seed,
-            });
+            let requests = zipf(args.pressure_groups, count);
             let (pacing, how) = open(&requests);
             let m = args.pod_model();
             let distinct = args.pressure_groups * args.system_tokens;
@@ -572,16 +576,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
             // fleet's): how evenly a router spreads requests over pods while
             // keeping each tenant's prefix hot.
             let count = args.scaled(TENANT_REQUESTS);
-            let requests = zipf_prefix(&ZipfPrefix {
-                groups: TENANTS,
-                requests: count,
-                exponent: args.zipf_exponent,
-                system_prompt_len: args.system_tokens * BYTES_PER_TOKEN,
-                question_len: args.question_tokens * BYTES_PER_TOKEN,
-                api: ApiMix::Alternate,
-                body: body(args),
-                seed: args.seed,
-            });
+            let requests = zipf(TENANTS, count);
             let (pacing, how) = open(&requests);
             Built {
                 kind,
