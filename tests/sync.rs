@@ -30,6 +30,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use envoy_prefix_router::route::hashing::BlockHasher;
 use envoy_prefix_router::route::request::{parse_body, ApiKind};
 use envoy_prefix_router::route::router::sampled_positions;
+use envoy_prefix_router::route::table::{anchor_of, Layout};
 use harness::redis::{RedisAt, Resp};
 use harness::{
     completion_body, envoy_template, free_port, patch_plugin_json, send, substitute_ports, tail,
@@ -411,13 +412,35 @@ fn probes_for(deadline: Duration) -> u64 {
 /// Block hashes a replica records for `prompt` (sampled positions), with
 /// the crate's own hasher over the crate's own prompt bytes.
 fn recorded_blocks(prompt: &str, seed: u64) -> Vec<u64> {
+    anchored_blocks(prompt, seed)
+        .into_iter()
+        .map(|(b, _)| b)
+        .collect()
+}
+
+/// [`recorded_blocks`] with each block's anchor, as a native replica
+/// files and publishes it (the segment layout).
+fn anchored_blocks(prompt: &str, seed: u64) -> Vec<(u64, u32)> {
     let body = completion_body(&json!(prompt));
     let req = parse_body(ApiKind::Completions, body.as_bytes()).expect("parse completion body");
     let hashes = BlockHasher::new(BLOCK, seed).hash(&req.prompt);
     sampled_positions(hashes.len(), DENSE)
         .into_iter()
-        .map(|i| hashes[i])
+        .map(|i| {
+            let anchor = Layout::Segments.anchor_position(i, DENSE);
+            (hashes[i], anchor_of(hashes[anchor]))
+        })
         .collect()
+}
+
+/// A native value: AIBrix's shape plus the block's anchor when it is not
+/// the block's own.
+fn native_value(block: u64, anchor: u32, model_to_pods: Value) -> String {
+    let mut v = json!({ "model_to_pods": model_to_pods });
+    if anchor != anchor_of(block) {
+        v["anchor"] = json!(anchor);
+    }
+    v.to_string()
 }
 
 fn entity_key(block: u64) -> String {
@@ -432,13 +455,15 @@ fn block_keys(prompt: &str, seed: u64) -> Vec<String> {
         .collect()
 }
 
-/// Another writer's values saying `pod` holds `prompt` (model
+/// Another native writer's values saying `pod` holds `prompt` (model
 /// `test-model`, last seen at `nanos`): (key, value) per recorded block.
 fn block_facts(prompt: &str, pod: &str, nanos: i64) -> Vec<(String, String)> {
-    let value = json!({ "model_to_pods": { "test-model": { pod: nanos } } }).to_string();
-    block_keys(prompt, 0)
+    anchored_blocks(prompt, 0)
         .into_iter()
-        .map(|k| (k, value.clone()))
+        .map(|(b, a)| {
+            let value = native_value(b, a, json!({ "test-model": { pod: nanos } }));
+            (entity_key(b), value)
+        })
         .collect()
 }
 
@@ -804,10 +829,10 @@ fn large_value_set_exceeding_64k_mget_still_syncs() {
     let mut sizes = Vec::new();
     for i in 0..PROMPTS {
         let prompt = text(5000 + i as u64, BLOCKS * BLOCK);
-        let blocks = recorded_blocks(&prompt, 0);
+        let blocks = anchored_blocks(&prompt, 0);
         assert_eq!(blocks.len(), BLOCKS);
         let pod = i % 4;
-        for block in blocks {
+        for (block, anchor) in blocks {
             let mut holders = serde_json::Map::new();
             holders.insert(format!("127.0.0.1:{}", pods.ports[pod]), json!(now));
             let mut n = 0;
@@ -823,7 +848,7 @@ fn large_value_set_exceeding_64k_mget_still_syncs() {
                 );
                 n += 1;
             }
-            let value = json!({ "model_to_pods": { MODEL: holders } }).to_string();
+            let value = native_value(block, anchor, json!({ MODEL: holders }));
             sizes.push(value.len());
             commands.push(vec![
                 "SETEX".to_string(),

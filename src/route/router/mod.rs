@@ -8,8 +8,9 @@
 //! blocks records ~90), plus the last block. A pod that holds a sampled block
 //! held the whole chain up to it (the hash chain's prefix property), so the
 //! longest match per pod is found by galloping then binary search over the
-//! sampled positions: O(pods x log(blocks)) shared-data reads, capped at
-//! [`MAX_PROBES`]. Limits: a match is known to the sampled position just
+//! sampled positions. One shared-data read answers every position of a
+//! segment (see [`crate::route::table::Layout`]), so a probe reads at most
+//! one bucket per segment it visits, capped at [`MAX_PROBES`]. Limits: a match is known to the sampled position just
 //! below its true end (within 1/8 of its length past the dense prefix), and an
 //! eviction hole inside a chain can make the search stop early.
 
@@ -27,8 +28,8 @@ use crate::route::policy::{
 };
 use crate::route::registry::{NameRegistry, SEEN_EVERY_SECS};
 use crate::route::request::PromptRequest;
-use crate::route::store::{SharedStore, StoreError};
-use crate::route::table::{PrefixTable, TableConfig, WriteOutcome};
+use crate::route::store::{ReadOnce, SharedStore, StoreError};
+use crate::route::table::{anchor_of, Layout, PrefixTable, Record, TableConfig, WriteOutcome};
 use crate::signals::SignalView;
 
 /// Most table reads one routing decision may do.
@@ -71,9 +72,9 @@ pub struct Routed {
     pub(crate) probes: usize,
     /// Model id in the table, None when the registry is full.
     pub(crate) model: Option<u16>,
-    /// The block hashes written for the chosen pod (sync pushes these): the
-    /// sampled blocks past its fresh matched prefix.
-    pub(crate) recorded: Vec<u64>,
+    /// The blocks written for the chosen pod, (hash, anchor) (sync pushes
+    /// these): the sampled blocks past its fresh matched prefix.
+    pub(crate) recorded: Vec<(u64, u32)>,
     pub(crate) write: WriteOutcome,
 }
 
@@ -84,6 +85,7 @@ pub struct Router {
     fleet: RefCell<FleetView>,
     hasher: BlockHasher,
     table: TableConfig,
+    layout: Layout,
     policy: PolicyConfig,
     /// Model name -> (table id, when it was last marked seen).
     model_ids: RefCell<HashMap<String, (u16, u32)>>,
@@ -108,10 +110,8 @@ impl Router {
     pub fn new(settings: Settings) -> Self {
         Self {
             hasher: BlockHasher::new(settings.block_size, settings.hash_seed),
-            table: TableConfig::new(
-                settings.table_capacity_blocks,
-                settings.table_idle_expiry_secs,
-            ),
+            table: settings.table_config(),
+            layout: settings.table_layout(),
             policy: PolicyConfig {
                 imbalance_abs_count: settings.imbalance_abs_count,
                 stddev_factor: settings.stddev_factor,
@@ -267,8 +267,15 @@ impl Router {
         }
         let model = self.model_id(store, &req.model, now_secs)?;
         let hashes = self.hasher.hash(&req.prompt);
-        let positions = sampled_positions(hashes.len(), self.settings.dense_prefix_blocks as usize);
-        let table = PrefixTable::new(store, self.table);
+        let dense = self.settings.dense_prefix_blocks as usize;
+        let positions = sampled_positions(hashes.len(), dense);
+        let anchors: Vec<u32> = positions
+            .iter()
+            .map(|&i| anchor_of(hashes[self.layout.anchor_position(i, dense)]))
+            .collect();
+        // The write after the probe reuses its reads of the same buckets.
+        let cached = ReadOnce::new(store);
+        let table = PrefixTable::new(&cached, self.table);
         let (matches, probes) = match model {
             Some(m) => {
                 let key = (m, hashes.first().copied().unwrap_or(0));
@@ -278,6 +285,7 @@ impl Router {
                     &Probe {
                         hashes: &hashes,
                         positions: &positions,
+                        anchors: &anchors,
                         model: m,
                         pool,
                         now: now_secs,
@@ -340,10 +348,11 @@ impl Router {
             .find(|m| m.pod == choice.pod)
             .filter(|m| now_secs.saturating_sub(m.oldest_access) < self.touch_interval_secs)
             .map_or(0, |m| m.blocks as usize);
-        let recorded: Vec<u64> = positions
+        let recorded: Vec<(u64, u32)> = positions
             .iter()
-            .filter(|&&i| i >= fresh)
-            .map(|&i| hashes[i])
+            .zip(&anchors)
+            .filter(|(&i, _)| i >= fresh)
+            .map(|(&i, &a)| (hashes[i], a))
             .collect();
         let write = match model {
             Some(m) => table.record(&recorded, m, choice.pod, now_secs),
@@ -453,6 +462,8 @@ pub fn sampled_positions(blocks: usize, dense: usize) -> Vec<usize> {
 struct Probe<'a> {
     hashes: &'a [u64],
     positions: &'a [usize],
+    /// Per sampled index, the anchor of its block (its bucket).
+    anchors: &'a [u32],
     model: u16,
     pool: &'a [u16],
     now: u32,
@@ -477,9 +488,11 @@ fn longest_matches<S: SharedStore + ?Sized>(
         table,
         hashes: p.hashes,
         positions: p.positions,
+        anchors: p.anchors,
         model: p.model,
         now: p.now,
         memo: vec![None; p.positions.len()],
+        segments: Vec::new(),
         probes: 0,
     };
     // Which pods hold the first sampled block at all.
@@ -560,14 +573,18 @@ enum Held {
     OutOfBudget,
 }
 
-/// Memoized table reads at sampled positions, capped at [`MAX_PROBES`].
+/// Memoized table reads: one read per anchor (segment) answers every
+/// sampled position in it; reads are capped at [`MAX_PROBES`].
 struct Prober<'a, 't, S: SharedStore + ?Sized> {
     table: &'a PrefixTable<'t, S>,
     hashes: &'a [u64],
     positions: &'a [usize],
+    anchors: &'a [u32],
     model: u16,
     now: u32,
     memo: Vec<Option<Vec<(u16, u32)>>>,
+    /// The model's live records per anchor read so far.
+    segments: Vec<(u32, Vec<Record>)>,
     probes: usize,
 }
 
@@ -576,17 +593,26 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
     /// None once the probe budget is spent.
     fn pods_at(&mut self, idx: usize) -> Result<Option<&[(u16, u32)]>, StoreError> {
         if self.memo[idx].is_none() {
-            if self.probes >= MAX_PROBES {
-                return Ok(None);
+            let anchor = self.anchors[idx];
+            let seg = match self.segments.iter().position(|(a, _)| *a == anchor) {
+                Some(seg) => seg,
+                None => {
+                    if self.probes >= MAX_PROBES {
+                        return Ok(None);
+                    }
+                    self.probes += 1;
+                    let records = self.table.segment(anchor, self.model, self.now)?;
+                    self.segments.push((anchor, records));
+                    self.segments.len() - 1
+                }
+            };
+            let block = self.hashes[self.positions[idx]];
+            let mut pods: Vec<(u16, u32)> = Vec::new();
+            for r in self.segments[seg].1.iter().filter(|r| r.block == block) {
+                if !pods.iter().any(|(p, _)| *p == r.pod) {
+                    pods.push((r.pod, r.last_access));
+                }
             }
-            self.probes += 1;
-            let mut pods = Vec::new();
-            self.table.pods_holding(
-                self.hashes[self.positions[idx]],
-                self.model,
-                self.now,
-                &mut pods,
-            )?;
             self.memo[idx] = Some(pods);
         }
         Ok(self.memo[idx].as_deref())
