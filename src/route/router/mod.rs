@@ -39,6 +39,10 @@ pub(crate) const MAX_PROBES: usize = 64;
 const PLACED_HALVE_AT: u32 = 256;
 /// Most probe hints one VM keeps (then they start over).
 const MAX_HINTS: usize = 4096;
+/// Requests per window of [`Demand`].
+const DEMAND_WINDOW: u32 = 256;
+/// Fewest requests in [`Demand`]'s two windows before a share is trusted.
+const DEMAND_MIN: u32 = 64;
 
 /// Why routing could not decide.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +105,11 @@ pub struct Router {
     /// New prefixes this VM placed per pod slot (load-aware tie-break),
     /// halved whenever one reaches [`PLACED_HALVE_AT`].
     placed: RefCell<Vec<u32>>,
+    /// Requests this VM sent per pod slot (load-aware tie-break and hot
+    /// prefix copies), halved the same way.
+    sent: RefCell<Vec<u32>>,
+    /// Recent traffic per prefix group (load-aware hot prefix copies).
+    demand: RefCell<Demand>,
     /// (model, first block) -> sampled index where the longest match ended
     /// last time: the probe starts there (see [`longest_matches`]).
     hints: RefCell<HashMap<(u16, u64), u32>>,
@@ -123,6 +132,8 @@ impl Router {
             load: RefCell::new(VmLoad::new(0)),
             signals: RefCell::new(SignalView::default()),
             placed: RefCell::new(Vec::new()),
+            sent: RefCell::new(Vec::new()),
+            demand: RefCell::new(Demand::default()),
             latency: RefCell::new(PodLatency::default()),
             hints: RefCell::new(HashMap::new()),
             settings,
@@ -276,9 +287,11 @@ impl Router {
         // The write after the probe reuses its reads of the same buckets.
         let cached = ReadOnce::new(store);
         let table = PrefixTable::new(&cached, self.table);
+        let mut share = None;
         let (matches, probes) = match model {
             Some(m) => {
                 let key = (m, hashes.first().copied().unwrap_or(0));
+                share = self.demand.borrow_mut().count(key);
                 let hint = self.hints.borrow().get(&key).copied();
                 let found = longest_matches(
                     &table,
@@ -323,21 +336,29 @@ impl Router {
                     }
                 }
                 let placed = self.placed.borrow();
+                let sent = self.sent.borrow();
                 let slowness = slowness(&self.latency.borrow(), pool);
                 let loads = PodLoads {
                     queue: &queue,
                     inflight: &load,
                     placed: &placed,
+                    sent: &sent,
                     slowness: &slowness,
                 };
-                choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), turn, rng)
+                // Pods the group's traffic needs: more than one once it
+                // sends more than ~1.1 pods' fair share.
+                let spread = share.map_or(1, |s| {
+                    ((s * pool.len() as f64 * 0.9).ceil() as usize).clamp(1, pool.len())
+                });
+                choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), spread, turn, rng)
             }
         }
         .ok_or(RouteError::NoEndpoints)?;
         let advance = usize::from(choice.reason != crate::route::policy::Reason::PrefixMatch);
         if advance == 1 {
-            self.count_placed(choice.pod);
+            bump(&self.placed, choice.pod);
         }
+        bump(&self.sent, choice.pod);
         self.turn.set(Some(turn.wrapping_add(advance)));
         // The chosen pod's matched prefix needs no rewrite while it is fresh:
         // only blocks past the match are new. Refreshing at most every
@@ -369,28 +390,67 @@ impl Router {
         })
     }
 
-    /// Counts a new prefix placed on `pod` (bounded: slots past
-    /// [`crate::route::registry::MAX_SLOTS`] are not counted; counts halve at
-    /// [`PLACED_HALVE_AT`]).
-    fn count_placed(&self, pod: u16) {
-        let i = usize::from(pod);
-        if i >= crate::route::registry::MAX_SLOTS {
-            return;
-        }
-        let mut placed = self.placed.borrow_mut();
-        if placed.len() <= i {
-            placed.resize(i + 1, 0);
-        }
-        placed[i] += 1;
-        if placed[i] >= PLACED_HALVE_AT {
-            placed.iter_mut().for_each(|n| *n /= 2);
-        }
-    }
-
     /// Releases one in-flight request on `pod`; returns this VM's new count.
     pub fn release(&self, pod: u16) -> u32 {
         self.latency.borrow_mut().completed(pod);
         self.load.borrow_mut().add(pod, -1)
+    }
+}
+
+/// Counts one for `pod` in per-slot `counts` (bounded: slots past
+/// [`crate::route::registry::MAX_SLOTS`] are not counted; every count
+/// halves when one reaches [`PLACED_HALVE_AT`], so they follow recent
+/// traffic).
+fn bump(counts: &RefCell<Vec<u32>>, pod: u16) {
+    let i = usize::from(pod);
+    if i >= crate::route::registry::MAX_SLOTS {
+        return;
+    }
+    let mut counts = counts.borrow_mut();
+    if counts.len() <= i {
+        counts.resize(i + 1, 0);
+    }
+    counts[i] += 1;
+    if counts[i] >= PLACED_HALVE_AT {
+        counts.iter_mut().for_each(|n| *n /= 2);
+    }
+}
+
+/// Recent requests per prefix group ((model, first block)) and in all,
+/// over the current and the previous window of [`DEMAND_WINDOW`] requests
+/// of this VM: a group's share of traffic. Bounded by [`MAX_HINTS`] groups
+/// (then it starts over).
+#[derive(Debug, Default)]
+struct Demand {
+    window: u64,
+    in_window: u32,
+    previous: u32,
+    /// Group -> (window of `current`, requests in it, in the one before).
+    groups: HashMap<(u16, u64), (u64, u32, u32)>,
+}
+
+impl Demand {
+    /// Counts one request of `group`; its share of the two windows' requests,
+    /// None until they hold [`DEMAND_MIN`].
+    fn count(&mut self, group: (u16, u64)) -> Option<f64> {
+        if self.in_window >= DEMAND_WINDOW {
+            self.window += 1;
+            self.previous = self.in_window;
+            self.in_window = 0;
+        }
+        self.in_window += 1;
+        if self.groups.len() >= MAX_HINTS && !self.groups.contains_key(&group) {
+            self.groups.clear();
+        }
+        let window = self.window;
+        let g = self.groups.entry(group).or_insert((window, 0, 0));
+        if g.0 != window {
+            let previous = if g.0 + 1 == window { g.1 } else { 0 };
+            *g = (window, 0, previous);
+        }
+        g.1 += 1;
+        let total = self.in_window + self.previous;
+        (total >= DEMAND_MIN).then(|| f64::from(g.1 + g.2) / f64::from(total))
     }
 }
 
