@@ -337,17 +337,22 @@ fn indent_of(line: &str) -> usize {
     line.len() - line.trim_start_matches(' ').len()
 }
 
-/// Renders `envoy/<name>` for a test: placeholder ports replaced, the wasm
-/// module paths made absolute (so a custom target dir works), plugin JSON
-/// patched. Returns the path of the written file inside `dir`.
+/// `envoy/<name>` with its placeholder ports replaced, the wasm module
+/// paths made absolute (so a custom target dir works) and the plugin JSON
+/// patched.
+pub fn render_text(name: &str, ports: &Ports, patch: &mut dyn FnMut(&mut Value)) -> String {
+    let text = with_module_paths(&substitute_ports(&envoy_template(name), ports));
+    patch_plugin_json(&text, patch)
+}
+
+/// [`render_text`] written to `dir`; returns the path of the written file.
 pub fn render_config(
     dir: &TestDir,
     name: &str,
     ports: &Ports,
     patch: &mut dyn FnMut(&mut Value),
 ) -> PathBuf {
-    let text = with_module_paths(&substitute_ports(&envoy_template(name), ports));
-    let text = patch_plugin_json(&text, patch);
+    let text = render_text(name, ports, patch);
     let path = dir.join(name);
     fs::write(&path, text).expect("write rendered envoy config");
     path
@@ -762,6 +767,12 @@ pub struct Redis {
 
 impl Redis {
     pub fn start(dir: &TestDir, port: u16, password: Option<&str>) -> Redis {
+        Redis::start_with(dir, port, password, &[])
+    }
+
+    /// [`Redis::start`] with more redis-server arguments (e.g. a TLS port);
+    /// ready when `port` answers PING.
+    pub fn start_with(dir: &TestDir, port: u16, password: Option<&str>, extra: &[&str]) -> Redis {
         let mut cmd = Command::new(redis_server_bin());
         cmd.current_dir(dir.path())
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -770,6 +781,7 @@ impl Redis {
         if let Some(pw) = password {
             cmd.args(["--requirepass", pw]);
         }
+        cmd.args(extra);
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -782,7 +794,10 @@ impl Redis {
             password: password.map(str::to_string),
         };
         let up = wait_until(STARTUP_TIMEOUT, || {
-            redis.proc.exited().is_some() || redis.command(&["PING"]).is_ok_and(|r| r == "+PONG")
+            redis.proc.exited().is_some()
+                || redis
+                    .command(&["PING"])
+                    .is_ok_and(|r| r == redis::Resp::Simple("PONG".into()))
         });
         assert!(
             up && redis.proc.exited().is_none(),
@@ -792,28 +807,11 @@ impl Redis {
         redis
     }
 
-    /// Sends one command (after AUTH when a password is set) and returns the
-    /// raw reply of that command, CRLF-terminated lines joined as read.
-    pub fn command(&self, args: &[&str]) -> std::io::Result<String> {
-        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut payload = Vec::new();
-        if let Some(pw) = &self.password {
-            payload.extend(resp_command(&["AUTH", pw]));
-        }
-        payload.extend(resp_command(args));
-        payload.extend(resp_command(&["QUIT"]));
-        stream.write_all(&payload)?;
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply)?;
-        let mut lines = reply.split_inclusive("\r\n").collect::<Vec<_>>();
-        if self.password.is_some() && !lines.is_empty() {
-            lines.remove(0); // +OK of AUTH
-        }
-        if lines.last() == Some(&"+OK\r\n") {
-            lines.pop(); // QUIT
-        }
-        Ok(lines.concat().trim_end().to_string())
+    /// Sends one command (after AUTH when a password is set) on a
+    /// connection of its own and returns its reply.
+    pub fn command(&self, args: &[&str]) -> std::io::Result<redis::Resp> {
+        let mut conn = redis::Conn::open(self.port, self.password.as_deref())?;
+        Ok(conn.send(&[redis::text_cmd(args)])?.remove(0))
     }
 
     /// Kills the server now (e.g. to test sync when Redis goes away).
@@ -948,15 +946,6 @@ fn proxy_one(
     }
     let _ = client_w.shutdown(std::net::Shutdown::Both);
     let _ = up.join();
-}
-
-/// One RESP command as an array of bulk strings.
-pub fn resp_command(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend(format!("${}\r\n{a}\r\n", a.len()).into_bytes());
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------
