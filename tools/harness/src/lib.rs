@@ -477,6 +477,88 @@ impl Drop for Owned {
     }
 }
 
+/// A long-running child started by a script (a peer router, a model
+/// server), its output in a log file, stopped when dropped: SIGTERM by its
+/// PID, up to 10 s to exit, then SIGKILL (the scripts exec the server, so the
+/// child's PID is the server's).
+pub struct Service {
+    child: Child,
+    pub name: String,
+    pub log: PathBuf,
+}
+
+impl Service {
+    /// Spawns `cmd` (stdin closed, stdout and stderr to `log`) and polls
+    /// `ready` every 50 ms until it holds; an error, with the log's tail,
+    /// when the child exits first or `timeout` passes.
+    pub fn start(
+        name: &str,
+        cmd: &mut Command,
+        log: PathBuf,
+        timeout: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<Service, String> {
+        let out = fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("spawn {name}: {e}"))?;
+        let mut service = Service {
+            child,
+            name: name.to_string(),
+            log,
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = service.child.try_wait() {
+                return Err(format!(
+                    "{name} exited during startup ({status}):\n{}",
+                    tail(&service.log, 20)
+                ));
+            }
+            if ready() {
+                return Ok(service);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{name} not ready in {} s:\n{}",
+                    timeout.as_secs(),
+                    tail(&service.log, 20)
+                ));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the child (see [`Service`]); dropping does it too.
+    pub fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.child.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(25));
+            }
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// Options for one Envoy instance.
 #[derive(Clone, Debug)]
 pub struct EnvoyOptions {
