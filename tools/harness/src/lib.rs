@@ -1,9 +1,10 @@
 //! The process harness shared by the integration tests (`tests/`) and
 //! `prefix-bench`: free loopback ports, `envoy/*.yaml` rendered onto them,
-//! Envoy / podsim / Redis child processes that are killed when dropped, small
-//! HTTP and admin-stats clients, a [`fleet`] of Envoy replicas sharing pods
-//! and Redis, an independent RESP client ([`redis`]) and the AIBrix oracle
-//! ([`aibrix`]).
+//! Envoy / podsim / Redis child processes that are killed when dropped,
+//! scripts run as a [`Service`], small HTTP and admin-stats clients, the one
+//! launcher of Envoys started together and a [`fleet::Fleet`] of them sharing
+//! pods and Redis ([`fleet`]), an independent RESP client ([`redis`]) and the
+//! AIBrix oracle ([`aibrix`]).
 //!
 //! Binaries are found, in order, through an environment variable
 //! (`ENVOY_BIN`, `PODSIM_BIN`, `PREFIX_ROUTER_WASM`, `REFERENCE_FILTER_WASM`,
