@@ -103,8 +103,9 @@ pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
 /// 4. a hot prefix is copied. The prompt's prefix group (`share`: its
 ///    part of this VM's recent requests) needs `ceil(0.9 x share x pods)`
 ///    pods, and two when it is big (at least half a pod's share) and its
-///    one holder carries over 1.15x its share of the traffic (`sent`). When fewer pods of the pool hold at least half the
-///    best match, the eligible non-holder with the lowest (load, sent)
+///    one holder carries over 1.15x its share of the traffic (`sent`).
+///    When fewer pods of the pool hold at least half the best match, the
+///    eligible non-holder with the lowest (load, sent)
 ///    takes the request if it carried less traffic than the winner and
 ///    less than its share. Later requests of the group tie on the match
 ///    and go to the holder with less traffic.
