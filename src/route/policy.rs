@@ -541,6 +541,27 @@ mod tests {
         .unwrap()
     }
 
+    /// [`choose_load_aware`] with `LA`, turn 0 and a fixed seed.
+    fn la_with(
+        loads: &PodLoads<'_>,
+        pool: &[u16],
+        matches: &[(u16, u32)],
+        total: usize,
+        share: f64,
+    ) -> Choice {
+        choose_load_aware(
+            &LA,
+            pool,
+            loads,
+            matches,
+            total,
+            share,
+            0,
+            &mut SplitMix64::new(1),
+        )
+        .unwrap()
+    }
+
     #[test]
     fn load_aware_empty_pool_has_no_choice() {
         let none = choose_load_aware(
@@ -667,17 +688,8 @@ mod tests {
             sent: &[],
             slowness: &[],
         };
-        let c = choose_load_aware(
-            &LA,
-            &[0, 1, 2],
-            &loads,
-            &[],
-            4,
-            0.0,
-            0,
-            &mut SplitMix64::new(1),
-        );
-        assert_eq!((c.unwrap().pod, c.unwrap().reason), (1, Reason::NoMatch));
+        let c = la_with(&loads, &[0, 1, 2], &[], 4, 0.0);
+        assert_eq!((c.pod, c.reason), (1, Reason::NoMatch));
     }
 
     #[test]
@@ -691,20 +703,7 @@ mod tests {
             sent: &[],
             slowness: &[1000, 1000],
         };
-        let pick = |l: &PodLoads<'_>| {
-            choose_load_aware(
-                &LA,
-                &[0, 1],
-                l,
-                &[(0, 10)],
-                10,
-                0.0,
-                0,
-                &mut SplitMix64::new(1),
-            )
-            .unwrap()
-            .pod
-        };
+        let pick = |l: &PodLoads<'_>| la_with(l, &[0, 1], &[(0, 10)], 10, 0.0).pod;
         assert_eq!(pick(&loads), 0);
         loads.slowness = &[1500, 1000];
         assert_eq!(pick(&loads), 1);
@@ -728,17 +727,7 @@ mod tests {
             sent: &[40, 10, 30],
             slowness: &[],
         };
-        let c = choose_load_aware(
-            &LA,
-            &[0, 1, 2],
-            &loads,
-            &[],
-            4,
-            0.0,
-            0,
-            &mut SplitMix64::new(1),
-        );
-        assert_eq!(c.unwrap().pod, 1);
+        assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, 1);
     }
 
     #[test]
@@ -751,17 +740,7 @@ mod tests {
             slowness: &[],
         };
         let pick = |loads: &PodLoads<'_>, matches: &[(u16, u32)], share| {
-            choose_load_aware(
-                &LA,
-                &[0, 1, 2],
-                loads,
-                matches,
-                40,
-                share,
-                0,
-                &mut SplitMix64::new(1),
-            )
-            .unwrap()
+            la_with(loads, &[0, 1, 2], matches, 40, share)
         };
         // A small group stays on its holder, busy or not.
         assert_eq!(pick(&loads, &[(0, 40)], 0.1).pod, 0);
