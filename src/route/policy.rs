@@ -105,8 +105,9 @@ pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
 ///    pods, and two when it is big (at least half a pod's share) and its
 ///    one holder carries over 1.15x its share of the traffic (`sent`).
 ///    When fewer pods of the pool hold at least half the best match, the
-///    eligible non-holder with the lowest (load, sent)
-///    takes the request if it carried less traffic than the winner and
+///    eligible non-holder with the lowest (load, sent) takes the request
+///    if it has fewer requests in flight than the winner (no copies
+///    between idle pods), and carried less traffic than the winner and
 ///    less than its share. Later requests of the group tie on the match
 ///    and go to the holder with less traffic.
 ///
@@ -200,8 +201,10 @@ pub fn choose_load_aware(
         let copy_to = eligible
             .filter(|&p| !holds(p))
             .min_by_key(|&p| (load_of(p), sent_of(p), at(loads.placed, p)));
-        if let Some(c) =
-            copy_to.filter(|&c| holders < wanted && sent(c) < sent(pod) && sent(c) < total)
+        // Only under load: on idle pods a copy is a miss that buys nothing.
+        let busier = |c: u16| at(loads.inflight, pod) > at(loads.inflight, c);
+        if let Some(c) = copy_to
+            .filter(|&c| holders < wanted && busier(c) && sent(c) < sent(pod) && sent(c) < total)
         {
             pod = c;
             matched = matched_of(c);
@@ -734,7 +737,7 @@ mod tests {
     fn load_aware_copies_a_hot_prefix_to_the_least_busy_pod_until_enough_hold_it() {
         let loads = PodLoads {
             queue: &[0, 0, 0],
-            inflight: &[0, 0, 0],
+            inflight: &[2, 1, 1],
             placed: &[],
             sent: &[50, 20, 10],
             slowness: &[],
@@ -760,6 +763,12 @@ mod tests {
             ..loads
         };
         assert_eq!(pick(&even, &[(0, 40)], 0.2).reason, Reason::PrefixMatch);
+        // Idle pods: no copy.
+        let idle = PodLoads {
+            inflight: &[0, 0, 0],
+            ..loads
+        };
+        assert_eq!(pick(&idle, &[(0, 40)], 0.7).reason, Reason::PrefixMatch);
         // A copy only goes to a pod that carried less traffic than the winner.
         let quiet = PodLoads {
             sent: &[5, 20, 10],

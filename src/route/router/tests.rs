@@ -297,6 +297,7 @@ fn a_prefix_with_more_traffic_than_one_pod_is_copied_to_a_second_pod() {
     let hot = format!("{}{}", "h".repeat(4 * 60), "q");
     let mut hot_on = std::collections::BTreeSet::new();
     let mut per_pod = [0u32; 4];
+    let mut in_flight = std::collections::VecDeque::new();
     let mut spread = 0;
     for i in 0..400u32 {
         // 40 % hot, the rest spread over 60 cold tenants.
@@ -306,7 +307,11 @@ fn a_prefix_with_more_traffic_than_one_pod_is_copied_to_a_second_pod() {
             format!("{:04}{}", i % 60, "c".repeat(4 * 20))
         };
         let x = r.route(&s, &req(&prompt), 1000 + i / 50, &mut rng).unwrap();
-        r.release(x.choice.pod);
+        // Under load: the last 8 requests are still in flight.
+        in_flight.push_back(x.choice.pod);
+        if in_flight.len() > 8 {
+            r.release(in_flight.pop_front().unwrap());
+        }
         per_pod[usize::from(x.choice.pod)] += 1;
         if prompt == hot {
             hot_on.insert(x.choice.pod);
