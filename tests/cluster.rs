@@ -1,0 +1,383 @@
+//! Sync through a real Redis Cluster (issue 13, item 3): three masters made
+//! with `redis-server --cluster-enabled yes` and `redis-cli --cluster create`
+//! on 127.0.0.1, two Envoy replicas on `envoy/cluster.yaml` (16 hash tags,
+//! cluster mode, one ORIGINAL_DST bridge reaching every node). A prefix
+//! learned on one replica routes on the other; then a slot of the namespace
+//! is migrated to another master while both replicas take load: no client
+//! request fails, the replicas follow ASK/MOVED (counted), sync goes on and
+//! a prefix learned after the migration still routes on the other replica.
+//!
+//! Needs `redis-server` and `redis-cli` with `--cluster` (Debian's
+//! redis-tools 7.0 has it); the servers listen on free loopback ports and
+//! are killed when the test ends.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use harness::fleet::{Fleet, Replica};
+use harness::{
+    completion_body, free_port, redis_server_bin, send, text, wait_until, Reply, CLIENT_TIMEOUT,
+};
+use serde_json::json;
+
+/// Sync period of both replicas.
+const PERIOD_MS: u64 = 1000;
+/// Prompt length: 32 blocks of 128 bytes, about two per hash tag.
+const PROMPT_LEN: usize = 4096;
+/// Blocks each prompt records (all 32 are below `dense_prefix_blocks`).
+const BLOCKS: i64 = 32;
+
+/// One cluster node, killed and reaped on drop.
+struct Node {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn redis_cli() -> PathBuf {
+    redis_server_bin().with_file_name("redis-cli")
+}
+
+/// `redis-cli -p port args...`, its stdout (a failed command panics).
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new(redis_cli())
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run redis-cli: {e}"));
+    assert!(
+        out.status.success(),
+        "redis-cli {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Three masters on free ports, all 16,384 slots assigned.
+fn start_cluster(dir: &std::path::Path) -> Vec<Node> {
+    let cli_ok = Command::new(redis_cli())
+        .args(["--cluster", "help"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("create"));
+    assert!(cli_ok, "{} has no --cluster support", redis_cli().display());
+    let nodes: Vec<Node> = (0..3)
+        .map(|i| {
+            let port = free_port();
+            let node_dir = dir.join(format!("node-{i}"));
+            std::fs::create_dir_all(&node_dir).expect("node dir");
+            let child = Command::new(redis_server_bin())
+                .current_dir(&node_dir)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", "nodes.conf"])
+                .args(["--cluster-node-timeout", "2000"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--logfile", "redis.log"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn redis-server: {e}"));
+            Node { child, port }
+        })
+        .collect();
+    for n in &nodes {
+        let up = wait_until(Duration::from_secs(10), || {
+            Command::new(redis_cli())
+                .args(["-p", &n.port.to_string(), "PING"])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
+        });
+        assert!(up, "redis-server on {} not up", n.port);
+    }
+    let addrs: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let mut args = vec!["--cluster", "create"];
+    args.extend(addrs.iter().map(String::as_str));
+    args.push("--cluster-yes");
+    cli(nodes[0].port, &args);
+    for n in &nodes {
+        let ok = wait_until(Duration::from_secs(20), || {
+            cli(n.port, &["CLUSTER", "INFO"]).contains("cluster_state:ok")
+        });
+        assert!(ok, "cluster not ok on {}", n.port);
+    }
+    nodes
+}
+
+fn node_id(port: u16) -> String {
+    cli(port, &["CLUSTER", "MYID"])
+}
+
+/// Every key on node `port` matching `pattern` (SCAN, the node's own keys).
+fn node_keys(port: u16, pattern: &str) -> Vec<String> {
+    let out = cli(port, &["--scan", "--pattern", pattern]);
+    out.lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn sync_stat(r: &Replica, name: &str) -> i64 {
+    r.stat(&format!("prefix_router.sync.{name}"))
+}
+
+fn sync_stats(r: &Replica) -> String {
+    let stats: BTreeMap<String, i64> = r
+        .stats()
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("prefix_router.sync.")?.to_string(), v)))
+        .collect();
+    format!(
+        "replica {} sync stats: {stats:?}\n--- log tail ---\n{}",
+        r.name,
+        harness::tail(&r.envoy.log, 20)
+    )
+}
+
+fn complete(r: &Replica, prompt: &str) -> Reply {
+    let url = r.envoy.url("/v1/completions");
+    let body = completion_body(&json!(prompt));
+    send(
+        "POST",
+        &url,
+        &[("content-type", "application/json")],
+        Some(body.as_bytes()),
+        CLIENT_TIMEOUT,
+    )
+    .unwrap_or_else(|e| panic!("replica {}: POST {url}: {e}", r.name))
+}
+
+fn match_percent(reply: &Reply) -> u32 {
+    reply
+        .header("x-prefix-match")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Routes fresh prompts (one per seed) on `r`; returns (prompt, pod).
+fn learn(r: &Replica, seeds: std::ops::Range<u64>) -> Vec<(String, String)> {
+    seeds
+        .map(|seed| {
+            let prompt = text(seed, PROMPT_LEN);
+            let reply = complete(r, &prompt);
+            assert_eq!(reply.status, 200, "{reply:?}");
+            (prompt, reply.served_by())
+        })
+        .collect()
+}
+
+/// Waits until `r` has applied `min` remote entities, then one more cycle
+/// (so a push split across two of the writer's calls is in).
+fn synced(r: &Replica, min: i64) {
+    let ok = wait_until(Duration::from_secs(15), || sync_stat(r, "applied") >= min);
+    assert!(ok, "applied stuck below {min}:\n{}", sync_stats(r));
+    let cycles = sync_stat(r, "cycles_ok");
+    let ok = wait_until(Duration::from_secs(10), || {
+        sync_stat(r, "cycles_ok") > cycles
+    });
+    assert!(ok, "no cycle:\n{}", sync_stats(r));
+}
+
+/// Sends every learned prompt to `r`: each must go to the pod it was learned
+/// on, with a match of at least 90 %; returns what went elsewhere.
+fn routed_on(r: &Replica, learned: &[(String, String)]) -> Vec<String> {
+    learned
+        .iter()
+        .filter_map(|(prompt, pod)| {
+            let reply = complete(r, prompt);
+            assert_eq!(reply.status, 200, "{reply:?}");
+            let got = reply.served_by();
+            (got != *pod || match_percent(&reply) < 90)
+                .then(|| format!("{got} ({} %) instead of {pod}", match_percent(&reply)))
+        })
+        .collect()
+}
+
+#[test]
+fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
+    let mut fleet = Fleet::new("cluster");
+    let nodes = start_cluster(fleet.dir.path());
+    fleet.start_pods(&["--time-scale", "0"]);
+    // The seed route (calls naming no node) goes to the first master.
+    fleet.redis_port = nodes[0].port;
+    let patch = json!({ "period_ms": PERIOD_MS, "poll_ms": 100 });
+    for name in ["a", "b"] {
+        fleet.start_envoy(name, "cluster.yaml", 1, &mut |config| {
+            for (k, v) in patch.as_object().into_iter().flatten() {
+                config["sync"][k] = v.clone();
+            }
+        });
+    }
+    let (a, b) = (&fleet.replicas[0], &fleet.replicas[1]);
+    for r in [a, b] {
+        let ok = wait_until(Duration::from_secs(10), || {
+            sync_stat(r, "cycles_ok") >= 1 && sync_stat(r, "topology_refreshes") >= 1
+        });
+        assert!(ok, "no cluster cycle: {}", sync_stats(r));
+    }
+
+    // 1. A prefix learned on A routes on B.
+    let applied = sync_stat(b, "applied");
+    let learned = learn(a, 0..8);
+    synced(b, applied + 8 * BLOCKS);
+    let missed = routed_on(b, &learned);
+    assert!(missed.is_empty(), "{missed:?}\n{}", sync_stats(b));
+    // The namespace is spread: every master holds some of its keys.
+    for n in &nodes {
+        let keys = node_keys(n.port, "aibrix:{prefixcache*");
+        assert!(
+            keys.len() >= 8,
+            "master {} holds {} prefixcache keys",
+            n.port,
+            keys.len()
+        );
+    }
+
+    // 2. A slot of the namespace moves from its master to another while
+    //    both replicas take load. The slot is one a prefixcache tag hashes to.
+    let (src, dst) = (&nodes[0], &nodes[1]);
+    let key = node_keys(src.port, "aibrix:{prefixcache.*}:log")
+        .into_iter()
+        .next()
+        .expect("a change log on the first master");
+    let slot = cli(src.port, &["CLUSTER", "KEYSLOT", &key]);
+    let (src_id, dst_id) = (node_id(src.port), node_id(dst.port));
+    cli(
+        dst.port,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id],
+    );
+    cli(
+        src.port,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id],
+    );
+    let cycles_before = [a, b].map(|r| sync_stat(r, "cycles_ok"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let urls = [
+        a.envoy.url("/v1/completions"),
+        b.envoy.url("/v1/completions"),
+    ];
+    let load = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            // New prompts alternating between the replicas: new keys in the
+            // migrating slot are written on the importing node (ASK).
+            let (mut sent, mut failed) = (0u32, Vec::new());
+            let mut seed = 1000;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let body = completion_body(&json!(text(seed, PROMPT_LEN)));
+                let url = &urls[(seed % 2) as usize];
+                let reply = send(
+                    "POST",
+                    url,
+                    &[("content-type", "application/json")],
+                    Some(body.as_bytes()),
+                    CLIENT_TIMEOUT,
+                );
+                sent += 1;
+                match reply {
+                    Ok(r) if r.status == 200 => {}
+                    other => failed.push(format!("{other:?}")),
+                }
+                seed += 1;
+                thread::sleep(Duration::from_millis(20));
+            }
+            (sent, failed)
+        })
+    };
+    // Move the slot's keys a few at a time over ~4 s, then hand it over.
+    let started = Instant::now();
+    loop {
+        let keys = cli(src.port, &["CLUSTER", "GETKEYSINSLOT", &slot, "5"]);
+        let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+        if keys.is_empty() && started.elapsed() > Duration::from_secs(4) {
+            break;
+        }
+        if !keys.is_empty() {
+            let port = dst.port.to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys.iter().copied());
+            let out = cli(src.port, &args);
+            assert!(
+                out == "OK" || out == "NOKEY",
+                "MIGRATE of {keys:?}: {out} (a key written on both sides?)"
+            );
+        }
+        thread::sleep(Duration::from_millis(300));
+    }
+    for n in &nodes {
+        cli(n.port, &["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+    }
+    // Load goes on across the hand-over (MOVED until the next CLUSTER SLOTS).
+    thread::sleep(Duration::from_millis(PERIOD_MS * 3));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (sent, failed) = load.join().expect("load thread");
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} requests failed: {failed:?}",
+        failed.len()
+    );
+    assert!(sent >= 50, "only {sent} requests sent during the migration");
+    assert!(
+        cli(src.port, &["CLUSTER", "COUNTKEYSINSLOT", &slot]) == "0",
+        "keys left behind on the source"
+    );
+
+    // Sync went on through the migration: cycles succeed after it, and the
+    // redirections were followed.
+    for (r, before) in [a, b].iter().zip(cycles_before) {
+        let ok = wait_until(Duration::from_secs(10), || {
+            sync_stat(r, "cycles_ok") >= before + 3
+        });
+        assert!(ok, "sync stalled:\n{}", sync_stats(r));
+    }
+    let redirects: i64 = [a, b]
+        .iter()
+        .map(|r| sync_stat(r, "ask_redirects") + sync_stat(r, "moved_redirects"))
+        .sum();
+    assert!(
+        redirects > 0,
+        "no ASK/MOVED seen:\n{}\n{}",
+        sync_stats(a),
+        sync_stats(b)
+    );
+    for r in [a, b] {
+        assert_eq!(sync_stat(r, "redirects_exhausted"), 0, "{}", sync_stats(r));
+    }
+    eprintln!(
+        "migration of slot {slot}: {sent} requests, 0 failed; A: {} ASK, {} MOVED, {} TRYAGAIN; \
+         B: {} ASK, {} MOVED, {} TRYAGAIN",
+        sync_stat(a, "ask_redirects"),
+        sync_stat(a, "moved_redirects"),
+        sync_stat(a, "tryagain_retries"),
+        sync_stat(b, "ask_redirects"),
+        sync_stat(b, "moved_redirects"),
+        sync_stat(b, "tryagain_retries"),
+    );
+
+    // 3. After the migration, a prefix learned on B routes on A (its blocks
+    //    in the moved slot now live on the new master).
+    let applied = sync_stat(a, "applied");
+    let learned = learn(b, 5000..5008);
+    synced(a, applied + 8 * BLOCKS);
+    let missed = routed_on(a, &learned);
+    assert!(missed.is_empty(), "{missed:?}\n{}", sync_stats(a));
+    let moved = node_keys(dst.port, "aibrix:{prefixcache*")
+        .into_iter()
+        .filter(|k| cli(dst.port, &["CLUSTER", "KEYSLOT", k]) == slot)
+        .count();
+    assert!(moved > 0, "no key of slot {slot} on its new master");
+    drop(fleet);
+    drop(nodes);
+}
