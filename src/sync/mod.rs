@@ -53,6 +53,8 @@ pub mod testkit;
 pub(crate) mod topology;
 
 #[cfg(test)]
+mod cluster_tests;
+#[cfg(test)]
 mod tests;
 
 pub use settings::SyncSettings;
