@@ -16,6 +16,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -64,6 +66,34 @@ fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// One cluster-enabled `redis-server` on a free port, answering PING.
+fn spawn_node(dir: &std::path::Path, i: usize) -> Node {
+    let port = free_port();
+    let node_dir = dir.join(format!("node-{i}"));
+    std::fs::create_dir_all(&node_dir).expect("node dir");
+    let child = Command::new(redis_server_bin())
+        .current_dir(&node_dir)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--cluster-enabled", "yes"])
+        .args(["--cluster-config-file", "nodes.conf"])
+        .args(["--cluster-node-timeout", "2000"])
+        .args(["--save", "", "--appendonly", "no"])
+        .args(["--logfile", "redis.log"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn redis-server: {e}"));
+    let up = wait_until(Duration::from_secs(10), || {
+        Command::new(redis_cli())
+            .args(["-p", &port.to_string(), "PING"])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
+    });
+    assert!(up, "redis-server on {port} not up");
+    Node { child, port }
+}
+
 /// Three masters on free ports, all 16,384 slots assigned.
 fn start_cluster(dir: &std::path::Path) -> Vec<Node> {
     let cli_ok = Command::new(redis_cli())
@@ -71,36 +101,7 @@ fn start_cluster(dir: &std::path::Path) -> Vec<Node> {
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("create"));
     assert!(cli_ok, "{} has no --cluster support", redis_cli().display());
-    let nodes: Vec<Node> = (0..3)
-        .map(|i| {
-            let port = free_port();
-            let node_dir = dir.join(format!("node-{i}"));
-            std::fs::create_dir_all(&node_dir).expect("node dir");
-            let child = Command::new(redis_server_bin())
-                .current_dir(&node_dir)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-config-file", "nodes.conf"])
-                .args(["--cluster-node-timeout", "2000"])
-                .args(["--save", "", "--appendonly", "no"])
-                .args(["--logfile", "redis.log"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawn redis-server: {e}"));
-            Node { child, port }
-        })
-        .collect();
-    for n in &nodes {
-        let up = wait_until(Duration::from_secs(10), || {
-            Command::new(redis_cli())
-                .args(["-p", &n.port.to_string(), "PING"])
-                .output()
-                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
-        });
-        assert!(up, "redis-server on {} not up", n.port);
-    }
+    let nodes: Vec<Node> = (0..3).map(|i| spawn_node(dir, i)).collect();
     let addrs: Vec<String> = nodes
         .iter()
         .map(|n| format!("127.0.0.1:{}", n.port))
@@ -166,6 +167,52 @@ fn match_percent(reply: &Reply) -> u32 {
         .header("x-prefix-match")
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// New prompts sent alternately to two replicas from a thread, every 20 ms,
+/// until stopped: each writes new keys (a new prefix's blocks) to the
+/// cluster.
+struct Load {
+    stop: Arc<AtomicBool>,
+    thread: thread::JoinHandle<(u32, Vec<String>)>,
+}
+
+impl Load {
+    fn start(replicas: [&Replica; 2], first_seed: u64) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let urls = replicas.map(|r| r.envoy.url("/v1/completions"));
+        let flag = stop.clone();
+        let thread = thread::spawn(move || {
+            let (mut sent, mut failed) = (0u32, Vec::new());
+            let mut seed = first_seed;
+            while !flag.load(Ordering::Relaxed) {
+                let body = completion_body(&json!(text(seed, PROMPT_LEN)));
+                let url = &urls[(seed % 2) as usize];
+                let reply = send(
+                    "POST",
+                    url,
+                    &[("content-type", "application/json")],
+                    Some(body.as_bytes()),
+                    CLIENT_TIMEOUT,
+                );
+                sent += 1;
+                match reply {
+                    Ok(r) if r.status == 200 => {}
+                    other => failed.push(format!("{other:?}")),
+                }
+                seed += 1;
+                thread::sleep(Duration::from_millis(20));
+            }
+            (sent, failed)
+        });
+        Load { stop, thread }
+    }
+
+    /// Stops the load; requests sent and the failures.
+    fn stop(self) -> (u32, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("load thread")
+    }
 }
 
 /// Routes fresh prompts (one per seed) on `r`; returns (prompt, pod).
@@ -265,39 +312,7 @@ fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
         &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id],
     );
     let cycles_before = [a, b].map(|r| sync_stat(r, "cycles_ok"));
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let urls = [
-        a.envoy.url("/v1/completions"),
-        b.envoy.url("/v1/completions"),
-    ];
-    let load = {
-        let stop = stop.clone();
-        thread::spawn(move || {
-            // New prompts alternating between the replicas: new keys in the
-            // migrating slot are written on the importing node (ASK).
-            let (mut sent, mut failed) = (0u32, Vec::new());
-            let mut seed = 1000;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let body = completion_body(&json!(text(seed, PROMPT_LEN)));
-                let url = &urls[(seed % 2) as usize];
-                let reply = send(
-                    "POST",
-                    url,
-                    &[("content-type", "application/json")],
-                    Some(body.as_bytes()),
-                    CLIENT_TIMEOUT,
-                );
-                sent += 1;
-                match reply {
-                    Ok(r) if r.status == 200 => {}
-                    other => failed.push(format!("{other:?}")),
-                }
-                seed += 1;
-                thread::sleep(Duration::from_millis(20));
-            }
-            (sent, failed)
-        })
-    };
+    let load = Load::start([a, b], 1000);
     // Move the slot's keys a few at a time over ~4 s, then hand it over.
     let started = Instant::now();
     loop {
@@ -326,8 +341,7 @@ fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
     }
     // Load goes on across the hand-over (MOVED until the next CLUSTER SLOTS).
     thread::sleep(Duration::from_millis(PERIOD_MS * 3));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (sent, failed) = load.join().expect("load thread");
+    let (sent, failed) = load.stop();
     assert!(
         failed.is_empty(),
         "{} of {sent} requests failed: {failed:?}",
@@ -384,5 +398,91 @@ fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
         .count();
     assert!(moved > 0, "no key of slot {slot} on its new master");
     drop(fleet);
+    drop(nodes);
+}
+
+#[test]
+fn a_master_killed_its_replica_promoted_sync_resumes_and_clients_never_fail() {
+    let mut fleet = Fleet::new("cluster-failover");
+    let mut nodes = start_cluster(fleet.dir.path());
+    // A replica of the third master.
+    let replica = spawn_node(fleet.dir.path(), 3);
+    let master = nodes[2].port;
+    let master_id = node_id(master);
+    cli(
+        nodes[0].port,
+        &[
+            "--cluster",
+            "add-node",
+            &format!("127.0.0.1:{}", replica.port),
+            &format!("127.0.0.1:{}", nodes[0].port),
+            "--cluster-slave",
+            "--cluster-master-id",
+            &master_id,
+        ],
+    );
+    let linked = wait_until(Duration::from_secs(20), || {
+        cli(replica.port, &["INFO", "replication"]).contains("master_link_status:up")
+    });
+    assert!(linked, "replica never synced with its master");
+    fleet.start_pods(&["--time-scale", "0"]);
+    fleet.redis_port = nodes[0].port;
+    for name in ["a", "b"] {
+        fleet.start_envoy(name, "cluster.yaml", 1, &mut |config| {
+            config["sync"]["period_ms"] = json!(PERIOD_MS);
+            config["sync"]["poll_ms"] = json!(100);
+        });
+    }
+    let (a, b) = (&fleet.replicas[0], &fleet.replicas[1]);
+    for r in [a, b] {
+        let ok = wait_until(Duration::from_secs(10), || sync_stat(r, "cycles_ok") >= 1);
+        assert!(ok, "no cluster cycle: {}", sync_stats(r));
+    }
+    let load = Load::start([a, b], 2000);
+    thread::sleep(Duration::from_millis(1500));
+    // The master dies; after the node timeout (2 s) its replica takes over.
+    let killed_at = Instant::now();
+    drop(nodes.remove(2));
+    let promoted = wait_until(Duration::from_secs(30), || {
+        cli(replica.port, &["INFO", "replication"]).contains("role:master")
+            && cli(nodes[0].port, &["CLUSTER", "INFO"]).contains("cluster_state:ok")
+    });
+    assert!(promoted, "replica not promoted");
+    let promoted_after = killed_at.elapsed();
+    let ok_before = [a, b].map(|r| sync_stat(r, "cycles_ok"));
+    for (r, before) in [a, b].iter().zip(ok_before) {
+        let ok = wait_until(Duration::from_secs(20), || {
+            sync_stat(r, "cycles_ok") >= before + 2
+        });
+        assert!(
+            ok,
+            "sync did not resume after the failover:\n{}",
+            sync_stats(r)
+        );
+    }
+    let resumed_after = killed_at.elapsed();
+    let (sent, failed) = load.stop();
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} requests failed: {failed:?}",
+        failed.len()
+    );
+    // A prefix learned on A after the failover routes on B.
+    let applied = sync_stat(b, "applied");
+    let learned = learn(a, 9000..9008);
+    synced(b, applied + 8 * BLOCKS);
+    let missed = routed_on(b, &learned);
+    assert!(missed.is_empty(), "{missed:?}\n{}", sync_stats(b));
+    // The promoted replica holds the namespace's keys of its slots.
+    let held = node_keys(replica.port, "aibrix:{prefixcache*").len();
+    assert!(held > 0, "the promoted master holds no prefixcache keys");
+    eprintln!(
+        "failover: replica promoted {promoted_after:?} after the kill, both replicas synced again \
+         {resumed_after:?} after it; {sent} requests, 0 failed; A: {} failed cycles, B: {}",
+        sync_stat(a, "cycles_failed"),
+        sync_stat(b, "cycles_failed"),
+    );
+    drop(fleet);
+    drop(replica);
     drop(nodes);
 }
