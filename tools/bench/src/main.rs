@@ -88,6 +88,14 @@ enum Command {
         /// Per-shard budget the report checks against, keys/s.
         #[arg(long, default_value_t = 20_000.0)]
         shard_keys_per_s: f64,
+        /// Per-shard table: `sync.hash_tags` (K) modelled (rotating mode);
+        /// 0 = no per-shard table.
+        #[arg(long, default_value_t = 16)]
+        hash_tags: usize,
+        /// Per-shard table: Redis Cluster masters (N), comma-separated, each
+        /// owning an equal contiguous slot range.
+        #[arg(long, value_delimiter = ',', default_value = "3,8,16")]
+        shards: Vec<usize>,
     },
     /// Benchmark: Redis work per sync cycle, incremental vs full scan.
     SyncCost {
@@ -243,6 +251,8 @@ fn main() {
             full_scan_every,
             scan_keys_per_cycle,
             shard_keys_per_s,
+            hash_tags,
+            shards,
         } => commands::scale::run(&commands::scale::ScaleArgs {
             replicas,
             entities,
@@ -251,6 +261,8 @@ fn main() {
             full_scan_every,
             scan_keys_per_cycle,
             shard_keys_per_s,
+            hash_tags,
+            shards,
         }),
         Command::SyncCost {
             entities,
