@@ -77,6 +77,7 @@ pub struct SyncSettings {
     /// pass, `ceil(keys / N)` cycles. Namespaces with hooks (`podload`,
     /// whose live writers rewrite their key every period) then read only
     /// the change log after their first full scan. Ignored in AIBrix mode.
+    /// With `hash_tags` K > 1 each part gets `ceil(N / K)` of it per cycle.
     pub(crate) scan_keys_per_cycle: usize,
     /// MAXLEN (approximate) of each namespace's change-log stream.
     pub(crate) change_log_max_entries: usize,
