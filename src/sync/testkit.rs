@@ -296,6 +296,9 @@ pub struct TagLoad {
     pub reader_keys: f64,
     /// Keys the writer wrote per period under this tag.
     pub writer_keys: f64,
+    /// Commands the reader sent per period under this tag, each call's
+    /// `QUIT` counted with its first command (only with several tags).
+    pub reader_commands: f64,
 }
 
 /// [`steady_state_cost_with`] with the default period (10 s) and poll
@@ -366,6 +369,7 @@ pub fn steady_state_cost_per_tag(m: &CostModel) -> (CycleCost, Vec<TagLoad>) {
     // Keys per tag, the reader's and the writer's apart, over the window.
     let mut reader_tags: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
     let mut writer_tags: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut reader_commands: TagCounts = TagCounts::new();
     // The reader's keys read; the writer's keys written (its own reads are
     // one more replica's, not the fleet's writes).
     let take_tags =
@@ -420,9 +424,15 @@ pub fn steady_state_cost_per_tag(m: &CostModel) -> (CycleCost, Vec<TagLoad>) {
         redis.set_count(before.is_some());
         drive_on(&mut a, redis.as_mut(), now);
         take_tags(redis.as_mut(), &mut writer_tags, before.is_some(), false);
+        redis.take_commands();
         let s0 = b.stats().clone();
         drive_on(&mut b, redis.as_mut(), now);
         take_tags(redis.as_mut(), &mut reader_tags, before.is_some(), true);
+        if before.is_some() {
+            for (tag, n) in redis.take_commands() {
+                *reader_commands.entry(tag).or_default() += n;
+            }
+        }
         let s1 = b.stats().clone();
         if s1.cycles_ok > s0.cycles_ok {
             // A reader cycle ended: the measured window opens after the
@@ -464,6 +474,7 @@ pub fn steady_state_cost_per_tag(m: &CostModel) -> (CycleCost, Vec<TagLoad>) {
                     *f /= n;
                 }
                 let mut tags: BTreeMap<Vec<u8>, TagLoad> = BTreeMap::new();
+                let commands = &reader_commands;
                 for (map, reader) in [(&reader_tags, true), (&writer_tags, false)] {
                     for (tag, keys) in map {
                         let load = tags.entry(tag.clone()).or_insert_with(|| TagLoad {
@@ -471,6 +482,7 @@ pub fn steady_state_cost_per_tag(m: &CostModel) -> (CycleCost, Vec<TagLoad>) {
                             slot: crate::sync::keys::key_slot(tag),
                             reader_keys: 0.0,
                             writer_keys: 0.0,
+                            reader_commands: commands.get(tag).copied().unwrap_or(0) as f64 / n,
                         });
                         let per_period = *keys as f64 / n;
                         if reader {
@@ -516,6 +528,10 @@ trait Backend {
     fn set_count(&mut self, on: bool);
     /// Keys read and keys written per tag since the last take.
     fn take_counts(&mut self) -> (TagCounts, TagCounts);
+    /// Commands per tag since the last take (empty for one Redis).
+    fn take_commands(&mut self) -> TagCounts {
+        TagCounts::new()
+    }
 }
 
 impl Backend for MemRedis {
@@ -544,6 +560,8 @@ struct TaggedRedis {
     nodes: BTreeMap<Vec<u8>, MemRedis>,
     now_ms: u64,
     count: bool,
+    /// Commands per tag (QUIT: the tag of its call's first command).
+    commands: TagCounts,
 }
 
 /// The hash tag of a key or pattern (the whole of it without braces).
@@ -570,6 +588,7 @@ impl Backend for TaggedRedis {
     fn execute(&mut self, body: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         let mut rest = body;
+        let mut first_tag: Option<Vec<u8>> = None;
         while let Ok((Frame::Array(items), used)) = parse(rest) {
             let command = &rest[..used];
             rest = &rest[used..];
@@ -579,6 +598,12 @@ impl Backend for TaggedRedis {
                 .map(|n| n.to_ascii_uppercase())
                 .unwrap_or_default();
             if name == b"QUIT" {
+                if self.count {
+                    *self
+                        .commands
+                        .entry(first_tag.unwrap_or_default())
+                        .or_default() += 1;
+                }
                 Frame::Simple("OK".into()).encode(&mut out);
                 break;
             }
@@ -590,6 +615,10 @@ impl Backend for TaggedRedis {
                 args.get(1)
             };
             let tag = key.map(|k| tag_of(k).to_vec()).unwrap_or_default();
+            if self.count {
+                *self.commands.entry(tag.clone()).or_default() += 1;
+            }
+            first_tag.get_or_insert_with(|| tag.clone());
             let (now, count) = (self.now_ms, self.count);
             let node = self.nodes.entry(tag).or_insert_with(|| {
                 let mut n = MemRedis::new();
@@ -605,6 +634,10 @@ impl Backend for TaggedRedis {
 
     fn set_count(&mut self, on: bool) {
         self.count = on;
+    }
+
+    fn take_commands(&mut self) -> TagCounts {
+        std::mem::take(&mut self.commands)
     }
 
     fn take_counts(&mut self) -> (TagCounts, TagCounts) {

@@ -242,6 +242,7 @@ fn per_shard_table(
             "max/mean",
             "max <= budget",
             "max/mean <= 1.5",
+            "commands/s per shard, max",
         ],
     );
     let mut rows = Vec::new();
@@ -275,6 +276,8 @@ fn per_shard_table(
                 let max = loads.iter().copied().fold(0.0, f64::max);
                 let ratio = if mean > 0.0 { max / mean } else { 0.0 };
                 let verdict = |ok: bool| if ok { "PASS" } else { "MISS" }.to_string();
+                let commands = shard_commands(&tags, r as f64, n, period_s);
+                let max_commands = commands.iter().copied().fold(0.0, f64::max);
                 table.row(&[
                     r.to_string(),
                     num(entities as f64, 0),
@@ -285,6 +288,7 @@ fn per_shard_table(
                     num(ratio, 2),
                     verdict(max <= args.shard_keys_per_s),
                     verdict(ratio <= 1.5),
+                    num(max_commands, 0),
                 ]);
                 rows.push(json!({
                     "replicas": r,
@@ -294,6 +298,7 @@ fn per_shard_table(
                     "keys_per_s": total,
                     "per_shard_keys_per_s": loads,
                     "max_over_mean": ratio,
+                    "per_shard_commands_per_s": commands,
                 }));
             }
         }
@@ -312,6 +317,19 @@ fn shard_loads(tags: &[TagLoad], replicas: f64, n: usize, period_s: f64) -> Vec<
     for t in tags {
         let shard = usize::from(t.slot) * n / SLOTS;
         loads[shard] += (replicas * t.reader_keys + t.writer_keys) / period_s;
+    }
+    loads
+}
+
+/// Commands/s on each of `n` masters: the readers' per tag, plus the
+/// writer's writes (SETEX per key, XADD and EXPIRE per chunk).
+fn shard_commands(tags: &[TagLoad], replicas: f64, n: usize, period_s: f64) -> Vec<f64> {
+    let chunk = SyncSettings::default().setex_chunk as f64;
+    let mut loads = vec![0.0; n];
+    for t in tags {
+        let shard = usize::from(t.slot) * n / SLOTS;
+        let writes = t.writer_keys * (1.0 + 2.0 / chunk);
+        loads[shard] += (replicas * t.reader_commands + writes) / period_s;
     }
     loads
 }
