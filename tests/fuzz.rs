@@ -50,7 +50,7 @@ use envoy_prefix_router::route::load;
 use envoy_prefix_router::route::registry::{NameRegistry, Registry, MAX_NAME, MAX_SLOTS};
 use envoy_prefix_router::route::request::{classify, parse_body, ApiKind, PassReason};
 use envoy_prefix_router::route::store::{MemStore, SharedStore};
-use envoy_prefix_router::route::table::{PrefixTable, TableConfig, SLOTS_PER_BUCKET};
+use envoy_prefix_router::route::table::{PrefixTable, MAX_SLOTS_PER_BUCKET, RECORD_LEN};
 use envoy_prefix_router::signals::{self, MetricNames, SignalView};
 use envoy_prefix_router::sync::handoff::{self, DirtySet};
 use envoy_prefix_router::sync::liveness::Heartbeat;
@@ -1832,7 +1832,7 @@ fn prefixcache_apply_remote_and_is_stale() {
     };
     let mut state: Option<PrefixState> = None;
     let mut count = 0u64;
-    let cfg = TableConfig::new(64, 1200);
+    let cfg = settings_for_sync().table_config();
     fuzz(spec, |input, ctx| {
         // A fresh replica now and then (new clock edge), else state carries
         // over: the registry fills, times advance past retirement.
@@ -1910,7 +1910,7 @@ fn prefixcache_apply_remote_and_is_stale() {
         }
         st.ignored = ignored;
         // Shared data stays within its fixed key space.
-        let bucket_bytes = cfg.buckets as usize * (1 + SLOTS_PER_BUCKET * 16);
+        let bucket_bytes = cfg.buckets as usize * (1 + MAX_SLOTS_PER_BUCKET * RECORD_LEN);
         let reg_bytes = 2 * MAX_SLOTS * (5 + MAX_NAME);
         if st.store.key_count() > cfg.buckets as usize + 8
             || st.store.value_bytes() > bucket_bytes + reg_bytes + 4096
@@ -2456,22 +2456,22 @@ fn handoff_decode() {
             }
             return Ok(sig("none", ""));
         };
-        let whole = 8 + 8 * ((input.len() - 8) / 8);
-        if t.blocks.len() != (input.len() - 8) / 8 || handoff::encode(&t) != input[..whole] {
+        let whole = 8 + 12 * ((input.len() - 8) / 12);
+        if t.blocks.len() != (input.len() - 8) / 12 || handoff::encode(&t) != input[..whole] {
             return Err(format!(
                 "{} blocks from {} bytes",
                 t.blocks.len(),
                 input.len()
             ));
         }
-        for b in &t.blocks {
-            dirty.mark(*b);
+        for &(b, a) in &t.blocks {
+            dirty.mark(b, a);
         }
         if dirty.len() > 64 {
             return Err(format!("dirty set holds {}", dirty.len()));
         }
         if ctx.rng.below(8) == 0 {
-            let all: Vec<u64> = dirty.blocks().collect();
+            let all: Vec<u64> = dirty.blocks().map(|(b, _)| b).collect();
             dirty.clear(&all);
         }
         ctx.accepted += 1;

@@ -20,21 +20,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fs;
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use envoy_prefix_router::route::hashing::BlockHasher;
 use envoy_prefix_router::route::request::{parse_body, ApiKind};
 use envoy_prefix_router::route::router::sampled_positions;
+use envoy_prefix_router::route::table::{anchor_of, Layout};
+use harness::fleet::{self, launch, launch_all, merge_json, start_pods, sync_patch, EnvoySpec};
 use harness::redis::{RedisAt, Resp};
 use harness::{
-    completion_body, envoy_template, free_port, patch_plugin_json, send, substitute_ports, tail,
-    text, wait_until, wasm_module, Envoy, EnvoyOptions, Pod, Ports, Redis, Reply, TestDir,
-    CLIENT_TIMEOUT, WASM_REL_PATH,
+    completion_body, free_port, send, tail, text, wait_until, Pod, Redis, Reply, TestDir,
+    CLIENT_TIMEOUT,
 };
 use serde_json::{json, Value};
 
@@ -65,11 +65,7 @@ struct Pods {
 impl Pods {
     fn start(dir: &TestDir) -> Pods {
         let ports = [free_port(), free_port(), free_port(), free_port()];
-        let pods = ports
-            .iter()
-            .enumerate()
-            .map(|(i, &port)| Pod::start(dir, &format!("pod-{}", i + 1), port))
-            .collect();
+        let pods = start_pods(dir, &ports, &["--time-scale", "0"]);
         Pods { _pods: pods, ports }
     }
 
@@ -83,110 +79,38 @@ impl Pods {
             .unwrap_or_else(|| panic!("no pod {name}"));
         format!("127.0.0.1:{}", self.ports[i])
     }
-}
 
-/// How to start one replica.
-struct Spec {
-    name: &'static str,
-    template: &'static str,
-    /// Merged (recursively) into both plugin configurations.
-    plugin: Value,
-    /// Textual edits of the rendered YAML.
-    edits: Vec<(String, String)>,
-}
-
-impl Spec {
-    fn new(name: &'static str, plugin: Value) -> Spec {
-        Spec {
-            name,
-            template: "sync.yaml",
-            plugin,
-            edits: Vec::new(),
-        }
+    /// A replica on `envoy/sync.yaml` in front of these pods and the Redis
+    /// on `redis`, `plugin` merged (recursively) into both plugin
+    /// configurations (filter and singleton).
+    fn replica(&self, name: &str, redis: u16, plugin: Value) -> EnvoySpec<'static> {
+        EnvoySpec::new(name, "sync.yaml", &self.ports)
+            .redis(redis)
+            .merge(plugin)
+            .plugins(2)
     }
 }
 
-/// One Envoy replica of the fleet.
-struct Replica {
-    name: &'static str,
-    envoy: Envoy,
-}
+/// One Envoy replica of the fleet, with the sync tests' view of it.
+struct Replica(fleet::Replica);
 
-fn merge(dst: &mut Value, src: &Value) {
-    match (dst, src) {
-        (Value::Object(d), Value::Object(s)) => {
-            for (k, v) in s {
-                merge(d.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (d, s) => *d = s.clone(),
+impl std::ops::Deref for Replica {
+    type Target = fleet::Replica;
+
+    fn deref(&self) -> &fleet::Replica {
+        &self.0
     }
 }
 
-/// Renders a replica's config: its own listener/admin/bridge ports, the
-/// shared pods and Redis, the module path made absolute, the patch applied
-/// to both plugin configurations (filter and singleton), then the edits.
-fn render_replica(dir: &TestDir, spec: &Spec, ports: &Ports) -> PathBuf {
-    let text = substitute_ports(&envoy_template(spec.template), ports)
-        .replace(WASM_REL_PATH, &wasm_module().display().to_string());
-    let mut patched = 0;
-    let mut text = patch_plugin_json(&text, &mut |config: &mut Value| {
-        merge(config, &spec.plugin);
-        patched += 1;
-    });
-    assert_eq!(
-        patched, 2,
-        "{}: expected two plugin configurations (filter and singleton)",
-        spec.template
-    );
-    for (from, to) in &spec.edits {
-        assert!(text.contains(from.as_str()), "config has no {from:?}");
-        text = text.replace(from.as_str(), to);
+/// Starts the replicas in parallel (the harness's launcher) and waits until
+/// each one's sync singleton has started.
+fn start_replicas(dir: &TestDir, specs: Vec<EnvoySpec<'_>>) -> Vec<Replica> {
+    let replicas = launch_all(dir, specs).unwrap_or_else(|e| panic!("{e}"));
+    let replicas: Vec<Replica> = replicas.into_iter().map(Replica).collect();
+    for r in &replicas {
+        r.wait_singleton();
     }
-    let path = dir.join(&format!("envoy-{}.yaml", spec.name));
-    fs::write(&path, text).expect("write replica config");
-    path
-}
-
-/// Starts the replicas in parallel (each Envoy takes about a second).
-fn start_replicas(dir: &TestDir, pods: &Pods, redis_port: u16, specs: Vec<Spec>) -> Vec<Replica> {
-    thread::scope(|scope| {
-        let handles: Vec<_> = specs
-            .into_iter()
-            .map(|spec| {
-                scope.spawn(move || {
-                    let ports = Ports {
-                        listener: free_port(),
-                        admin: free_port(),
-                        pods: pods.ports,
-                        redis_bridge: free_port(),
-                        redis: redis_port,
-                    };
-                    let path = render_replica(dir, &spec, &ports);
-                    let log = dir.join(&format!("envoy-{}.log", spec.name));
-                    let envoy = Envoy::start(&path, &ports, log, &EnvoyOptions::default())
-                        .unwrap_or_else(|e| panic!("replica {}: {e}", spec.name));
-                    let replica = Replica {
-                        name: spec.name,
-                        envoy,
-                    };
-                    replica.wait_singleton();
-                    replica
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("replica start thread"))
-            .collect()
-    })
-}
-
-/// The plugin patch for a sync period (and more sync settings).
-fn sync_patch(period_ms: u64, more: Value) -> Value {
-    let mut sync = json!({ "period_ms": period_ms });
-    merge(&mut sync, &more);
-    json!({ "sync": sync })
+    replicas
 }
 
 impl Replica {
@@ -411,13 +335,35 @@ fn probes_for(deadline: Duration) -> u64 {
 /// Block hashes a replica records for `prompt` (sampled positions), with
 /// the crate's own hasher over the crate's own prompt bytes.
 fn recorded_blocks(prompt: &str, seed: u64) -> Vec<u64> {
+    anchored_blocks(prompt, seed)
+        .into_iter()
+        .map(|(b, _)| b)
+        .collect()
+}
+
+/// [`recorded_blocks`] with each block's anchor, as a native replica
+/// files and publishes it (the segment layout).
+fn anchored_blocks(prompt: &str, seed: u64) -> Vec<(u64, u32)> {
     let body = completion_body(&json!(prompt));
     let req = parse_body(ApiKind::Completions, body.as_bytes()).expect("parse completion body");
     let hashes = BlockHasher::new(BLOCK, seed).hash(&req.prompt);
     sampled_positions(hashes.len(), DENSE)
         .into_iter()
-        .map(|i| hashes[i])
+        .map(|i| {
+            let anchor = Layout::Segments.anchor_position(i, DENSE);
+            (hashes[i], anchor_of(hashes[anchor]))
+        })
         .collect()
+}
+
+/// A native value: AIBrix's shape plus the block's anchor when it is not
+/// the block's own.
+fn native_value(block: u64, anchor: u32, model_to_pods: Value) -> String {
+    let mut v = json!({ "model_to_pods": model_to_pods });
+    if anchor != anchor_of(block) {
+        v["anchor"] = json!(anchor);
+    }
+    v.to_string()
 }
 
 fn entity_key(block: u64) -> String {
@@ -432,13 +378,15 @@ fn block_keys(prompt: &str, seed: u64) -> Vec<String> {
         .collect()
 }
 
-/// Another writer's values saying `pod` holds `prompt` (model
+/// Another native writer's values saying `pod` holds `prompt` (model
 /// `test-model`, last seen at `nanos`): (key, value) per recorded block.
 fn block_facts(prompt: &str, pod: &str, nanos: i64) -> Vec<(String, String)> {
-    let value = json!({ "model_to_pods": { "test-model": { pod: nanos } } }).to_string();
-    block_keys(prompt, 0)
+    anchored_blocks(prompt, 0)
         .into_iter()
-        .map(|k| (k, value.clone()))
+        .map(|(b, a)| {
+            let value = native_value(b, a, json!({ "test-model": { pod: nanos } }));
+            (entity_key(b), value)
+        })
         .collect()
 }
 
@@ -462,11 +410,9 @@ fn prefix_learned_on_a_routes_on_b_within_a_period() {
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        redis.port,
         vec![
-            Spec::new("a", sync_patch(PERIOD, json!({}))),
-            Spec::new("b", sync_patch(PERIOD, json!({}))),
+            pods.replica("a", redis.port, sync_patch(PERIOD, json!({}))),
+            pods.replica("b", redis.port, sync_patch(PERIOD, json!({}))),
         ],
     );
     let (a, b) = (&fleet[0], &fleet[1]);
@@ -541,16 +487,14 @@ fn different_hash_seed_on_b_gives_no_match() {
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        redis.port,
         vec![
-            Spec::new("a", sync_patch(PERIOD, json!({}))),
-            Spec::new("b", {
+            pods.replica("a", redis.port, sync_patch(PERIOD, json!({}))),
+            pods.replica("b", redis.port, {
                 let mut p = sync_patch(PERIOD, json!({}));
                 p["hash_seed"] = json!(7);
                 p
             }),
-            Spec::new("c", sync_patch(PERIOD, json!({}))),
+            pods.replica("c", redis.port, sync_patch(PERIOD, json!({}))),
         ],
     );
     let (a, b, c) = (&fleet[0], &fleet[1], &fleet[2]);
@@ -604,9 +548,10 @@ fn keys_carry_the_ttl_and_expire() {
     let patch = sync_patch(PERIOD, json!({ "record_ttl_secs": TTL_SECS }));
     let fleet = start_replicas(
         &dir,
-        &pods,
-        redis.port,
-        vec![Spec::new("a", patch.clone()), Spec::new("b", patch)],
+        vec![
+            pods.replica("a", redis.port, patch.clone()),
+            pods.replica("b", redis.port, patch),
+        ],
     );
     let (a, b) = (&fleet[0], &fleet[1]);
     let b_pulled = b.stat("keys_pulled");
@@ -706,11 +651,13 @@ fn write_through_makes_b_see_it_fast() {
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        redis.port,
         vec![
-            Spec::new("a", sync_patch(PERIOD_A, json!({ "write_through": true }))),
-            Spec::new("b", sync_patch(PERIOD_B, json!({}))),
+            pods.replica(
+                "a",
+                redis.port,
+                sync_patch(PERIOD_A, json!({ "write_through": true })),
+            ),
+            pods.replica("b", redis.port, sync_patch(PERIOD_B, json!({}))),
         ],
     );
     let (a, b) = (&fleet[0], &fleet[1]);
@@ -785,10 +732,9 @@ fn large_value_set_exceeding_64k_mget_still_syncs() {
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        redis.port,
-        vec![Spec::new(
+        vec![pods.replica(
             "r",
+            redis.port,
             sync_patch(PERIOD, json!({ "full_scan_every": 6 })),
         )],
     );
@@ -804,10 +750,10 @@ fn large_value_set_exceeding_64k_mget_still_syncs() {
     let mut sizes = Vec::new();
     for i in 0..PROMPTS {
         let prompt = text(5000 + i as u64, BLOCKS * BLOCK);
-        let blocks = recorded_blocks(&prompt, 0);
+        let blocks = anchored_blocks(&prompt, 0);
         assert_eq!(blocks.len(), BLOCKS);
         let pod = i % 4;
-        for block in blocks {
+        for (block, anchor) in blocks {
             let mut holders = serde_json::Map::new();
             holders.insert(format!("127.0.0.1:{}", pods.ports[pod]), json!(now));
             let mut n = 0;
@@ -823,7 +769,7 @@ fn large_value_set_exceeding_64k_mget_still_syncs() {
                 );
                 n += 1;
             }
-            let value = json!({ "model_to_pods": { MODEL: holders } }).to_string();
+            let value = native_value(block, anchor, json!({ MODEL: holders }));
             sizes.push(value.len());
             commands.push(vec![
                 "SETEX".to_string(),
@@ -888,11 +834,9 @@ fn redis_stopped_mid_run_requests_still_succeed_and_sync_resumes() {
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        port,
         vec![
-            Spec::new("a", sync_patch(PERIOD, json!({}))),
-            Spec::new("b", sync_patch(PERIOD, json!({}))),
+            pods.replica("a", port, sync_patch(PERIOD, json!({}))),
+            pods.replica("b", port, sync_patch(PERIOD, json!({}))),
         ],
     );
     let (a, b) = (&fleet[0], &fleet[1]);
@@ -979,9 +923,7 @@ fn redis_absent_at_start_then_up_sync_starts_and_clients_never_fail() {
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        port,
-        vec![Spec::new("a", sync_patch(PERIOD, json!({})))],
+        vec![pods.replica("a", port, sync_patch(PERIOD, json!({})))],
     );
     let a = &fleet[0];
     let client_failures = steady_load(a, 9200..9240);
@@ -1016,8 +958,8 @@ fn hostile_values_neither_fill_the_model_registry_nor_pin_a_prefix() {
     let db = RedisAt::of(&redis);
     let pods = Pods::start(&dir);
     let mut patch = sync_patch(PERIOD, json!({}));
-    merge(&mut patch, &json!({ "table_idle_expiry_secs": IDLE_SECS }));
-    let fleet = start_replicas(&dir, &pods, redis.port, vec![Spec::new("a", patch)]);
+    merge_json(&mut patch, &json!({ "table_idle_expiry_secs": IDLE_SECS }));
+    let fleet = start_replicas(&dir, vec![pods.replica("a", redis.port, patch)]);
     let a = &fleet[0];
     a.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);
 
@@ -1108,10 +1050,9 @@ fn rotating_scan_finds_log_less_writes_within_a_pass_at_a_bounded_cost() {
     db.setex_many(&filler, 600);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        redis.port,
-        vec![Spec::new(
+        vec![pods.replica(
             "a",
+            redis.port,
             sync_patch(PERIOD, json!({ "scan_keys_per_cycle": BUDGET })),
         )],
     );
@@ -1155,19 +1096,20 @@ fn auth_protected_redis_works() {
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        redis.port,
         vec![
-            Spec::new(
+            pods.replica(
                 "a",
+                redis.port,
                 sync_patch(PERIOD, json!({ "auth_password": PASSWORD })),
             ),
-            Spec::new(
+            pods.replica(
                 "b",
+                redis.port,
                 sync_patch(PERIOD, json!({ "auth_password": PASSWORD })),
             ),
-            Spec::new(
+            pods.replica(
                 "c",
+                redis.port,
                 sync_patch(PERIOD, json!({ "auth_password": "wrong-pw" })),
             ),
         ],
@@ -1194,20 +1136,6 @@ fn auth_protected_redis_works() {
         !log.contains("wrong-pw") && !a.envoy.log_text().contains(PASSWORD),
         "a password reached the Envoy log"
     );
-}
-
-/// `redis-server` with a plain port (for the test's own inspection) and a
-/// TLS port (for Envoy), killed on drop.
-struct TlsRedis {
-    child: Child,
-    plain: u16,
-}
-
-impl Drop for TlsRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Self-signed certificate for `localhost` / 127.0.0.1 (it is its own CA).
@@ -1240,62 +1168,45 @@ fn tls_and_auth_to_redis_sync() {
         panic!("openssl cannot make a certificate here (run `make setup`)");
     };
     let (plain, tls) = (free_port(), free_port());
-    let child = Command::new(harness::redis_server_bin())
-        .current_dir(dir.path())
-        .args(["--port", &plain.to_string(), "--bind", "127.0.0.1"])
-        .args(["--tls-port", &tls.to_string()])
-        .arg("--tls-cert-file")
-        .arg(&cert)
-        .arg("--tls-key-file")
-        .arg(&key)
-        .arg("--tls-ca-cert-file")
-        .arg(&cert)
-        .args(["--tls-auth-clients", "no"])
-        .args(["--requirepass", PASSWORD])
-        .args([
-            "--save",
-            "",
-            "--appendonly",
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let tls_port = tls.to_string();
+    // A build without TLS refuses --tls-port at start-up.
+    let redis = Redis::start_with(
+        &dir,
+        plain,
+        Some(PASSWORD),
+        &[
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &cert,
+            "--tls-auth-clients",
             "no",
-            "--logfile",
-            "redis-tls.log",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn redis-server");
-    let mut redis = TlsRedis { child, plain };
-    let db = RedisAt {
-        port: redis.plain,
-        password: Some(PASSWORD.into()),
-    };
+        ],
+    );
+    let db = RedisAt::of(&redis);
     let up = wait_until(Duration::from_secs(10), || {
-        redis.child.try_wait().ok().flatten().is_none()
-            && TcpStream::connect((Ipv4Addr::LOCALHOST, tls)).is_ok()
-            && TcpStream::connect((Ipv4Addr::LOCALHOST, plain)).is_ok()
+        TcpStream::connect((Ipv4Addr::LOCALHOST, tls)).is_ok()
     });
     if !up {
-        let log = tail(&dir.join("redis-tls.log"), 10);
-        // A build without TLS refuses --tls-port at start-up.
+        let log = tail(&dir.join("redis.log"), 10);
         panic!("TLS redis-server not ready (does it serve TLS?):\n{log}");
     }
     assert_eq!(db.cmd(&["PING"]), Resp::Simple("PONG".into()));
 
     let pods = Pods::start(&dir);
     let spec = |name| {
-        let mut s = Spec::new(
-            name,
-            sync_patch(PERIOD, json!({ "auth_password": PASSWORD })),
-        );
-        s.template = "sync-tls.yaml";
-        s.edits = vec![(
-            "/etc/ssl/certs/ca-certificates.crt".to_string(),
-            cert.display().to_string(),
-        )];
-        s
+        EnvoySpec::new(name, "sync-tls.yaml", &pods.ports)
+            .redis(tls)
+            .merge(sync_patch(PERIOD, json!({ "auth_password": PASSWORD })))
+            .plugins(2)
+            .edit("/etc/ssl/certs/ca-certificates.crt", &cert)
     };
-    let fleet = start_replicas(&dir, &pods, tls, vec![spec("a"), spec("b")]);
+    let fleet = start_replicas(&dir, vec![spec("a"), spec("b")]);
     let (a, b) = (&fleet[0], &fleet[1]);
     let deadline = sync_deadline(PERIOD);
     let mut learned = learn(a, 8000..8000 + probes_for(deadline));
@@ -1328,26 +1239,8 @@ fn blocks_routed_before_the_first_sync_tick_still_reach_redis() {
     let redis = Redis::start(&dir, free_port(), None);
     let db = RedisAt::of(&redis);
     let pods = Pods::start(&dir);
-    let spec = Spec::new("a", sync_patch(PERIOD, json!({})));
-    let ports = Ports {
-        listener: free_port(),
-        admin: free_port(),
-        pods: pods.ports,
-        redis_bridge: free_port(),
-        redis: redis.port,
-    };
-    let path = render_replica(&dir, &spec, &ports);
-    let envoy = Envoy::start(
-        &path,
-        &ports,
-        dir.join("envoy-a.log"),
-        &EnvoyOptions::default(),
-    )
-    .unwrap_or_else(|e| panic!("replica a: {e}"));
-    let a = Replica {
-        name: spec.name,
-        envoy,
-    };
+    let spec = pods.replica("a", redis.port, sync_patch(PERIOD, json!({})));
+    let a = Replica(launch(&dir, spec).unwrap_or_else(|e| panic!("replica a: {e}")));
     // No wait_singleton(): learn at once.
     let learned = learn(&a, 7000..7001);
     let keys = block_keys(&learned[0].prompt, 0);
@@ -1397,10 +1290,9 @@ fn singleton_survives_slow_and_garbage_redis_and_reports_liveness() {
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        proxy.port,
-        vec![Spec::new(
+        vec![pods.replica(
             "a",
+            proxy.port,
             sync_patch(PERIOD, json!({ "op_timeout_ms": 1500 })),
         )],
     );
@@ -1475,9 +1367,7 @@ fn a_middlebox_closing_on_half_close_is_named_not_taken_for_truncation() {
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        proxy.port,
-        vec![Spec::new("a", sync_patch(PERIOD, json!({})))],
+        vec![pods.replica("a", proxy.port, sync_patch(PERIOD, json!({})))],
     );
     let a = &fleet[0];
     a.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);
@@ -1538,10 +1428,9 @@ fn oversized_values_from_a_hostile_writer_are_split_once_not_every_scan() {
     db.setex_many(&entries, 600);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        redis.port,
-        vec![Spec::new(
+        vec![pods.replica(
             "a",
+            redis.port,
             // Every cycle is a full scan.
             sync_patch(PERIOD, json!({ "full_scan_every": 1 })),
         )],
@@ -1595,16 +1484,14 @@ fn replicas_with_different_endpoint_lists_route_shared_prefixes_to_the_same_pods
     b_list.reverse();
     let with_endpoints = |list: &[String]| {
         let mut p = sync_patch(PERIOD, json!({}));
-        merge(&mut p, &json!({ "endpoints": list }));
+        merge_json(&mut p, &json!({ "endpoints": list }));
         p
     };
     let fleet = start_replicas(
         &dir,
-        &pods,
-        redis.port,
         vec![
-            Spec::new("a", with_endpoints(&all)),
-            Spec::new("b", with_endpoints(&b_list)),
+            pods.replica("a", redis.port, with_endpoints(&all)),
+            pods.replica("b", redis.port, with_endpoints(&b_list)),
         ],
     );
     let (a, b) = (&fleet[0], &fleet[1]);
@@ -1631,15 +1518,15 @@ fn replicas_with_different_endpoint_lists_route_shared_prefixes_to_the_same_pods
 
 /// Keys of the `prefixcache` namespace in Redis.
 fn prefix_keys(redis: &Redis) -> i64 {
-    let reply = redis
-        .command(&[
-            "EVAL",
-            "return #redis.call('keys', ARGV[1])",
-            "0",
-            "aibrix:{prefixcache}:e:*",
-        ])
-        .unwrap_or_default();
-    reply.trim_start_matches(':').parse().unwrap_or(-1)
+    match redis.command(&[
+        "EVAL",
+        "return #redis.call('keys', ARGV[1])",
+        "0",
+        "aibrix:{prefixcache}:e:*",
+    ]) {
+        Ok(Resp::Int(n)) => n,
+        _ => -1,
+    }
 }
 
 /// Issue 9, items 4 and 5: Redis restarted empty. Before, 68 keys became 3
@@ -1657,9 +1544,7 @@ fn redis_restarted_empty_gets_the_table_back_within_seconds() {
     let pods = Pods::start(&dir);
     let fleet = start_replicas(
         &dir,
-        &pods,
-        port,
-        vec![Spec::new("a", sync_patch(PERIOD, json!({})))],
+        vec![pods.replica("a", port, sync_patch(PERIOD, json!({})))],
     );
     let a = &fleet[0];
     a.wait_stat("cycles_ok", SLACK * 2, |v| v >= 1);

@@ -443,6 +443,25 @@ impl Settings {
         }
     }
 
+    /// How the prefix table spreads records over buckets: per block where
+    /// AIBrix gateways write the namespace (they know only block hashes),
+    /// by segment otherwise.
+    pub(crate) fn table_layout(&self) -> crate::route::table::Layout {
+        match self.compat {
+            Compat::None => crate::route::table::Layout::Segments,
+            Compat::Aibrix => crate::route::table::Layout::PerBlock,
+        }
+    }
+
+    /// The table's sizing for these settings.
+    pub fn table_config(&self) -> crate::route::table::TableConfig {
+        crate::route::table::TableConfig::new(
+            self.table_capacity_blocks,
+            self.table_idle_expiry_secs,
+            self.table_layout(),
+        )
+    }
+
     /// The pool serving `model`: its own if it has one, else the default.
     pub(crate) fn pool_key<'a>(&self, model: &'a str) -> &'a str {
         if !model.is_empty() && self.pools.contains_key(model) {

@@ -295,8 +295,8 @@ impl SyncState {
         };
         prefix.mark(touched);
         if write_through {
-            for block in &touched.blocks {
-                if let Some(payload) = prefix.payload(*block) {
+            for &(block, anchor) in &touched.blocks {
+                if let Some(payload) = prefix.payload(block, anchor) {
                     let _ = self
                         .engine
                         .put(&self.prefix_ns, &block.to_string(), payload);

@@ -60,7 +60,12 @@ pub(crate) enum Count {
     TableRefused,
 }
 
-const ROUTED: [Reason; 3] = [Reason::PrefixMatch, Reason::NoMatch, Reason::LoadGuard];
+const ROUTED: [Reason; 4] = [
+    Reason::PrefixMatch,
+    Reason::NoMatch,
+    Reason::LoadGuard,
+    Reason::Spread,
+];
 const FIXED: usize = 8;
 const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
 
@@ -96,6 +101,7 @@ impl Count {
                 Reason::PrefixMatch => "routed.prefix_match",
                 Reason::NoMatch => "routed.no_match",
                 Reason::LoadGuard => "routed.load_guard",
+                Reason::Spread => "routed.spread",
             },
             i => {
                 return format!(

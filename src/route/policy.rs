@@ -94,20 +94,30 @@ pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
 ///    requests take than the fastest pod's);
 /// 3. the highest score wins; ties go to the longer match, then the lower
 ///    load, then fewer in flight (fresh, where reports lag), then the pod
-///    this VM placed fewer new prefixes on (`placed`: spreads the prefixes,
-///    so no pod's cache holds more than its share); remaining ties among
-///    unmatched pods rotate with `turn` (as in [`choose`]), among matched
-///    pods they are shuffled.
+///    this VM sent fewer requests to recently (`sent`: spreads traffic,
+///    not only prefixes), then the pod it placed fewer new prefixes on
+///    (`placed`, so no pod's cache holds more than its share); remaining
+///    ties among unmatched pods rotate with `turn` (as in [`choose`]),
+///    among matched pods they are shuffled;
+/// 4. a hot prefix is copied: when the prompt's prefix group needs
+///    `spread` pods (its share of recent traffic is more than one pod's)
+///    and fewer eligible pods hold at least half the best match, the
+///    eligible non-holder with the lowest (load, sent) takes it if it
+///    carried less traffic than the winner. Later requests of the group
+///    tie on the match and go to the less busy holder.
 ///
 /// Reason: `PrefixMatch` when the chosen pod holds part of the prompt,
-/// `LoadGuard` when another pod held some and was passed over, else
-/// `NoMatch`. None only for an empty pool.
+/// `Spread` when a hot prefix is copied (rule 4), `LoadGuard` when another
+/// pod held some and was passed over, else `NoMatch`. None only for an
+/// empty pool.
+#[allow(clippy::too_many_arguments)]
 pub fn choose_load_aware(
     cfg: &LoadAwareConfig,
     pool: &[u16],
     loads: &PodLoads<'_>,
     matches: &[(u16, u32)],
     total_blocks: usize,
+    spread: usize,
     turn: usize,
     rng: &mut SplitMix64,
 ) -> Option<Choice> {
@@ -138,27 +148,46 @@ pub fn choose_load_aware(
             / 1000;
         i64::from(matched_of(pod)) - cost
     };
-    // (score, match, -load, -in flight, -placed) decides; equal keys tie.
+    // (score, match, -load, -in flight, -sent, -placed) decides; equal
+    // keys tie.
     let key = |pod: u16| {
         (
             score(pod),
             matched_of(pod),
             std::cmp::Reverse(load_of(pod)),
             std::cmp::Reverse(at(loads.inflight, pod)),
+            std::cmp::Reverse(at(loads.sent, pod)),
             std::cmp::Reverse(at(loads.placed, pod)),
         )
     };
     let eligible = pool.iter().copied().filter(|&p| load_of(p) <= bound);
     let best = eligible.clone().map(key).max()?;
-    let mut tied: Vec<u16> = eligible.filter(|&p| key(p) == best).collect();
-    let pod = if best.1 == 0 {
+    let mut tied: Vec<u16> = eligible.clone().filter(|&p| key(p) == best).collect();
+    let mut pod = if best.1 == 0 {
         tied[turn % tied.len()]
     } else {
         rng.shuffle(&mut tied);
         tied[0]
     };
+    let mut matched = best.1;
+    let mut spread_now = false;
+    if matched > 0 && spread > 1 {
+        let holds = |p: u16| u64::from(matched_of(p)) * 2 >= u64::from(matched);
+        let holders = eligible.clone().filter(|&p| holds(p)).count();
+        let copy_to = eligible
+            .filter(|&p| !holds(p))
+            .min_by_key(|&p| (load_of(p), at(loads.sent, p), at(loads.placed, p)));
+        if let Some(c) =
+            copy_to.filter(|&c| holders < spread && at(loads.sent, c) < at(loads.sent, pod))
+        {
+            pod = c;
+            matched = matched_of(c);
+            spread_now = true;
+        }
+    }
     let any_match = pool.iter().any(|&p| matched_of(p) > 0);
-    let reason = match (best.1 > 0, any_match) {
+    let reason = match (matched > 0, any_match) {
+        _ if spread_now => Reason::Spread,
         (true, _) => Reason::PrefixMatch,
         (false, true) => Reason::LoadGuard,
         (false, false) => Reason::NoMatch,
@@ -166,7 +195,7 @@ pub fn choose_load_aware(
     let match_percent = if total_blocks == 0 {
         0
     } else {
-        ((u64::from(best.1) * 100) / total_blocks as u64).min(100) as u8
+        ((u64::from(matched) * 100) / total_blocks as u64).min(100) as u8
     };
     Some(Choice {
         pod,
@@ -185,6 +214,8 @@ pub struct PodLoads<'a> {
     pub inflight: &'a [u32],
     /// New prefixes this VM placed on the pod (recently).
     pub placed: &'a [u32],
+    /// Requests this VM sent to the pod (recently).
+    pub sent: &'a [u32],
     /// How much one queued request costs on this pod relative to the
     /// fastest pod, in thousandths (missing or 0 = 1000): a pod whose
     /// requests take 3x as long makes each one queued ahead cost 3x.
@@ -210,6 +241,8 @@ pub(crate) enum Reason {
     NoMatch,
     /// Load imbalance, or every matching pod above the load bound: least loaded pod.
     LoadGuard,
+    /// A hot prefix copied to a less busy pod (load-aware rule 4).
+    Spread,
 }
 
 /// The policy's decision.
@@ -469,6 +502,7 @@ mod tests {
             queue: load,
             inflight: load,
             placed: &[],
+            sent: &[],
             slowness: &[],
         };
         choose_load_aware(
@@ -477,6 +511,7 @@ mod tests {
             &loads,
             matches,
             total,
+            1,
             turn,
             &mut SplitMix64::new(turn as u64),
         )
@@ -491,6 +526,7 @@ mod tests {
             &PodLoads::default(),
             &[],
             0,
+            1,
             0,
             &mut SplitMix64::new(1),
         );
@@ -580,11 +616,21 @@ mod tests {
             queue: &[0, 0],
             inflight: &[3, 1],
             placed: &[],
+            sent: &[],
             slowness: &[],
         };
         for turn in 0..8 {
-            let c = choose_load_aware(&LA, &[0, 1], &loads, &[], 4, turn, &mut SplitMix64::new(1))
-                .unwrap();
+            let c = choose_load_aware(
+                &LA,
+                &[0, 1],
+                &loads,
+                &[],
+                4,
+                1,
+                turn,
+                &mut SplitMix64::new(1),
+            )
+            .unwrap();
             assert_eq!(c.pod, 1);
         }
     }
@@ -595,9 +641,19 @@ mod tests {
             queue: &[0, 0, 0],
             inflight: &[1, 1, 1],
             placed: &[5, 2, 3],
+            sent: &[],
             slowness: &[],
         };
-        let c = choose_load_aware(&LA, &[0, 1, 2], &loads, &[], 4, 0, &mut SplitMix64::new(1));
+        let c = choose_load_aware(
+            &LA,
+            &[0, 1, 2],
+            &loads,
+            &[],
+            4,
+            1,
+            0,
+            &mut SplitMix64::new(1),
+        );
         assert_eq!((c.unwrap().pod, c.unwrap().reason), (1, Reason::NoMatch));
     }
 
@@ -609,12 +665,22 @@ mod tests {
             queue: &[2, 0],
             inflight: &[6, 4],
             placed: &[],
+            sent: &[],
             slowness: &[1000, 1000],
         };
         let pick = |l: &PodLoads<'_>| {
-            choose_load_aware(&LA, &[0, 1], l, &[(0, 10)], 10, 0, &mut SplitMix64::new(1))
-                .unwrap()
-                .pod
+            choose_load_aware(
+                &LA,
+                &[0, 1],
+                l,
+                &[(0, 10)],
+                10,
+                1,
+                0,
+                &mut SplitMix64::new(1),
+            )
+            .unwrap()
+            .pod
         };
         assert_eq!(pick(&loads), 0);
         loads.slowness = &[1500, 1000];
@@ -628,6 +694,77 @@ mod tests {
             seen[usize::from(la(&[0, 1], &[0, 0], &[(0, 4), (1, 4)], 4, turn).pod)] = true;
         }
         assert_eq!(seen, [true, true]);
+    }
+
+    #[test]
+    fn load_aware_traffic_decides_between_equal_pods_before_placements() {
+        let loads = PodLoads {
+            queue: &[0, 0, 0],
+            inflight: &[0, 0, 0],
+            placed: &[1, 9, 9],
+            sent: &[40, 10, 30],
+            slowness: &[],
+        };
+        let c = choose_load_aware(
+            &LA,
+            &[0, 1, 2],
+            &loads,
+            &[],
+            4,
+            1,
+            0,
+            &mut SplitMix64::new(1),
+        );
+        assert_eq!(c.unwrap().pod, 1);
+    }
+
+    #[test]
+    fn load_aware_copies_a_hot_prefix_to_the_least_busy_pod_until_enough_hold_it() {
+        let loads = PodLoads {
+            queue: &[0, 0, 0],
+            inflight: &[0, 0, 0],
+            placed: &[],
+            sent: &[50, 20, 10],
+            slowness: &[],
+        };
+        let pick = |matches: &[(u16, u32)], spread| {
+            choose_load_aware(
+                &LA,
+                &[0, 1, 2],
+                &loads,
+                matches,
+                40,
+                spread,
+                0,
+                &mut SplitMix64::new(1),
+            )
+            .unwrap()
+        };
+        // One pod's share: stay on the holder.
+        assert_eq!(pick(&[(0, 40)], 1).pod, 0);
+        // Two pods' worth of traffic on one holder: copy to the least busy.
+        let c = pick(&[(0, 40), (1, 4)], 2);
+        assert_eq!((c.pod, c.reason, c.match_percent), (2, Reason::Spread, 0));
+        // Two holders (at least half the best match each) are enough.
+        let c = pick(&[(0, 40), (2, 20)], 2);
+        assert_eq!((c.pod, c.reason), (0, Reason::PrefixMatch));
+        // A copy only goes to a pod that carried less traffic than the winner.
+        let quiet = PodLoads {
+            sent: &[5, 20, 10],
+            ..loads
+        };
+        let c = choose_load_aware(
+            &LA,
+            &[0, 1, 2],
+            &quiet,
+            &[(0, 40)],
+            40,
+            3,
+            0,
+            &mut SplitMix64::new(1),
+        )
+        .unwrap();
+        assert_eq!((c.pod, c.reason), (0, Reason::PrefixMatch));
     }
 
     #[test]
@@ -651,6 +788,7 @@ mod tests {
             queue: &[u32::MAX, 0],
             inflight: &[u32::MAX, 0],
             placed: &[u32::MAX, 0],
+            sent: &[u32::MAX, 0],
             slowness: &[u32::MAX, 0],
         };
         let c = choose_load_aware(
@@ -658,6 +796,7 @@ mod tests {
             &[0, 1],
             &loads,
             &[(0, 1)],
+            1,
             1,
             0,
             &mut SplitMix64::new(1),

@@ -63,13 +63,21 @@ pub(crate) struct CasOutcome {
     pub(crate) written: bool,
 }
 
+/// The cas a write passes for a key that was absent when read. Envoy's
+/// shared data ignores the cas of a write to a missing key (it creates it),
+/// and checks it against an existing one: so a creator that lost a race to
+/// another creator gets a mismatch and merges on retry, instead of
+/// overwriting. Envoy hands out cas values 1, 2, ... wrapping past
+/// `u32::MAX`; the one way to lose an update is a concurrent creation
+/// landing exactly on this value (about 1 in 4 billion such races).
+pub(crate) const CREATE_CAS: u32 = u32::MAX;
+
 /// Read-modify-write of one key under CAS with at most `max_attempts` tries.
 ///
-/// `modify` gets the current bytes (None if absent) and returns the new value,
-/// or None to leave the key alone. A key that does not exist yet is first
-/// created empty (unconditional write of `[]`), then updated under CAS: Envoy
-/// accepts any cas for a missing key, so creating with data directly could
-/// silently overwrite a concurrent creator's data.
+/// `modify` gets the current bytes (None if absent or empty) and returns the
+/// new value, or None to leave the key alone. An absent key is created with
+/// the new value in one write, conditional on [`CREATE_CAS`]: one get and one
+/// set per key, created or not.
 pub(crate) fn cas_update<S, F>(
     store: &S,
     key: &str,
@@ -83,21 +91,7 @@ where
     let mut outcome = CasOutcome::default();
     for _ in 0..max_attempts.max(1) {
         let (value, cas) = store.get(key)?;
-        let cas = match cas {
-            Some(cas) => cas,
-            None => {
-                store.set(key, &[], None)?;
-                match store.get(key)? {
-                    (_, Some(cas)) => cas,
-                    (_, None) => {
-                        return Err(StoreError::Host {
-                            key: key.to_string(),
-                            status: "key missing right after create".into(),
-                        })
-                    }
-                }
-            }
-        };
+        let cas = cas.unwrap_or(CREATE_CAS);
         let current = value.as_deref().filter(|v| !v.is_empty());
         let Some(new_value) = modify(current) else {
             return Ok(outcome);
@@ -112,6 +106,47 @@ where
         }
     }
     Err(StoreError::CasMismatch)
+}
+
+/// A [`SharedStore`] view that remembers the last value read of each key
+/// and hands it to the next read of that key once: a read-modify-write
+/// right after a probe read of the same bucket then costs one hostcall
+/// instead of two. A stale remembered value is harmless: its cas no longer
+/// matches, the write fails and [`cas_update`]'s retry reads the store.
+/// Writes forget the key. For one routing decision only (bounded by its
+/// reads).
+pub(crate) struct ReadOnce<'s, S: SharedStore + ?Sized> {
+    store: &'s S,
+    remembered: std::cell::RefCell<Vec<(String, Versioned)>>,
+}
+
+impl<'s, S: SharedStore + ?Sized> ReadOnce<'s, S> {
+    pub(crate) fn new(store: &'s S) -> Self {
+        Self {
+            store,
+            remembered: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl<S: SharedStore + ?Sized> SharedStore for ReadOnce<'_, S> {
+    fn get(&self, key: &str) -> Result<Versioned, StoreError> {
+        let mut remembered = self.remembered.borrow_mut();
+        if let Some(i) = remembered.iter().position(|(k, _)| k == key) {
+            return Ok(remembered.swap_remove(i).1);
+        }
+        drop(remembered);
+        let v = self.store.get(key)?;
+        self.remembered
+            .borrow_mut()
+            .push((key.to_string(), v.clone()));
+        Ok(v)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        self.remembered.borrow_mut().retain(|(k, _)| k != key);
+        self.store.set(key, value, cas)
+    }
 }
 
 /// In-memory [`SharedStore`] with Envoy's cas semantics, for tests and
@@ -240,6 +275,53 @@ mod tests {
             Err(StoreError::CasMismatch)
         );
         assert_eq!(s.get("k").unwrap().0.as_deref(), Some(&b"1"[..]));
+    }
+
+    #[test]
+    fn a_creator_that_loses_the_race_merges_instead_of_overwriting() {
+        let s = MemStore::new();
+        let mut raced = false;
+        let o = cas_update(&s, "k", 3, |cur| {
+            if !raced {
+                // Another worker creates the key between our read and write.
+                raced = true;
+                cas_update(&s, "k", 3, |_| Some(b"B".to_vec())).unwrap();
+            }
+            let mut v = cur.map(<[u8]>::to_vec).unwrap_or_default();
+            v.extend_from_slice(b"A");
+            Some(v)
+        })
+        .unwrap();
+        assert_eq!(o.retries, 1);
+        assert_eq!(s.get("k").unwrap().0.as_deref(), Some(&b"BA"[..]));
+        assert_eq!(
+            s.op_counts(),
+            (3 + 1, 2 + 1),
+            "a create is one get and one set"
+        );
+    }
+
+    #[test]
+    fn read_once_serves_a_probe_read_to_the_next_update_only_once() {
+        let s = MemStore::new();
+        s.set("k", b"1", None).unwrap();
+        let r = ReadOnce::new(&s);
+        assert_eq!(r.get("k").unwrap().0.as_deref(), Some(&b"1"[..]));
+        let before = s.op_counts();
+        cas_update(&r, "k", 3, |_| Some(b"2".to_vec())).unwrap();
+        assert_eq!(s.op_counts().0, before.0, "the update reused the read");
+        // A value changed behind the remembered read: the write fails on
+        // its cas and the retry reads the store.
+        assert_eq!(r.get("k").unwrap().0.as_deref(), Some(&b"2"[..]));
+        s.set("k", b"3", None).unwrap();
+        let o = cas_update(&r, "k", 3, |cur| {
+            let mut v = cur.unwrap().to_vec();
+            v.push(b'+');
+            Some(v)
+        })
+        .unwrap();
+        assert_eq!(o.retries, 1);
+        assert_eq!(s.get("k").unwrap().0.as_deref(), Some(&b"3+"[..]));
     }
 
     #[test]

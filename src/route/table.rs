@@ -3,13 +3,24 @@
 //! table.
 //!
 //! Layout. Envoy cannot delete shared-data keys, so the key space is fixed:
-//! `capacity / 8` bucket keys `ptab/<i>`, each a compact binary value of at
-//! most [`SLOTS_PER_BUCKET`] records of 16 bytes
-//! (`block u64 | model u16 | pod u16 | last_access u32`, little endian, after a
-//! one-byte layout version). A block lives in bucket `block % buckets`. A full
-//! bucket reuses its expired or least recently used slot, so memory stays flat
-//! however many distinct prompts arrive. Writes are read-modify-write under
-//! CAS with bounded retries (see [`crate::route::store::cas_update`]).
+//! `capacity / slots` bucket keys `ptab/<i>`, each a compact binary value of
+//! at most `slots` records of 20 bytes
+//! (`block u64 | anchor u32 | model u16 | pod u16 | last_access u32`, little
+//! endian, after a one-byte layout version). A record lives in bucket
+//! `anchor % buckets`. A full bucket reuses its expired or least recently
+//! used slot, so memory stays flat however many distinct prompts arrive.
+//! Writes are read-modify-write under CAS with bounded retries (see
+//! [`crate::route::store::cas_update`]).
+//!
+//! The anchor chooses the bucket ([`Layout`]). In the per-block layout it is
+//! the block's own hash, so any writer that knows only a block hash (an
+//! AIBrix gateway) can place it. In the segment layout it is the hash of the
+//! first block of the block's *segment* (a run of positions: 16 below the
+//! dense prefix, then one per doubling of the position), so the blocks one
+//! request records share a handful of buckets: a new 8 KB prefix is written
+//! in ~4 read-modify-writes instead of ~40, and probing it reads the same
+//! few buckets. The chain hash makes the anchor a function of the block: a
+//! block hash names its whole prefix, hence its position and its segment.
 //!
 //! A record names its model and pod by `u16` slots of the model and pod
 //! registries ([`crate::route::registry`]): stable names, bounded, reused only long
@@ -17,15 +28,64 @@
 
 use crate::route::store::{cas_update, SharedStore, StoreError};
 
-/// Records per bucket: 8 x 16 bytes keeps one value at 129 bytes, so a
-/// read-modify-write copies little while collisions still have room.
-pub const SLOTS_PER_BUCKET: usize = 8;
-const RECORD_LEN: usize = 16;
-const LAYOUT_VERSION: u8 = 1;
+/// Most records one bucket value holds (the segment layout's).
+pub const MAX_SLOTS_PER_BUCKET: usize = 64;
+/// Bytes of one record in a bucket value.
+pub const RECORD_LEN: usize = 20;
+/// Version byte of a bucket value: a value of another version (an older
+/// module's, after a hot reload) reads as empty.
+const LAYOUT_VERSION: u8 = 2;
+/// Dense positions per segment in the segment layout.
+const DENSE_SEGMENT: usize = 16;
+
+/// How records are spread over buckets (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Bucket by the block's own hash, 8 records per bucket (129-byte
+    /// values): required where other writers know only block hashes.
+    PerBlock,
+    /// Bucket by the segment's first block, 64 records per bucket
+    /// (1,281-byte values): one bucket holds a segment for several pods.
+    Segments,
+}
+
+impl Layout {
+    /// Records per bucket.
+    pub fn slots(self) -> usize {
+        match self {
+            Layout::PerBlock => 8,
+            Layout::Segments => MAX_SLOTS_PER_BUCKET,
+        }
+    }
+
+    /// Position of the block whose hash anchors the block at position `i`
+    /// (always `<= i`): `i` itself per block; else the start of its segment:
+    /// 16 positions wide below `dense`, then two doublings of the position
+    /// wide (`[4^k - 1, 4^(k+1) - 1)`), 16 sampled positions either way
+    /// (see [`crate::route::router::sampled_positions`]).
+    pub fn anchor_position(self, i: usize, dense: usize) -> usize {
+        match self {
+            Layout::PerBlock => i,
+            Layout::Segments if i < dense => i - i % DENSE_SEGMENT,
+            Layout::Segments => {
+                let octave = usize::BITS - 1 - (i + 1).leading_zeros();
+                (1usize << (octave - octave % 2)) - 1
+            }
+        }
+    }
+}
+
+/// The anchor of a block: the low 32 bits of its anchor block's hash.
+pub fn anchor_of(hash: u64) -> u32 {
+    hash as u32
+}
+
 /// One (block, model, pod) fact with the time it was last seen, unix seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record {
     pub(crate) block: u64,
+    /// Chooses the bucket: [`anchor_of`] the block's anchor (see [`Layout`]).
+    pub(crate) anchor: u32,
     pub(crate) model: u16,
     pub pod: u16,
     pub last_access: u32,
@@ -35,14 +95,18 @@ pub struct Record {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableConfig {
     pub buckets: u32,
+    /// Records per bucket ([`Layout::slots`]).
+    pub(crate) slots: usize,
     pub(crate) idle_expiry_secs: u32,
     pub(crate) max_cas_attempts: u32,
 }
 
 impl TableConfig {
-    pub fn new(capacity_blocks: u32, idle_expiry_secs: u32) -> Self {
+    pub fn new(capacity_blocks: u32, idle_expiry_secs: u32, layout: Layout) -> Self {
+        let slots = layout.slots();
         Self {
-            buckets: capacity_blocks.div_ceil(SLOTS_PER_BUCKET as u32).max(1),
+            buckets: capacity_blocks.div_ceil(slots as u32).max(1),
+            slots,
             idle_expiry_secs,
             max_cas_attempts: 8,
         }
@@ -51,7 +115,7 @@ impl TableConfig {
     #[cfg(any(test, feature = "testkit"))]
     /// Total records the table can hold.
     pub fn capacity(&self) -> u64 {
-        u64::from(self.buckets) * SLOTS_PER_BUCKET as u64
+        u64::from(self.buckets) * self.slots as u64
     }
 }
 
@@ -82,34 +146,49 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         Self { store, cfg }
     }
 
-    fn bucket_of(&self, block: u64) -> u32 {
-        (block % u64::from(self.cfg.buckets)) as u32
+    fn bucket_of(&self, anchor: u32) -> u32 {
+        anchor % self.cfg.buckets
     }
 
     fn is_live(&self, r: &Record, now: u32) -> bool {
         r.last_access != 0 && now.saturating_sub(r.last_access) < self.cfg.idle_expiry_secs
     }
 
-    /// Live records of the bucket that holds `block` (any block in it).
-    fn live_bucket(&self, block: u64, now: u32) -> Result<Vec<Record>, StoreError> {
-        let (value, _) = self.store.get(&bucket_key(self.bucket_of(block)))?;
-        let mut records = decode_bucket(value.as_deref().unwrap_or(&[]));
+    /// Live records of the bucket that holds `anchor` (any anchor in it).
+    fn live_bucket(&self, anchor: u32, now: u32) -> Result<Vec<Record>, StoreError> {
+        let (value, _) = self.store.get(&bucket_key(self.bucket_of(anchor)))?;
+        let mut records = decode_bucket(value.as_deref().unwrap_or(&[]), self.cfg.slots);
         records.retain(|r| self.is_live(r, now));
         Ok(records)
     }
 
-    /// Pods that hold `block` for `model`, with their last access, written
-    /// into `out` (cleared first).
+    /// Live records of one anchor for `model` (one read): what a probe
+    /// needs to answer every position of a segment.
+    pub(crate) fn segment(
+        &self,
+        anchor: u32,
+        model: u16,
+        now: u32,
+    ) -> Result<Vec<Record>, StoreError> {
+        let mut records = self.live_bucket(anchor, now)?;
+        records.retain(|r| r.anchor == anchor && r.model == model);
+        Ok(records)
+    }
+
+    /// Pods that hold `block` (anchored at `anchor`) for `model`, with their
+    /// last access, written into `out` (cleared first).
+    #[cfg(test)]
     pub(crate) fn pods_holding(
         &self,
         block: u64,
+        anchor: u32,
         model: u16,
         now: u32,
         out: &mut Vec<(u16, u32)>,
     ) -> Result<(), StoreError> {
         out.clear();
-        for r in self.live_bucket(block, now)? {
-            if r.block == block && r.model == model && !out.iter().any(|(p, _)| *p == r.pod) {
+        for r in self.segment(anchor, model, now)? {
+            if r.block == block && !out.iter().any(|(p, _)| *p == r.pod) {
                 out.push((r.pod, r.last_access));
             }
         }
@@ -117,8 +196,13 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
     }
 
     /// Every live record of one block (all models and pods): the sync export.
-    pub(crate) fn block_records(&self, block: u64, now: u32) -> Result<Vec<Record>, StoreError> {
-        let mut records = self.live_bucket(block, now)?;
+    pub(crate) fn block_records(
+        &self,
+        block: u64,
+        anchor: u32,
+        now: u32,
+    ) -> Result<Vec<Record>, StoreError> {
+        let mut records = self.live_bucket(anchor, now)?;
         records.retain(|r| r.block == block);
         Ok(records)
     }
@@ -130,7 +214,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         for bucket in 0..self.cfg.buckets {
             let (value, _) = self.store.get(&bucket_key(bucket))?;
             out.extend(
-                decode_bucket(value.as_deref().unwrap_or(&[]))
+                decode_bucket(value.as_deref().unwrap_or(&[]), self.cfg.slots)
                     .into_iter()
                     .filter(|r| self.is_live(r, now)),
             );
@@ -138,12 +222,19 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         Ok(out)
     }
 
-    /// Records that `pod` served `blocks` for `model` at `now`.
-    pub(crate) fn record(&self, blocks: &[u64], model: u16, pod: u16, now: u32) -> WriteOutcome {
+    /// Records that `pod` served `blocks` (hash, anchor) for `model` at `now`.
+    pub(crate) fn record(
+        &self,
+        blocks: &[(u64, u32)],
+        model: u16,
+        pod: u16,
+        now: u32,
+    ) -> WriteOutcome {
         let facts: Vec<Record> = blocks
             .iter()
-            .map(|&block| Record {
+            .map(|&(block, anchor)| Record {
                 block,
+                anchor,
                 model,
                 pod,
                 last_access: now,
@@ -159,7 +250,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         let mut by_bucket: Vec<(u32, Record)> = facts
             .iter()
             .filter(|f| self.is_live(f, now))
-            .map(|f| (self.bucket_of(f.block), *f))
+            .map(|f| (self.bucket_of(f.anchor), *f))
             .collect();
         by_bucket.sort_unstable_by_key(|(b, _)| *b);
         for group in by_bucket.chunk_by(|a, b| a.0 == b.0) {
@@ -172,7 +263,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
                 &bucket_key(bucket),
                 self.cfg.max_cas_attempts,
                 |cur| {
-                    let mut records = decode_bucket(cur.unwrap_or(&[]));
+                    let mut records = decode_bucket(cur.unwrap_or(&[]), self.cfg.slots);
                     let used_before = records.iter().filter(|r| r.last_access != 0).count();
                     evictions = 0;
                     refused = 0;
@@ -190,7 +281,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
                     }
                     let used_after = records.iter().filter(|r| r.last_access != 0).count();
                     new_slots = used_after.saturating_sub(used_before) as u32;
-                    changed.then(|| encode_bucket(&records))
+                    changed.then(|| encode_bucket(&records, self.cfg.slots))
                 },
             );
             match res {
@@ -226,7 +317,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
             }
             return Placed::Kept;
         }
-        if records.len() < SLOTS_PER_BUCKET {
+        if records.len() < self.cfg.slots {
             records.push(*fact);
             return Placed::Stored;
         }
@@ -275,29 +366,31 @@ fn bucket_key(bucket: u32) -> String {
     format!("ptab/{bucket}")
 }
 
-/// Decodes a bucket value; unknown versions or torn lengths read as empty
-/// rather than failing the request.
-pub(crate) fn decode_bucket(bytes: &[u8]) -> Vec<Record> {
+/// Decodes a bucket value of at most `slots` records; unknown versions or
+/// torn lengths read as empty rather than failing the request.
+pub(crate) fn decode_bucket(bytes: &[u8], slots: usize) -> Vec<Record> {
     match bytes.split_first() {
         Some((&LAYOUT_VERSION, rest)) => rest
             .chunks_exact(RECORD_LEN)
-            .take(SLOTS_PER_BUCKET)
+            .take(slots)
             .map(|c| Record {
                 block: u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
-                model: u16::from_le_bytes([c[8], c[9]]),
-                pod: u16::from_le_bytes([c[10], c[11]]),
-                last_access: u32::from_le_bytes([c[12], c[13], c[14], c[15]]),
+                anchor: u32::from_le_bytes([c[8], c[9], c[10], c[11]]),
+                model: u16::from_le_bytes([c[12], c[13]]),
+                pod: u16::from_le_bytes([c[14], c[15]]),
+                last_access: u32::from_le_bytes([c[16], c[17], c[18], c[19]]),
             })
             .collect(),
         _ => Vec::new(),
     }
 }
 
-pub(crate) fn encode_bucket(records: &[Record]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(1 + records.len() * RECORD_LEN);
+pub(crate) fn encode_bucket(records: &[Record], slots: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + records.len().min(slots) * RECORD_LEN);
     out.push(LAYOUT_VERSION);
-    for r in records.iter().take(SLOTS_PER_BUCKET) {
+    for r in records.iter().take(slots) {
         out.extend_from_slice(&r.block.to_le_bytes());
+        out.extend_from_slice(&r.anchor.to_le_bytes());
         out.extend_from_slice(&r.model.to_le_bytes());
         out.extend_from_slice(&r.pod.to_le_bytes());
         out.extend_from_slice(&r.last_access.to_le_bytes());
@@ -312,9 +405,15 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    /// Blocks in the per-block layout: each its own anchor.
+    fn own(blocks: &[u64]) -> Vec<(u64, u32)> {
+        blocks.iter().map(|&b| (b, b as u32)).collect()
+    }
+
     fn holders(t: &PrefixTable<'_, MemStore>, block: u64, model: u16, now: u32) -> Vec<u16> {
         let mut v = Vec::new();
-        t.pods_holding(block, model, now, &mut v).unwrap();
+        t.pods_holding(block, block as u32, model, now, &mut v)
+            .unwrap();
         let mut pods: Vec<u16> = v.into_iter().map(|(p, _)| p).collect();
         pods.sort_unstable();
         pods
@@ -323,10 +422,10 @@ mod tests {
     #[test]
     fn record_then_lookup_per_model_and_pod() {
         let s = MemStore::new();
-        let t = PrefixTable::new(&s, TableConfig::new(1024, 60));
-        t.record(&[1, 2, 3], 0, 5, 100);
-        t.record(&[1], 0, 6, 100);
-        t.record(&[1], 1, 7, 100);
+        let t = PrefixTable::new(&s, TableConfig::new(1024, 60, Layout::PerBlock));
+        t.record(&own(&[1, 2, 3]), 0, 5, 100);
+        t.record(&own(&[1]), 0, 6, 100);
+        t.record(&own(&[1]), 1, 7, 100);
         assert_eq!(holders(&t, 1, 0, 101), vec![5, 6]);
         assert_eq!(holders(&t, 3, 0, 101), vec![5]);
         assert_eq!(holders(&t, 1, 1, 101), vec![7]);
@@ -336,21 +435,21 @@ mod tests {
     #[test]
     fn idle_records_expire_and_slots_are_reused() {
         let s = MemStore::new();
-        let t = PrefixTable::new(&s, TableConfig::new(64, 60));
-        t.record(&[42], 0, 1, 1000);
+        let t = PrefixTable::new(&s, TableConfig::new(64, 60, Layout::PerBlock));
+        t.record(&own(&[42]), 0, 1, 1000);
         assert_eq!(holders(&t, 42, 0, 1059), vec![1]);
         assert!(holders(&t, 42, 0, 1060).is_empty());
         // An expired slot is reused rather than counted as new occupancy.
         let fill: Vec<u64> = (0..8).map(|i| 42 + i * 8).collect();
-        let o = t.record(&fill, 0, 2, 2000);
+        let o = t.record(&own(&fill), 0, 2, 2000);
         assert_eq!(o.evictions, 0);
-        assert_eq!(t.block_records(42, 2000).unwrap().len(), 1);
+        assert_eq!(t.block_records(42, 42, 2000).unwrap().len(), 1);
     }
 
     #[test]
     fn capacity_bounds_keys_and_bytes_under_a_flood() {
         let s = MemStore::new();
-        let cfg = TableConfig::new(800, 3600);
+        let cfg = TableConfig::new(800, 3600, Layout::PerBlock);
         let t = PrefixTable::new(&s, cfg);
         let mut x = 0x1234_5678_u64;
         for round in 0..200u32 {
@@ -362,20 +461,20 @@ mod tests {
                     x
                 })
                 .collect();
-            t.record(&blocks, 0, (round % 4) as u16, 10 + round);
+            t.record(&own(&blocks), 0, (round % 4) as u16, 10 + round);
         }
         assert_eq!(s.key_count(), 100, "one key per bucket, never more");
-        assert!(s.value_bytes() <= 100 * (1 + SLOTS_PER_BUCKET * RECORD_LEN));
+        assert!(s.value_bytes() <= 100 * (1 + 8 * RECORD_LEN));
     }
 
     #[test]
     fn full_bucket_evicts_least_recently_used() {
         let s = MemStore::new();
-        let t = PrefixTable::new(&s, TableConfig::new(8, 3600)); // one bucket
+        let t = PrefixTable::new(&s, TableConfig::new(8, 3600, Layout::PerBlock)); // one bucket
         for i in 0..8u64 {
-            t.record(&[i], 0, 0, 100 + i as u32);
+            t.record(&own(&[i]), 0, 0, 100 + i as u32);
         }
-        let o = t.record(&[99], 0, 0, 200);
+        let o = t.record(&own(&[99]), 0, 0, 200);
         assert_eq!(o.evictions, 1);
         assert!(holders(&t, 0, 0, 201).is_empty(), "oldest evicted");
         assert_eq!(holders(&t, 1, 0, 201), vec![0]);
@@ -386,17 +485,18 @@ mod tests {
     #[test]
     fn a_bucket_full_of_this_seconds_records_refuses_and_counts() {
         let s = MemStore::new();
-        let t = PrefixTable::new(&s, TableConfig::new(8, 3600)); // one bucket
-        let o = t.record(&(0..8).collect::<Vec<u64>>(), 0, 0, 100);
+        let t = PrefixTable::new(&s, TableConfig::new(8, 3600, Layout::PerBlock)); // one bucket
+        let o = t.record(&own(&(0..8).collect::<Vec<u64>>()), 0, 0, 100);
         assert_eq!((o.evictions, o.refused), (0, 0));
         // A burst within the same second: nothing older to evict.
-        let o = t.record(&[50, 51], 0, 0, 100);
+        let o = t.record(&own(&[50, 51]), 0, 0, 100);
         assert_eq!((o.evictions, o.refused), (0, 2));
         assert!(holders(&t, 50, 0, 100).is_empty());
         // A pulled fact older than everything held is refused too.
         let o = t.upsert(
             &[Record {
                 block: 60,
+                anchor: 60,
                 model: 0,
                 pod: 1,
                 last_access: 90,
@@ -405,37 +505,45 @@ mod tests {
         );
         assert_eq!(o.refused, 1);
         // The next second evicts the least recently used.
-        let o = t.record(&[50], 0, 0, 101);
+        let o = t.record(&own(&[50]), 0, 0, 101);
         assert_eq!((o.evictions, o.refused), (1, 0));
     }
 
     #[test]
     fn upsert_keeps_newer_time() {
         let s = MemStore::new();
-        let t = PrefixTable::new(&s, TableConfig::new(64, 3600));
+        let t = PrefixTable::new(&s, TableConfig::new(64, 3600, Layout::PerBlock));
         let f = |ts| Record {
             block: 7,
+            anchor: 7,
             model: 0,
             pod: 1,
             last_access: ts,
         };
         t.upsert(&[f(500)], 600);
         t.upsert(&[f(400)], 600);
-        assert_eq!(t.block_records(7, 600).unwrap()[0].last_access, 500);
+        assert_eq!(t.block_records(7, 7, 600).unwrap()[0].last_access, 500);
         t.upsert(&[f(550)], 600);
-        assert_eq!(t.block_records(7, 600).unwrap()[0].last_access, 550);
+        assert_eq!(t.block_records(7, 7, 600).unwrap()[0].last_access, 550);
         // Already expired facts are not written.
-        t.upsert(&[Record { block: 8, ..f(1) }], 600_000);
-        assert!(t.block_records(8, 600_000).unwrap().is_empty());
+        t.upsert(
+            &[Record {
+                block: 8,
+                anchor: 8,
+                ..f(1)
+            }],
+            600_000,
+        );
+        assert!(t.block_records(8, 8, 600_000).unwrap().is_empty());
     }
 
     #[test]
     fn cas_conflict_is_retried_without_losing_the_write() {
         let s = MemStore::new();
-        let t = PrefixTable::new(&s, TableConfig::new(64, 3600));
-        t.record(&[1], 0, 1, 10);
+        let t = PrefixTable::new(&s, TableConfig::new(64, 3600, Layout::PerBlock));
+        t.record(&own(&[1]), 0, 1, 10);
         s.interfere_next(3);
-        let o = t.record(&[1], 0, 2, 11);
+        let o = t.record(&own(&[1]), 0, 2, 11);
         assert_eq!(o.cas_retries, 3);
         assert_eq!(o.failed_buckets, 0);
         assert_eq!(holders(&t, 1, 0, 12), vec![1, 2]);
@@ -444,32 +552,97 @@ mod tests {
     #[test]
     fn cas_exhaustion_is_reported_not_panicked() {
         let s = MemStore::new();
-        let t = PrefixTable::new(&s, TableConfig::new(64, 3600));
-        t.record(&[1], 0, 1, 10);
+        let t = PrefixTable::new(&s, TableConfig::new(64, 3600, Layout::PerBlock));
+        t.record(&own(&[1]), 0, 1, 10);
         s.interfere_next(100);
-        let o = t.record(&[1], 0, 2, 11);
+        let o = t.record(&own(&[1]), 0, 2, 11);
         assert_eq!(o.failed_buckets, 1);
     }
 
     #[test]
     fn new_slots_count_occupancy_growth() {
         let s = MemStore::new();
-        let t = PrefixTable::new(&s, TableConfig::new(1024, 3600));
-        assert_eq!(t.record(&[1, 2, 3], 0, 1, 10).new_slots, 3);
-        assert_eq!(t.record(&[1, 2, 3], 0, 1, 11).new_slots, 0);
+        let t = PrefixTable::new(&s, TableConfig::new(1024, 3600, Layout::PerBlock));
+        assert_eq!(t.record(&own(&[1, 2, 3]), 0, 1, 10).new_slots, 3);
+        assert_eq!(t.record(&own(&[1, 2, 3]), 0, 1, 11).new_slots, 0);
+    }
+
+    #[test]
+    fn anchors_start_segments_and_never_lie_past_the_block() {
+        let seg = Layout::Segments;
+        // Dense: runs of 16.
+        assert_eq!(seg.anchor_position(0, 32), 0);
+        assert_eq!(seg.anchor_position(15, 32), 0);
+        assert_eq!(seg.anchor_position(16, 32), 16);
+        assert_eq!(seg.anchor_position(31, 32), 16);
+        // Past the dense prefix: one segment per two doublings.
+        assert_eq!(seg.anchor_position(32, 32), 15);
+        assert_eq!(seg.anchor_position(62, 32), 15);
+        assert_eq!(seg.anchor_position(63, 32), 63);
+        assert_eq!(seg.anchor_position(254, 32), 63);
+        assert_eq!(seg.anchor_position(255, 32), 255);
+        assert_eq!(seg.anchor_position(3199, 32), 1023);
+        for dense in [0, 1, 7, 32, 100, usize::MAX] {
+            for i in 0..5000 {
+                let a = seg.anchor_position(i, dense);
+                assert!(a <= i, "{i} {dense}");
+                assert_eq!(Layout::PerBlock.anchor_position(i, dense), i);
+            }
+        }
+        // A segment's sampled positions fit one bucket several times over.
+        let sampled = crate::route::router::sampled_positions(4096, 32);
+        let mut per_anchor = std::collections::HashMap::<usize, usize>::new();
+        for &i in &sampled {
+            *per_anchor.entry(seg.anchor_position(i, 32)).or_default() += 1;
+        }
+        assert!(per_anchor.values().all(|&n| n <= 16), "{per_anchor:?}");
+        // Two dense segments, four sparse ones, and the last block (4095),
+        // which starts the next pair of doublings.
+        assert_eq!(per_anchor.len(), 2 + 4 + 1, "{per_anchor:?}");
+    }
+
+    #[test]
+    fn a_segment_is_written_and_read_in_one_bucket_each() {
+        let s = MemStore::new();
+        let t = PrefixTable::new(&s, TableConfig::new(64 * 1000, 3600, Layout::Segments));
+        // 16 blocks of one segment and 8 of another, as one request records.
+        let blocks: Vec<(u64, u32)> = (0..16u64)
+            .map(|b| (1000 + b, 77))
+            .chain((0..8u64).map(|b| (2000 + b, 78)))
+            .collect();
+        let (_, sets) = s.op_counts();
+        let o = t.record(&blocks, 0, 3, 100);
+        assert_eq!(
+            s.op_counts().1 - sets,
+            2,
+            "one write per segment, created or not"
+        );
+        assert_eq!(o.new_slots, 24);
+        let seg = t.segment(77, 0, 101).unwrap();
+        assert_eq!(seg.len(), 16);
+        assert!(seg.iter().all(|r| r.pod == 3 && r.anchor == 77));
+        assert_eq!(t.segment(77, 1, 101).unwrap().len(), 0, "other model");
+        assert_eq!(t.block_records(2003, 78, 101).unwrap().len(), 1);
+        // Four pods holding one dense segment still fit a bucket.
+        for pod in 4..7 {
+            let o = t.record(&blocks[..16], 0, pod, 102);
+            assert_eq!((o.evictions, o.refused), (0, 0));
+        }
+        assert_eq!(t.segment(77, 0, 103).unwrap().len(), 64);
     }
 
     #[test]
     fn garbage_bucket_values_read_as_empty() {
-        assert!(decode_bucket(&[]).is_empty());
-        assert!(decode_bucket(&[9, 1, 2, 3]).is_empty());
-        assert_eq!(decode_bucket(&[LAYOUT_VERSION, 1, 2, 3]).len(), 0);
+        assert!(decode_bucket(&[], 8).is_empty());
+        assert!(decode_bucket(&[9, 1, 2, 3], 8).is_empty());
+        assert_eq!(decode_bucket(&[LAYOUT_VERSION, 1, 2, 3], 8).len(), 0);
         let r = Record {
             block: u64::MAX,
+            anchor: 5,
             model: 3,
             pod: 9,
             last_access: 77,
         };
-        assert_eq!(decode_bucket(&encode_bucket(&[r])), vec![r]);
+        assert_eq!(decode_bucket(&encode_bucket(&[r], 8), 8), vec![r]);
     }
 }

@@ -1,8 +1,8 @@
 //! How workers hand table changes to the sync singleton: after each routing
 //! decision a worker enqueues one small binary message on a shared queue
-//! (`model u16 | pod u16 | time u32 | block u64 ...`, little endian); the
-//! singleton drains the queue into a bounded [`DirtySet`] of block hashes that
-//! the next push exports. Pulls write the table directly and never enqueue,
+//! (`model u16 | pod u16 | time u32 | (block u64 | anchor u32) ...`, little
+//! endian); the singleton drains the queue into a bounded [`DirtySet`] of
+//! blocks that the next push exports. Pulls write the table directly and never enqueue,
 //! so remote facts are not echoed back.
 
 use std::collections::{HashSet, VecDeque};
@@ -16,16 +16,21 @@ pub struct Touched {
     pub(crate) model: u16,
     pub(crate) pod: u16,
     pub(crate) time: u32,
-    pub blocks: Vec<u64>,
+    /// (block hash, anchor): the anchor names the block's table bucket
+    /// (see [`crate::route::table::Layout`]).
+    pub blocks: Vec<(u64, u32)>,
 }
 
+const ENTRY_LEN: usize = 12;
+
 pub fn encode(t: &Touched) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + t.blocks.len() * 8);
+    let mut out = Vec::with_capacity(8 + t.blocks.len() * ENTRY_LEN);
     out.extend_from_slice(&t.model.to_le_bytes());
     out.extend_from_slice(&t.pod.to_le_bytes());
     out.extend_from_slice(&t.time.to_le_bytes());
-    for b in &t.blocks {
+    for (b, a) in &t.blocks {
         out.extend_from_slice(&b.to_le_bytes());
+        out.extend_from_slice(&a.to_le_bytes());
     }
     out
 }
@@ -38,18 +43,23 @@ pub fn decode(bytes: &[u8]) -> Option<Touched> {
         pod: u16::from_le_bytes([head[2], head[3]]),
         time: u32::from_le_bytes([head[4], head[5], head[6], head[7]]),
         blocks: bytes[8..]
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .chunks_exact(ENTRY_LEN)
+            .map(|c| {
+                (
+                    u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+                    u32::from_le_bytes([c[8], c[9], c[10], c[11]]),
+                )
+            })
             .collect(),
     })
 }
 
-/// Block hashes changed since the last successful push, oldest first, at
-/// most `capacity` of them: when full, the oldest is dropped (its Redis key
-/// keeps its TTL; peers may miss that one refresh) and counted.
+/// Blocks (hash, anchor) changed since the last successful push, oldest
+/// first, at most `capacity` of them: when full, the oldest is dropped (its
+/// Redis key keeps its TTL; peers may miss that one refresh) and counted.
 #[derive(Debug)]
 pub struct DirtySet {
-    order: VecDeque<u64>,
+    order: VecDeque<(u64, u32)>,
     members: HashSet<u64>,
     capacity: usize,
     dropped: u64,
@@ -65,13 +75,13 @@ impl DirtySet {
         }
     }
 
-    pub fn mark(&mut self, block: u64) {
+    pub fn mark(&mut self, block: u64, anchor: u32) {
         if !self.members.insert(block) {
             return;
         }
-        self.order.push_back(block);
+        self.order.push_back((block, anchor));
         while self.order.len() > self.capacity {
-            if let Some(old) = self.order.pop_front() {
+            if let Some((old, _)) = self.order.pop_front() {
                 self.members.remove(&old);
                 self.dropped += 1;
             }
@@ -88,8 +98,8 @@ impl DirtySet {
         self.order.is_empty()
     }
 
-    /// The dirty blocks, oldest first (does not clear).
-    pub fn blocks(&self) -> impl Iterator<Item = u64> + '_ {
+    /// The dirty blocks, (hash, anchor), oldest first (does not clear).
+    pub fn blocks(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.order.iter().copied()
     }
 
@@ -100,7 +110,7 @@ impl DirtySet {
             self.members.remove(b);
         }
         let members = &self.members;
-        self.order.retain(|b| members.contains(b));
+        self.order.retain(|(b, _)| members.contains(b));
     }
 
     /// Blocks dropped because the set was full, since creation.
@@ -121,7 +131,7 @@ mod tests {
             model: 3,
             pod: 9,
             time: 1_700_000_000,
-            blocks: vec![1, u64::MAX],
+            blocks: vec![(1, 1), (u64::MAX, u32::MAX)],
         };
         assert_eq!(decode(&encode(&t)), Some(t));
         assert_eq!(decode(&[1, 2, 3]), None);
@@ -131,12 +141,15 @@ mod tests {
     fn dirty_set_is_bounded_and_dedups() {
         let mut d = DirtySet::new(3);
         for b in [1, 2, 2, 3, 4] {
-            d.mark(b);
+            d.mark(b, b as u32 + 10);
         }
-        assert_eq!(d.blocks().collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert_eq!(
+            d.blocks().collect::<Vec<_>>(),
+            vec![(2, 12), (3, 13), (4, 14)]
+        );
         assert_eq!(d.dropped(), 1);
         d.clear(&[2, 4]);
-        assert_eq!(d.blocks().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(d.blocks().collect::<Vec<_>>(), vec![(3, 13)]);
         assert_eq!(d.len(), 1);
     }
 }

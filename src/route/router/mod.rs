@@ -8,8 +8,9 @@
 //! blocks records ~90), plus the last block. A pod that holds a sampled block
 //! held the whole chain up to it (the hash chain's prefix property), so the
 //! longest match per pod is found by galloping then binary search over the
-//! sampled positions: O(pods x log(blocks)) shared-data reads, capped at
-//! [`MAX_PROBES`]. Limits: a match is known to the sampled position just
+//! sampled positions. One shared-data read answers every position of a
+//! segment (see [`crate::route::table::Layout`]), so a probe reads at most
+//! one bucket per segment it visits, capped at [`MAX_PROBES`]. Limits: a match is known to the sampled position just
 //! below its true end (within 1/8 of its length past the dense prefix), and an
 //! eviction hole inside a chain can make the search stop early.
 
@@ -27,8 +28,8 @@ use crate::route::policy::{
 };
 use crate::route::registry::{NameRegistry, SEEN_EVERY_SECS};
 use crate::route::request::PromptRequest;
-use crate::route::store::{SharedStore, StoreError};
-use crate::route::table::{PrefixTable, TableConfig, WriteOutcome};
+use crate::route::store::{ReadOnce, SharedStore, StoreError};
+use crate::route::table::{anchor_of, Layout, PrefixTable, Record, TableConfig, WriteOutcome};
 use crate::signals::SignalView;
 
 /// Most table reads one routing decision may do.
@@ -38,6 +39,10 @@ pub(crate) const MAX_PROBES: usize = 64;
 const PLACED_HALVE_AT: u32 = 256;
 /// Most probe hints one VM keeps (then they start over).
 const MAX_HINTS: usize = 4096;
+/// Requests per window of [`Demand`].
+const DEMAND_WINDOW: u32 = 256;
+/// Fewest requests in [`Demand`]'s two windows before a share is trusted.
+const DEMAND_MIN: u32 = 64;
 
 /// Why routing could not decide.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,9 +76,9 @@ pub struct Routed {
     pub(crate) probes: usize,
     /// Model id in the table, None when the registry is full.
     pub(crate) model: Option<u16>,
-    /// The block hashes written for the chosen pod (sync pushes these): the
-    /// sampled blocks past its fresh matched prefix.
-    pub(crate) recorded: Vec<u64>,
+    /// The blocks written for the chosen pod, (hash, anchor) (sync pushes
+    /// these): the sampled blocks past its fresh matched prefix.
+    pub(crate) recorded: Vec<(u64, u32)>,
     pub(crate) write: WriteOutcome,
 }
 
@@ -84,6 +89,7 @@ pub struct Router {
     fleet: RefCell<FleetView>,
     hasher: BlockHasher,
     table: TableConfig,
+    layout: Layout,
     policy: PolicyConfig,
     /// Model name -> (table id, when it was last marked seen).
     model_ids: RefCell<HashMap<String, (u16, u32)>>,
@@ -99,6 +105,11 @@ pub struct Router {
     /// New prefixes this VM placed per pod slot (load-aware tie-break),
     /// halved whenever one reaches [`PLACED_HALVE_AT`].
     placed: RefCell<Vec<u32>>,
+    /// Requests this VM sent per pod slot (load-aware tie-break and hot
+    /// prefix copies), halved the same way.
+    sent: RefCell<Vec<u32>>,
+    /// Recent traffic per prefix group (load-aware hot prefix copies).
+    demand: RefCell<Demand>,
     /// (model, first block) -> sampled index where the longest match ended
     /// last time: the probe starts there (see [`longest_matches`]).
     hints: RefCell<HashMap<(u16, u64), u32>>,
@@ -108,10 +119,8 @@ impl Router {
     pub fn new(settings: Settings) -> Self {
         Self {
             hasher: BlockHasher::new(settings.block_size, settings.hash_seed),
-            table: TableConfig::new(
-                settings.table_capacity_blocks,
-                settings.table_idle_expiry_secs,
-            ),
+            table: settings.table_config(),
+            layout: settings.table_layout(),
             policy: PolicyConfig {
                 imbalance_abs_count: settings.imbalance_abs_count,
                 stddev_factor: settings.stddev_factor,
@@ -123,6 +132,8 @@ impl Router {
             load: RefCell::new(VmLoad::new(0)),
             signals: RefCell::new(SignalView::default()),
             placed: RefCell::new(Vec::new()),
+            sent: RefCell::new(Vec::new()),
+            demand: RefCell::new(Demand::default()),
             latency: RefCell::new(PodLatency::default()),
             hints: RefCell::new(HashMap::new()),
             settings,
@@ -267,17 +278,27 @@ impl Router {
         }
         let model = self.model_id(store, &req.model, now_secs)?;
         let hashes = self.hasher.hash(&req.prompt);
-        let positions = sampled_positions(hashes.len(), self.settings.dense_prefix_blocks as usize);
-        let table = PrefixTable::new(store, self.table);
+        let dense = self.settings.dense_prefix_blocks as usize;
+        let positions = sampled_positions(hashes.len(), dense);
+        let anchors: Vec<u32> = positions
+            .iter()
+            .map(|&i| anchor_of(hashes[self.layout.anchor_position(i, dense)]))
+            .collect();
+        // The write after the probe reuses its reads of the same buckets.
+        let cached = ReadOnce::new(store);
+        let table = PrefixTable::new(&cached, self.table);
+        let mut share = None;
         let (matches, probes) = match model {
             Some(m) => {
                 let key = (m, hashes.first().copied().unwrap_or(0));
+                share = self.demand.borrow_mut().count(key);
                 let hint = self.hints.borrow().get(&key).copied();
                 let found = longest_matches(
                     &table,
                     &Probe {
                         hashes: &hashes,
                         positions: &positions,
+                        anchors: &anchors,
                         model: m,
                         pool,
                         now: now_secs,
@@ -315,21 +336,29 @@ impl Router {
                     }
                 }
                 let placed = self.placed.borrow();
+                let sent = self.sent.borrow();
                 let slowness = slowness(&self.latency.borrow(), pool);
                 let loads = PodLoads {
                     queue: &queue,
                     inflight: &load,
                     placed: &placed,
+                    sent: &sent,
                     slowness: &slowness,
                 };
-                choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), turn, rng)
+                // Pods the group's traffic needs: more than one once it
+                // sends more than ~1.1 pods' fair share.
+                let spread = share.map_or(1, |s| {
+                    ((s * pool.len() as f64 * 0.9).ceil() as usize).clamp(1, pool.len())
+                });
+                choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), spread, turn, rng)
             }
         }
         .ok_or(RouteError::NoEndpoints)?;
         let advance = usize::from(choice.reason != crate::route::policy::Reason::PrefixMatch);
         if advance == 1 {
-            self.count_placed(choice.pod);
+            bump(&self.placed, choice.pod);
         }
+        bump(&self.sent, choice.pod);
         self.turn.set(Some(turn.wrapping_add(advance)));
         // The chosen pod's matched prefix needs no rewrite while it is fresh:
         // only blocks past the match are new. Refreshing at most every
@@ -340,10 +369,11 @@ impl Router {
             .find(|m| m.pod == choice.pod)
             .filter(|m| now_secs.saturating_sub(m.oldest_access) < self.touch_interval_secs)
             .map_or(0, |m| m.blocks as usize);
-        let recorded: Vec<u64> = positions
+        let recorded: Vec<(u64, u32)> = positions
             .iter()
-            .filter(|&&i| i >= fresh)
-            .map(|&i| hashes[i])
+            .zip(&anchors)
+            .filter(|(&i, _)| i >= fresh)
+            .map(|(&i, &a)| (hashes[i], a))
             .collect();
         let write = match model {
             Some(m) => table.record(&recorded, m, choice.pod, now_secs),
@@ -360,28 +390,67 @@ impl Router {
         })
     }
 
-    /// Counts a new prefix placed on `pod` (bounded: slots past
-    /// [`crate::route::registry::MAX_SLOTS`] are not counted; counts halve at
-    /// [`PLACED_HALVE_AT`]).
-    fn count_placed(&self, pod: u16) {
-        let i = usize::from(pod);
-        if i >= crate::route::registry::MAX_SLOTS {
-            return;
-        }
-        let mut placed = self.placed.borrow_mut();
-        if placed.len() <= i {
-            placed.resize(i + 1, 0);
-        }
-        placed[i] += 1;
-        if placed[i] >= PLACED_HALVE_AT {
-            placed.iter_mut().for_each(|n| *n /= 2);
-        }
-    }
-
     /// Releases one in-flight request on `pod`; returns this VM's new count.
     pub fn release(&self, pod: u16) -> u32 {
         self.latency.borrow_mut().completed(pod);
         self.load.borrow_mut().add(pod, -1)
+    }
+}
+
+/// Counts one for `pod` in per-slot `counts` (bounded: slots past
+/// [`crate::route::registry::MAX_SLOTS`] are not counted; every count
+/// halves when one reaches [`PLACED_HALVE_AT`], so they follow recent
+/// traffic).
+fn bump(counts: &RefCell<Vec<u32>>, pod: u16) {
+    let i = usize::from(pod);
+    if i >= crate::route::registry::MAX_SLOTS {
+        return;
+    }
+    let mut counts = counts.borrow_mut();
+    if counts.len() <= i {
+        counts.resize(i + 1, 0);
+    }
+    counts[i] += 1;
+    if counts[i] >= PLACED_HALVE_AT {
+        counts.iter_mut().for_each(|n| *n /= 2);
+    }
+}
+
+/// Recent requests per prefix group ((model, first block)) and in all,
+/// over the current and the previous window of [`DEMAND_WINDOW`] requests
+/// of this VM: a group's share of traffic. Bounded by [`MAX_HINTS`] groups
+/// (then it starts over).
+#[derive(Debug, Default)]
+struct Demand {
+    window: u64,
+    in_window: u32,
+    previous: u32,
+    /// Group -> (window of `current`, requests in it, in the one before).
+    groups: HashMap<(u16, u64), (u64, u32, u32)>,
+}
+
+impl Demand {
+    /// Counts one request of `group`; its share of the two windows' requests,
+    /// None until they hold [`DEMAND_MIN`].
+    fn count(&mut self, group: (u16, u64)) -> Option<f64> {
+        if self.in_window >= DEMAND_WINDOW {
+            self.window += 1;
+            self.previous = self.in_window;
+            self.in_window = 0;
+        }
+        self.in_window += 1;
+        if self.groups.len() >= MAX_HINTS && !self.groups.contains_key(&group) {
+            self.groups.clear();
+        }
+        let window = self.window;
+        let g = self.groups.entry(group).or_insert((window, 0, 0));
+        if g.0 != window {
+            let previous = if g.0 + 1 == window { g.1 } else { 0 };
+            *g = (window, 0, previous);
+        }
+        g.1 += 1;
+        let total = self.in_window + self.previous;
+        (total >= DEMAND_MIN).then(|| f64::from(g.1 + g.2) / f64::from(total))
     }
 }
 
@@ -453,6 +522,8 @@ pub fn sampled_positions(blocks: usize, dense: usize) -> Vec<usize> {
 struct Probe<'a> {
     hashes: &'a [u64],
     positions: &'a [usize],
+    /// Per sampled index, the anchor of its block (its bucket).
+    anchors: &'a [u32],
     model: u16,
     pool: &'a [u16],
     now: u32,
@@ -477,9 +548,11 @@ fn longest_matches<S: SharedStore + ?Sized>(
         table,
         hashes: p.hashes,
         positions: p.positions,
+        anchors: p.anchors,
         model: p.model,
         now: p.now,
         memo: vec![None; p.positions.len()],
+        segments: Vec::new(),
         probes: 0,
     };
     // Which pods hold the first sampled block at all.
@@ -560,14 +633,18 @@ enum Held {
     OutOfBudget,
 }
 
-/// Memoized table reads at sampled positions, capped at [`MAX_PROBES`].
+/// Memoized table reads: one read per anchor (segment) answers every
+/// sampled position in it; reads are capped at [`MAX_PROBES`].
 struct Prober<'a, 't, S: SharedStore + ?Sized> {
     table: &'a PrefixTable<'t, S>,
     hashes: &'a [u64],
     positions: &'a [usize],
+    anchors: &'a [u32],
     model: u16,
     now: u32,
     memo: Vec<Option<Vec<(u16, u32)>>>,
+    /// The model's live records per anchor read so far.
+    segments: Vec<(u32, Vec<Record>)>,
     probes: usize,
 }
 
@@ -576,17 +653,26 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
     /// None once the probe budget is spent.
     fn pods_at(&mut self, idx: usize) -> Result<Option<&[(u16, u32)]>, StoreError> {
         if self.memo[idx].is_none() {
-            if self.probes >= MAX_PROBES {
-                return Ok(None);
+            let anchor = self.anchors[idx];
+            let seg = match self.segments.iter().position(|(a, _)| *a == anchor) {
+                Some(seg) => seg,
+                None => {
+                    if self.probes >= MAX_PROBES {
+                        return Ok(None);
+                    }
+                    self.probes += 1;
+                    let records = self.table.segment(anchor, self.model, self.now)?;
+                    self.segments.push((anchor, records));
+                    self.segments.len() - 1
+                }
+            };
+            let block = self.hashes[self.positions[idx]];
+            let mut pods: Vec<(u16, u32)> = Vec::new();
+            for r in self.segments[seg].1.iter().filter(|r| r.block == block) {
+                if !pods.iter().any(|(p, _)| *p == r.pod) {
+                    pods.push((r.pod, r.last_access));
+                }
             }
-            self.probes += 1;
-            let mut pods = Vec::new();
-            self.table.pods_holding(
-                self.hashes[self.positions[idx]],
-                self.model,
-                self.now,
-                &mut pods,
-            )?;
             self.memo[idx] = Some(pods);
         }
         Ok(self.memo[idx].as_deref())

@@ -68,7 +68,7 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
     r.release(b.choice.pod);
     assert_eq!(b.choice.pod, a.choice.pod);
     assert_eq!(
-        b.recorded,
+        b.recorded.iter().map(|(h, _)| *h).collect::<Vec<_>>(),
         vec![*r
             .hasher
             .hash(format!("{prefix}bbbb").as_bytes())
@@ -222,4 +222,62 @@ fn store_failure_is_an_error_not_a_panic() {
         r.route(&Broken, &req("abcdefgh"), 1, &mut SplitMix64::new(1)),
         Err(RouteError::Store(_))
     ));
+}
+
+#[test]
+fn demand_is_a_groups_share_of_two_windows_and_forgets_older_ones() {
+    let mut d = Demand::default();
+    let (hot, cold) = ((0, 1), (0, 2));
+    let mut last = None;
+    for i in 0..DEMAND_WINDOW * 2 {
+        let g = if i % 10 < 3 { hot } else { cold };
+        let share = d.count(g);
+        if i + 1 < DEMAND_MIN {
+            assert_eq!(share, None, "too few requests at {i}");
+        }
+        if g == hot {
+            last = share;
+        }
+    }
+    let share = last.unwrap();
+    assert!((share - 0.3).abs() < 0.02, "{share}");
+    // Two windows without it: the group is forgotten.
+    for _ in 0..DEMAND_WINDOW * 2 {
+        d.count(cold);
+    }
+    let share = d.count(hot).unwrap();
+    assert!(share < 0.01, "{share}");
+}
+
+#[test]
+fn a_prefix_with_more_traffic_than_one_pod_is_copied_to_a_second_pod() {
+    let s = MemStore::new();
+    let cfg = r#"{"endpoints":["p:1","p:2","p:3","p:4"],"block_size":4}"#;
+    let r = Router::new(Settings::from_json(cfg.as_bytes()).unwrap());
+    let mut rng = SplitMix64::new(5);
+    let hot = format!("{}{}", "h".repeat(4 * 60), "q");
+    let mut hot_on = std::collections::BTreeSet::new();
+    let mut per_pod = [0u32; 4];
+    let mut spread = 0;
+    for i in 0..400u32 {
+        // 40 % hot, the rest spread over 60 cold tenants.
+        let prompt = if i % 5 < 2 {
+            hot.clone()
+        } else {
+            format!("{:04}{}", i % 60, "c".repeat(4 * 20))
+        };
+        let x = r.route(&s, &req(&prompt), 1000 + i / 50, &mut rng).unwrap();
+        r.release(x.choice.pod);
+        per_pod[usize::from(x.choice.pod)] += 1;
+        if prompt == hot {
+            hot_on.insert(x.choice.pod);
+            spread += u32::from(x.choice.reason == Reason::Spread);
+        }
+    }
+    // 40 % of 4 pods' traffic needs 2 of them (ceil(0.9 x 1.6)): copied
+    // once; the holders then take it by their traffic. Without the copy
+    // its pod would carry 160 + 60 of 400 requests (max/min 3.7).
+    assert_eq!((hot_on.len(), spread), (2, 1), "{hot_on:?} {per_pod:?}");
+    let (lo, hi) = (per_pod.iter().min().unwrap(), per_pod.iter().max().unwrap());
+    assert!(f64::from(*hi) / f64::from(*lo) <= 1.5, "{per_pod:?}");
 }

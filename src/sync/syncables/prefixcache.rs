@@ -12,15 +12,19 @@ use crate::config::Settings;
 use crate::fleet::SharedView;
 use crate::route::registry::{NameRegistry, MAX_SLOTS};
 use crate::route::store::SharedStore;
-use crate::route::table::{PrefixTable, Record, TableConfig};
+use crate::route::table::{anchor_of, Layout, PrefixTable, Record, TableConfig};
 use crate::sync::foreign::ForeignFacts;
 use crate::sync::handoff::{DirtySet, Touched};
 use crate::sync::{Capabilities, Delta, Rejected, Syncable};
 
-/// AIBrix's payload of one block.
+/// AIBrix's payload of one block, plus the block's anchor in the segment
+/// layout (see [`crate::route::table::Layout`]), written only when it is not
+/// the block's own: per-block payloads stay byte for byte AIBrix's.
 #[derive(Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BlockPayload {
     pub model_to_pods: BTreeMap<String, BTreeMap<String, u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<u32>,
 }
 
 /// The prefix table as a syncable.
@@ -58,10 +62,7 @@ impl<S: SharedStore> PrefixCacheSync<S> {
         Self {
             fleet,
             namespace: settings.sync.namespaces.prefixcache.clone(),
-            table: TableConfig::new(
-                settings.table_capacity_blocks,
-                settings.table_idle_expiry_secs,
-            ),
+            table: settings.table_config(),
             store,
             settings,
             clock,
@@ -81,8 +82,8 @@ impl<S: SharedStore> PrefixCacheSync<S> {
 
     /// Marks blocks a worker recorded, for the next push.
     pub(crate) fn mark(&mut self, touched: &Touched) {
-        for b in &touched.blocks {
-            self.dirty.mark(*b);
+        for &(b, a) in &touched.blocks {
+            self.dirty.mark(b, a);
         }
     }
 
@@ -91,16 +92,16 @@ impl<S: SharedStore> PrefixCacheSync<S> {
     /// capacity; returns how many blocks were marked.
     pub(crate) fn mark_all(&mut self) -> usize {
         let table = PrefixTable::new(&self.store, self.table);
-        let mut blocks: Vec<u64> = table
+        let mut blocks: Vec<(u64, u32)> = table
             .all_records(self.now())
             .unwrap_or_default()
             .into_iter()
-            .map(|r| r.block)
+            .map(|r| (r.block, r.anchor))
             .collect();
         blocks.sort_unstable();
-        blocks.dedup();
-        for b in &blocks {
-            self.dirty.mark(*b);
+        blocks.dedup_by_key(|(b, _)| *b);
+        for &(b, a) in &blocks {
+            self.dirty.mark(b, a);
         }
         blocks.len()
     }
@@ -135,17 +136,21 @@ impl<S: SharedStore> PrefixCacheSync<S> {
         models.0.get(usize::from(id)).cloned().flatten()
     }
 
-    /// The payload of `block` as this replica knows it, None if not held.
-    pub(crate) fn payload(&self, block: u64) -> Option<Vec<u8>> {
+    /// The payload of `block` (anchored at `anchor`) as this replica knows
+    /// it, None if not held.
+    pub(crate) fn payload(&self, block: u64, anchor: u32) -> Option<Vec<u8>> {
         let table = PrefixTable::new(&self.store, self.table);
-        let records = table.block_records(block, self.now()).ok()?;
-        self.encode(block, &records)
+        let records = table.block_records(block, anchor, self.now()).ok()?;
+        self.encode(block, anchor, &records)
     }
 
     /// The value of `block`: this replica's records plus the other writers'
     /// entries it pulled. None when this replica holds nothing of it.
-    fn encode(&self, block: u64, records: &[Record]) -> Option<Vec<u8>> {
-        let mut p = BlockPayload::default();
+    fn encode(&self, block: u64, anchor: u32, records: &[Record]) -> Option<Vec<u8>> {
+        let mut p = BlockPayload {
+            anchor: (anchor != anchor_of(block)).then_some(anchor),
+            ..BlockPayload::default()
+        };
         let fleet = self.fleet.borrow();
         for r in records {
             let (Some(model), Some(pod)) = (self.model_name(r.model), fleet.name(r.pod)) else {
@@ -185,7 +190,10 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
         }
         by_block
             .into_iter()
-            .filter_map(|(b, rs)| Some((b.to_string(), self.encode(b, &rs)?)))
+            .filter_map(|(b, rs)| {
+                let anchor = rs.first()?.anchor;
+                Some((b.to_string(), self.encode(b, anchor, &rs)?))
+            })
             .collect()
     }
 
@@ -195,6 +203,12 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
             .map_err(|_| Rejected(format!("id `{id}` is not a u64")))?;
         let p: BlockPayload =
             serde_json::from_slice(payload).map_err(|e| Rejected(format!("block {id}: {e}")))?;
+        // Per block, a block is its own anchor whatever a value says; a
+        // wrong anchor only files the facts where no probe looks.
+        let anchor = match self.settings.table_layout() {
+            Layout::PerBlock => anchor_of(block),
+            Layout::Segments => p.anchor.unwrap_or_else(|| anchor_of(block)),
+        };
         let now = self.now();
         let retire = self.settings.retire_secs();
         let fleet = self.fleet.borrow();
@@ -226,6 +240,7 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
                 };
                 facts.push(Record {
                     block,
+                    anchor,
                     model: model_id,
                     pod,
                     // A time from the future would never idle out and win
@@ -259,8 +274,8 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
         self.foreign.borrow_mut().sweep(horizon);
         let mut updated = Vec::new();
         let mut skipped = Vec::new();
-        for b in self.dirty.blocks() {
-            match self.payload(b) {
+        for (b, a) in self.dirty.blocks() {
+            match self.payload(b, a) {
                 Some(p) => updated.push((b.to_string(), p)),
                 None => skipped.push(b),
             }
@@ -328,13 +343,18 @@ mod tests {
             .unwrap()
     }
 
+    /// Blocks that are their own anchors.
+    fn own(blocks: &[u64]) -> Vec<(u64, u32)> {
+        blocks.iter().map(|&b| (b, anchor_of(b))).collect()
+    }
+
     /// Blocks a worker recorded for model 0 on pod 0.
     fn touched(blocks: &[u64]) -> Touched {
         Touched {
             model: 0,
             pod: 0,
             time: 1,
-            blocks: blocks.to_vec(),
+            blocks: own(blocks),
         }
     }
 
@@ -342,13 +362,16 @@ mod tests {
     fn payload_is_aibrix_shaped_and_merges_newer_time() {
         let (store, s, mut sync) = sync_at(1000);
         let model = model_slot(&store, "llama");
-        let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
-        table.record(&[77], model, 0, 990);
+        let table = PrefixTable::new(
+            &*store,
+            TableConfig::new(s.table_capacity_blocks, 1200, Layout::Segments),
+        );
+        table.record(&own(&[77]), model, 0, 990);
         sync.mark(&Touched {
             model,
             pod: 0,
             time: 990,
-            blocks: vec![77],
+            blocks: own(&[77]),
         });
         let delta = sync.delta();
         assert_eq!(delta.updated.len(), 1);
@@ -361,11 +384,61 @@ mod tests {
         sync.apply_remote("77", br#"{"model_to_pods":{"llama":{"a:1":100000000000,"b:1":995000000000},"other":{"zz:9":1}}}"#)
             .unwrap();
         let mut pods = Vec::new();
-        table.pods_holding(77, model, 1000, &mut pods).unwrap();
+        table.pods_holding(77, 77, model, 1000, &mut pods).unwrap();
         pods.sort_unstable();
         assert_eq!(pods, vec![(0, 990), (1, 995)]);
-        let recs = table.block_records(77, 1000).unwrap();
+        let recs = table.block_records(77, 77, 1000).unwrap();
         assert!(recs.iter().any(|r| r.pod == 0 && r.last_access == 990));
+    }
+
+    #[test]
+    fn a_segment_anchor_travels_with_its_block_and_only_then() {
+        let (store, s, mut sync) = sync_at(1000);
+        let model = model_slot(&store, "llama");
+        let table = PrefixTable::new(&*store, s.table_config());
+        // Block 77 anchored at 5 (the start of its segment).
+        table.record(&[(77, 5)], model, 0, 990);
+        sync.mark(&Touched {
+            model,
+            pod: 0,
+            time: 990,
+            blocks: vec![(77, 5)],
+        });
+        let delta = sync.delta();
+        assert_eq!(
+            String::from_utf8(delta.updated[0].1.clone()).unwrap(),
+            r#"{"model_to_pods":{"llama":{"a:1":990000000000}},"anchor":5}"#
+        );
+        // A peer's value with an anchor lands in that anchor's bucket; one
+        // without (an older writer) in the block's own.
+        sync.apply_remote(
+            "88",
+            br#"{"model_to_pods":{"llama":{"b:1":995000000000}},"anchor":5}"#,
+        )
+        .unwrap();
+        sync.apply_remote("99", br#"{"model_to_pods":{"llama":{"b:1":995000000000}}}"#)
+            .unwrap();
+        let mut pods = Vec::new();
+        table.pods_holding(88, 5, model, 1000, &mut pods).unwrap();
+        assert_eq!(pods, vec![(1, 995)]);
+        table.pods_holding(99, 99, model, 1000, &mut pods).unwrap();
+        assert_eq!(pods, vec![(1, 995)]);
+        // Per block (AIBrix's namespace), a block is its own anchor.
+        let store = Rc::new(MemStore::new());
+        let compat =
+            Rc::new(Settings::from_json(br#"{"compat":"aibrix","cluster":"pods"}"#).unwrap());
+        assert_eq!(compat.table_layout(), Layout::PerBlock);
+        let fleet = view(&store, &s);
+        let mut sync = PrefixCacheSync::new(store.clone(), compat.clone(), fleet, clock(1000), 100);
+        let model = model_slot(&store, "llama");
+        sync.apply_remote(
+            "88",
+            br#"{"model_to_pods":{"llama":{"b:1":995000000000}},"anchor":5}"#,
+        )
+        .unwrap();
+        let table = PrefixTable::new(&*store, compat.table_config());
+        table.pods_holding(88, 88, model, 1000, &mut pods).unwrap();
+        assert_eq!(pods, vec![(1, 995)]);
     }
 
     /// Records block 77 for `llama` on a:1 at 990 and marks it dirty.
@@ -375,13 +448,16 @@ mod tests {
             .unwrap()
             .0[0]
             .unwrap();
-        let table = PrefixTable::new(&**store, TableConfig::new(s.table_capacity_blocks, 1200));
-        table.record(&[77], model, 0, 990);
+        let table = PrefixTable::new(
+            &**store,
+            TableConfig::new(s.table_capacity_blocks, 1200, Layout::Segments),
+        );
+        table.record(&own(&[77]), model, 0, 990);
         sync.mark(&Touched {
             model,
             pod: 0,
             time: 990,
-            blocks: vec![77],
+            blocks: own(&[77]),
         });
     }
 
@@ -436,6 +512,7 @@ mod tests {
             .collect();
         let payload = serde_json::to_vec(&BlockPayload {
             model_to_pods: BTreeMap::from([("llama".to_string(), pods)]),
+            anchor: None,
         })
         .unwrap();
         sync.apply_remote("1", &payload).unwrap();
@@ -482,14 +559,17 @@ mod tests {
         let model = model_slot(&store, "m");
         let forever = format!(r#"{{"model_to_pods":{{"m":{{"a:1":{}}}}}}}"#, u64::MAX);
         sync.apply_remote("9", forever.as_bytes()).unwrap();
-        let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
+        let table = PrefixTable::new(
+            &*store,
+            TableConfig::new(s.table_capacity_blocks, 1200, Layout::Segments),
+        );
         let mut pods = Vec::new();
-        table.pods_holding(9, model, 1000, &mut pods).unwrap();
+        table.pods_holding(9, 9, model, 1000, &mut pods).unwrap();
         assert_eq!(pods, vec![(0, 1000)]);
         // So it idles out like any other fact, and a newer local one wins.
         pods.clear();
         table
-            .pods_holding(9, model, 1000 + 1200, &mut pods)
+            .pods_holding(9, 9, model, 1000 + 1200, &mut pods)
             .unwrap();
         assert!(pods.is_empty());
     }
@@ -508,6 +588,7 @@ mod tests {
                 .collect();
             let payload = serde_json::to_vec(&BlockPayload {
                 model_to_pods: models,
+                anchor: None,
             })
             .unwrap();
             sync.apply_remote(&batch.to_string(), &payload).unwrap();
@@ -524,9 +605,12 @@ mod tests {
     fn mark_all_queues_every_live_block_for_the_next_push() {
         let (store, s, mut sync) = sync_at(1000);
         let model = model_slot(&store, "m");
-        let table = PrefixTable::new(&*store, TableConfig::new(s.table_capacity_blocks, 1200));
-        table.record(&[1, 2, 3], model, 0, 990);
-        table.record(&[3], model, 1, 990);
+        let table = PrefixTable::new(
+            &*store,
+            TableConfig::new(s.table_capacity_blocks, 1200, Layout::Segments),
+        );
+        table.record(&own(&[1, 2, 3]), model, 0, 990);
+        table.record(&own(&[3]), model, 1, 990);
         assert_eq!(sync.mark_all(), 3);
         let ids: Vec<String> = sync.delta().updated.into_iter().map(|(id, _)| id).collect();
         assert_eq!(ids.len(), 3);
@@ -584,7 +668,12 @@ mod tests {
         NameRegistry::models(&*store)
             .intern(&["m"], 1, 100)
             .unwrap();
-        PrefixTable::new(&*store, TableConfig::new(64, 1200)).record(&[1, 2, 3], 0, 0, 100);
+        PrefixTable::new(&*store, TableConfig::new(64, 1200, Layout::Segments)).record(
+            &own(&[1, 2, 3]),
+            0,
+            0,
+            100,
+        );
         let ids: Vec<String> = sync.snapshot().into_iter().map(|(id, _)| id).collect();
         assert_eq!(ids, vec!["1", "2", "3"]);
     }

@@ -2,12 +2,11 @@
 //! through `scripts/bench/start-peer.sh` (which execs the router, so the
 //! child's PID is the router's) and stopped by that PID when dropped.
 
-use std::fs;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use harness::{self, TestDir};
+use harness::{self, Service, TestDir};
 
 /// Which peer router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,7 +39,7 @@ pub fn peers_installed() -> bool {
 
 /// A running peer router.
 pub struct Peer {
-    child: Child,
+    _service: Service,
     pub kind: PeerKind,
     pub port: u16,
     pub metrics_port: u16,
@@ -59,88 +58,41 @@ impl Peer {
         let port = harness::free_port();
         let metrics_port = harness::free_port();
         let log = dir.join(&format!("{}.log", kind.script_name()));
-        let out = fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
         let script = harness::repo_root().join("scripts/bench/start-peer.sh");
-        let child = Command::new(&script)
-            .arg(kind.script_name())
+        let mut cmd = Command::new(&script);
+        cmd.arg(kind.script_name())
             .arg(port.to_string())
             .arg(metrics_port.to_string())
             .arg(policy)
             .args(workers)
-            .current_dir(harness::repo_root())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", script.display()))?;
-        let mut peer = Peer {
-            child,
+            .current_dir(harness::repo_root());
+        let url = format!("http://127.0.0.1:{port}/readiness");
+        let ready = || {
+            harness::get(&url).is_ok_and(|reply| {
+                let healthy = serde_json::from_str::<serde_json::Value>(&reply.body)
+                    .ok()
+                    .and_then(|v| v["healthy_workers"].as_u64());
+                reply.status == 200 && healthy == Some(workers.len() as u64)
+            })
+        };
+        let service = Service::start(
+            kind.script_name(),
+            &mut cmd,
+            log.clone(),
+            Duration::from_secs(90),
+            ready,
+        )?;
+        Ok(Peer {
+            _service: service,
             kind,
             port,
             metrics_port,
             log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let url = format!("http://127.0.0.1:{port}/readiness");
-        loop {
-            if let Ok(Some(status)) = peer.child.try_wait() {
-                return Err(format!(
-                    "{} exited during startup ({status}):\n{}",
-                    kind.script_name(),
-                    harness::tail(&peer.log, 20)
-                ));
-            }
-            if let Ok(reply) = harness::get(&url) {
-                let healthy = serde_json::from_str::<serde_json::Value>(&reply.body)
-                    .ok()
-                    .and_then(|v| v["healthy_workers"].as_u64());
-                if reply.status == 200 && healthy == Some(workers.len() as u64) {
-                    return Ok(peer);
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(format!(
-                    "{} not ready in 90 s:\n{}",
-                    kind.script_name(),
-                    harness::tail(&peer.log, 20)
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        })
     }
 
     /// `http://127.0.0.1:<port>`.
     pub fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn stop(&mut self) {
-        terminate(&mut self.child);
-    }
-}
-
-/// Stops a child we started: SIGTERM by PID, up to 10 s to exit, then SIGKILL.
-pub fn terminate(child: &mut std::process::Child) {
-    if let Ok(None) = child.try_wait() {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        let _ = child.kill();
-    }
-    let _ = child.wait();
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        self.stop();
     }
 }

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
-use envoy_prefix_router::sync::resp::{parse, Frame, ParseError};
+use harness::redis::{parse, Resp};
 use serde::Serialize;
 
 /// Traffic of one class of calls or one command.
@@ -171,7 +171,7 @@ fn relay(client: TcpStream, upstream: u16, counts: &Arc<Mutex<Counts>>) -> io::R
             })
         })
     };
-    let mut on_request = |frame: &Frame, len: usize| on_request(&call, counts, frame, len);
+    let mut on_request = |frame: &Resp, len: usize| on_request(&call, counts, frame, len);
     let sent = pump(client, server, &mut on_request);
     let _ = replies.join();
     sent
@@ -183,7 +183,7 @@ fn relay(client: TcpStream, upstream: u16, counts: &Arc<Mutex<Counts>>) -> io::R
 fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
-    seen: &mut dyn FnMut(&Frame, usize),
+    seen: &mut dyn FnMut(&Resp, usize),
 ) -> io::Result<()> {
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
@@ -197,12 +197,12 @@ fn pump(
             buf.extend_from_slice(&chunk[..n]);
             loop {
                 match parse(&buf) {
-                    Ok((frame, used)) => {
+                    Ok(Some((frame, used))) => {
                         seen(&frame, used);
                         buf.drain(..used);
                     }
-                    Err(ParseError::Incomplete) => break,
-                    Err(ParseError::Protocol(_)) => {
+                    Ok(None) => break,
+                    Err(_) => {
                         broken = true;
                         buf.clear();
                         break;
@@ -218,9 +218,9 @@ fn pump(
     Ok(())
 }
 
-fn on_request(call: &Mutex<Call>, counts: &Mutex<Counts>, frame: &Frame, len: usize) {
+fn on_request(call: &Mutex<Call>, counts: &Mutex<Counts>, frame: &Resp, len: usize) {
     let args: Vec<&[u8]> = match frame {
-        Frame::Array(items) => items.iter().filter_map(Frame::as_bytes).collect(),
+        Resp::Array(Some(items)) => items.iter().filter_map(Resp::bytes).collect(),
         _ => Vec::new(),
     };
     let name = args
@@ -251,7 +251,7 @@ fn on_request(call: &Mutex<Call>, counts: &Mutex<Counts>, frame: &Frame, len: us
     c.by_command.entry(name).or_default().add(&t);
 }
 
-fn on_reply(call: &Mutex<Call>, counts: &Mutex<Counts>, _frame: &Frame, len: usize) {
+fn on_reply(call: &Mutex<Call>, counts: &Mutex<Counts>, _frame: &Resp, len: usize) {
     let (name, class) = call
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -290,7 +290,7 @@ fn namespace_of(name: &str, args: &[&[u8]]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use envoy_prefix_router::sync::resp::encode_command;
+    use harness::redis::encode;
 
     #[test]
     fn namespace_comes_from_the_hash_tag_of_the_key_or_the_scan_pattern() {
@@ -310,12 +310,12 @@ mod tests {
             vec![b"QUIT"],
         ] {
             let mut wire = Vec::new();
-            encode_command(&mut wire, &args);
-            let (frame, used) = parse(&wire).unwrap();
+            encode(&mut wire, &args);
+            let (frame, used) = parse(&wire).unwrap().unwrap();
             on_request(&call, &counts, &frame, used);
         }
         for _ in 0..3 {
-            on_reply(&call, &counts, &Frame::Simple("OK".into()), 5);
+            on_reply(&call, &counts, &Resp::Simple("OK".into()), 5);
         }
         let c = counts.lock().unwrap();
         let w = c.class("write prefixcache");

@@ -5,8 +5,10 @@
 //! replicas + redis-server (periodic or write-through), sglang-router and
 //! vllm-router (`cache_aware`).
 //!
-//! Envoy configs name four pods; with fewer backends the unused endpoints are
-//! removed from the rendered config and from the plugin JSON.
+//! The Envoys are started by the harness's launcher
+//! ([`harness::fleet::launch`]): configs name four pods, and with fewer
+//! backends the unused endpoints are removed from the rendered config and from
+//! the plugin JSON.
 //!
 //! On a live fleet ([`GatewayOptions::eds`]) the Envoy routers run on the
 //! EDS-fed configs instead: round robin on `envoy/plain-eds.yaml`, the filter
@@ -18,11 +20,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::peer::{Peer, PeerKind};
-use harness::fleet::SyncPatch;
-use harness::{self, Envoy, EnvoyOptions, Pod, Ports, Redis, TestDir};
+use harness::fleet::{launch, launch_all, sync_patch, EnvoySpec};
+use harness::{self, Envoy, Pod, Redis, TestDir};
 
 /// One router setup of a comparison.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -226,81 +228,65 @@ impl Gateway {
         if opts.eds && !router.has_eds_variant() {
             return Err(format!("{} has no live-fleet (EDS) variant", router.key()));
         }
-        let sync = |write_through| SyncPatch {
-            period_ms: opts.sync_period_ms,
-            write_through,
-            full_scan_every: 6,
-            poll_ms: None,
+        // The Envoy routers, in front of `backends`.
+        let spec = |name: &str, template: &str, concurrency| {
+            EnvoySpec::new(name, template, backends)
+                .concurrency(concurrency)
+                .log_level("warning")
         };
+        let single = opts.single_concurrency;
         match router {
             Router::RoundRobin => {
-                gw.envoys.push(start_envoy(
-                    dir,
-                    "plain",
-                    if opts.eds {
-                        "plain-eds.yaml"
-                    } else {
-                        "plain.yaml"
-                    },
-                    backends,
-                    0,
-                    opts.single_concurrency,
-                    &mut |_| {},
-                )?);
+                let template = if opts.eds {
+                    "plain-eds.yaml"
+                } else {
+                    "plain.yaml"
+                };
+                gw.envoys
+                    .push(launch(dir, spec("plain", template, single))?.envoy);
             }
             Router::Filter => {
-                gw.envoys.push(start_envoy(
-                    dir,
-                    "filter",
-                    if opts.eds { "eds.yaml" } else { "single.yaml" },
-                    backends,
-                    0,
-                    opts.single_concurrency,
-                    &mut |_| {},
-                )?);
+                let template = if opts.eds { "eds.yaml" } else { "single.yaml" };
+                gw.envoys
+                    .push(launch(dir, spec("filter", template, single))?.envoy);
             }
             Router::FilterAibrix => {
-                gw.envoys.push(start_envoy(
-                    dir,
-                    "filter-aibrix",
-                    "single.yaml",
-                    backends,
-                    0,
-                    opts.single_concurrency,
-                    &mut |c| {
-                        c["policy"] = json!({"mode": "aibrix"});
-                        c["signals"] = json!({"enabled": false});
-                    },
-                )?);
+                let aibrix = spec("filter-aibrix", "single.yaml", single).patch(|c| {
+                    c["policy"] = json!({"mode": "aibrix"});
+                    c["signals"] = json!({"enabled": false});
+                });
+                gw.envoys.push(launch(dir, aibrix)?.envoy);
             }
             Router::Filter3NoSync => {
-                for i in 0..3 {
-                    gw.envoys.push(start_envoy(
-                        dir,
-                        &format!("nosync-{i}"),
-                        "single.yaml",
-                        backends,
-                        0,
-                        opts.replica_concurrency,
-                        &mut |_| {},
-                    )?);
-                }
+                let specs = (0..3)
+                    .map(|i| {
+                        spec(
+                            &format!("nosync-{i}"),
+                            "single.yaml",
+                            opts.replica_concurrency,
+                        )
+                    })
+                    .collect();
+                gw.envoys
+                    .extend(launch_all(dir, specs)?.into_iter().map(|r| r.envoy));
             }
             Router::Filter3Sync | Router::Filter3WriteThrough => {
                 let redis_port = harness::free_port();
                 gw.redis = Some(Redis::start(dir, redis_port, None));
-                let patch = sync(router == Router::Filter3WriteThrough);
-                for i in 0..3 {
-                    gw.envoys.push(start_envoy(
-                        dir,
-                        &format!("sync-{i}"),
-                        "sync.yaml",
-                        backends,
-                        redis_port,
-                        opts.replica_concurrency,
-                        &mut |c| patch.apply(c),
-                    )?);
-                }
+                let write_through = router == Router::Filter3WriteThrough;
+                let patch = sync_patch(
+                    opts.sync_period_ms,
+                    json!({"write_through": write_through, "full_scan_every": 6}),
+                );
+                let specs = (0..3)
+                    .map(|i| {
+                        spec(&format!("sync-{i}"), "sync.yaml", opts.replica_concurrency)
+                            .redis(redis_port)
+                            .merge(patch.clone())
+                    })
+                    .collect();
+                gw.envoys
+                    .extend(launch_all(dir, specs)?.into_iter().map(|r| r.envoy));
                 // Every replica past its first cycle (a change-log position),
                 // as a fleet that has been up for a while.
                 let timeout = Duration::from_millis(opts.sync_period_ms * 3 + 2000);
@@ -430,122 +416,6 @@ fn wait_all_healthy(e: &Envoy, n: usize, filter: bool) -> Result<(), String> {
 /// Sums the same stat over replicas.
 pub fn sum_stat(stats: &[BTreeMap<String, i64>], name: &str) -> i64 {
     stats.iter().filter_map(|s| s.get(name)).sum()
-}
-
-/// Starts one Envoy on `envoy/<template>` with its pods replaced by
-/// `backends` (ports on 127.0.0.1) and Redis at `redis_port`.
-pub fn start_envoy(
-    dir: &TestDir,
-    name: &str,
-    template: &str,
-    backends: &[u16],
-    redis_port: u16,
-    concurrency: u32,
-    patch: &mut dyn FnMut(&mut Value),
-) -> Result<Envoy, String> {
-    if backends.is_empty() || backends.len() > 4 {
-        return Err(format!(
-            "Envoy configs take 1 to 4 backends, not {}",
-            backends.len()
-        ));
-    }
-    let mut pods = [0u16; 4];
-    for (i, slot) in pods.iter_mut().enumerate() {
-        *slot = backends.get(i).copied().unwrap_or_else(harness::free_port);
-    }
-    let unused: Vec<u16> = pods[backends.len()..].to_vec();
-    let endpoints: Vec<String> = backends.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let ports = Ports {
-        listener: harness::free_port(),
-        admin: harness::free_port(),
-        pods,
-        redis_bridge: harness::free_port(),
-        redis: if redis_port == 0 {
-            harness::free_port()
-        } else {
-            redis_port
-        },
-    };
-    let mut plugin = |c: &mut Value| {
-        if c.get("endpoints").is_some() {
-            c["endpoints"] = json!(endpoints);
-        }
-        patch(c);
-    };
-    let rendered = harness::render_config(dir, template, &ports, &mut plugin);
-    let text = std::fs::read_to_string(&rendered).map_err(|e| e.to_string())?;
-    let text = drop_endpoints(&text, &unused);
-    let text = render_sources(&text, dir, name, &ports, &unused, &mut plugin)?;
-    let config = dir.join(&format!("{name}.envoy.yaml"));
-    std::fs::write(&config, text).map_err(|e| e.to_string())?;
-    if rendered != config {
-        let _ = std::fs::remove_file(&rendered);
-    }
-    let options = EnvoyOptions {
-        concurrency,
-        log_level: "warning",
-    };
-    Envoy::start(&config, &ports, dir.join(&format!("{name}.log")), &options)
-        .map_err(|e| format!("Envoy {name}: {e}"))
-}
-
-/// Renders every file a config reads through `path_config_source` from
-/// `envoy/` (eds.yaml's EDS file, lds.yaml's listener) as the config itself
-/// is rendered (ports, module path, plugin JSON, unused endpoints dropped)
-/// into `dir` as `<name>.<path with - for />`, and points the config at it.
-fn render_sources(
-    yaml: &str,
-    dir: &TestDir,
-    name: &str,
-    ports: &Ports,
-    unused: &[u16],
-    plugin: &mut dyn FnMut(&mut Value),
-) -> Result<String, String> {
-    let mut out = yaml.to_string();
-    for rel in config_sources(yaml) {
-        let Some(file) = rel.strip_prefix("envoy/") else {
-            continue;
-        };
-        let text = harness::substitute_ports(&harness::envoy_template(file), ports).replace(
-            harness::WASM_REL_PATH,
-            &harness::wasm_module().display().to_string(),
-        );
-        let text = drop_endpoints(&harness::patch_plugin_json(&text, plugin), unused);
-        let path = dir.join(&format!("{name}.{}", file.replace('/', "-")));
-        std::fs::write(&path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
-        out = out.replace(
-            &format!("path: {rel} "),
-            &format!("path: {} ", path.display()),
-        );
-    }
-    Ok(out)
-}
-
-/// The paths of `path_config_source: { path: <path> }` in a config.
-pub fn config_sources(yaml: &str) -> Vec<String> {
-    const KEY: &str = "path_config_source: { path: ";
-    yaml.lines()
-        .filter_map(|l| l.split_once(KEY))
-        .filter_map(|(_, rest)| rest.split_whitespace().next())
-        .map(str::to_string)
-        .collect()
-}
-
-/// Removes the cluster endpoint lines of the given ports from a rendered
-/// Envoy config.
-pub fn drop_endpoints(yaml: &str, ports: &[u16]) -> String {
-    let mut out: String = yaml
-        .lines()
-        .filter(|l| {
-            !(l.contains("- endpoint:")
-                && ports
-                    .iter()
-                    .any(|p| l.contains(&format!("port_value: {p} "))))
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    out.push('\n');
-    out
 }
 
 /// The simulated pods' latency and cache model (podsim flags).
@@ -686,35 +556,6 @@ mod tests {
             vec![Router::RoundRobin, Router::Filter]
         );
         assert!(parse_routers("filter,nope").is_err());
-    }
-
-    #[test]
-    fn unused_endpoints_are_dropped() {
-        let yaml = "a\n              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 4001 } } }\n              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 4002 } } }\nb: { port_value: 4002 }\n";
-        let out = drop_endpoints(yaml, &[4002]);
-        assert!(out.contains("port_value: 4001 "));
-        assert_eq!(out.matches("- endpoint:").count(), 1);
-        assert!(
-            out.contains("b: { port_value: 4002 }"),
-            "only endpoint lines go"
-        );
-    }
-
-    #[test]
-    fn config_sources_are_found() {
-        let yaml = "a: 1\n          path_config_source: { path: envoy/eds/pods.yaml }\nb: 2\n";
-        assert_eq!(
-            config_sources(yaml),
-            vec!["envoy/eds/pods.yaml".to_string()]
-        );
-        assert!(config_sources("a: 1\n").is_empty());
-        let eds = harness::envoy_template("eds.yaml");
-        assert_eq!(
-            config_sources(&eds),
-            vec!["envoy/eds/pods.yaml".to_string()]
-        );
-        let plain = harness::envoy_template("plain-eds.yaml");
-        assert_eq!(config_sources(&plain), config_sources(&eds));
     }
 
     #[test]

@@ -1,18 +1,288 @@
-//! A fleet: podsim pods, Envoy replicas on rendered `envoy/*.yaml` and
-//! optionally Redis, stopped when the [`Fleet`] drops. Beyond one Envoy on
-//! its own pods: pods with custom flags, several Envoys sharing pods and
-//! Redis, Envoy's PID (for CPU accounting), and sync settings patched into
-//! the plugin JSON.
+//! Envoys started together: [`launch`] (and [`launch_all`], in parallel) is
+//! the one way the tests and the bench start an Envoy among several. Each is
+//! rendered from `envoy/<template>` onto its own listener, admin and bridge
+//! ports, in front of up to four backends on loopback (podsim pods, or
+//! anything else: the config's unused pod endpoints are dropped) and a Redis,
+//! with the plugin JSON patched; the files the config reads through
+//! `path_config_source` (an EDS file, an LDS listener) are rendered alike.
+//!
+//! A [`Fleet`] owns such replicas with the four pods and the Redis they share,
+//! and stops them when it drops.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::{
-    child_with_args, free_port, get, render_config, wait_until, Envoy, EnvoyOptions, Pod, Ports,
-    Redis, TestDir,
+    child_with_args, envoy_template, free_port, get, patch_plugin_json, render_text,
+    substitute_ports, wait_until, with_module_paths, Envoy, EnvoyOptions, Pod, Ports, Redis,
+    TestDir,
 };
+
+/// An edit of every plugin configuration JSON of a config.
+pub type Patch<'a> = Box<dyn FnMut(&mut Value) + Send + 'a>;
+
+/// How to start one Envoy: built with [`EnvoySpec::new`] and its setters,
+/// started by [`launch`].
+pub struct EnvoySpec<'a> {
+    name: String,
+    template: String,
+    options: EnvoyOptions,
+    backends: Vec<u16>,
+    redis: Option<u16>,
+    patches: Vec<Patch<'a>>,
+    plugins: Option<usize>,
+    edits: Vec<(String, String)>,
+}
+
+impl<'a> EnvoySpec<'a> {
+    /// Envoy `name` on `envoy/<template>` in front of `backends` (1 to 4
+    /// ports on 127.0.0.1, in the order of the config's pods), with
+    /// [`EnvoyOptions::default`] and Redis on a port nothing listens on.
+    pub fn new(name: &str, template: &str, backends: &[u16]) -> EnvoySpec<'a> {
+        EnvoySpec {
+            name: name.to_string(),
+            template: template.to_string(),
+            options: EnvoyOptions::default(),
+            backends: backends.to_vec(),
+            redis: None,
+            patches: Vec::new(),
+            plugins: None,
+            edits: Vec::new(),
+        }
+    }
+
+    /// Envoy worker threads.
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.options.concurrency = n;
+        self
+    }
+
+    /// Envoy's log level (`info`, `warning`, ...).
+    pub fn log_level(mut self, level: &'static str) -> Self {
+        self.options.log_level = level;
+        self
+    }
+
+    /// The Redis the config's `redis` cluster points at.
+    pub fn redis(mut self, port: u16) -> Self {
+        self.redis = Some(port);
+        self
+    }
+
+    /// Applies `patch` to every plugin configuration (after the patches
+    /// before it).
+    pub fn patch(mut self, patch: impl FnMut(&mut Value) + Send + 'a) -> Self {
+        self.patches.push(Box::new(patch));
+        self
+    }
+
+    /// Merges `value` (recursively, see [`merge_json`]) into every plugin
+    /// configuration.
+    pub fn merge(self, value: Value) -> Self {
+        self.patch(move |config| merge_json(config, &value))
+    }
+
+    /// Fails the launch unless the config has exactly `n` plugin
+    /// configurations (e.g. 2 on `sync.yaml`: the filter and the singleton).
+    pub fn plugins(mut self, n: usize) -> Self {
+        self.plugins = Some(n);
+        self
+    }
+
+    /// Replaces `from` by `to` in the rendered config (before the files it
+    /// reads are rendered); the launch fails when `from` is not there.
+    pub fn edit(mut self, from: &str, to: &str) -> Self {
+        self.edits.push((from.to_string(), to.to_string()));
+        self
+    }
+}
+
+/// Merges `src` into `dst`: objects key by key, recursively; anything else
+/// replaces what was there.
+pub fn merge_json(dst: &mut Value, src: &Value) {
+    match (dst, src) {
+        (Value::Object(d), Value::Object(s)) => {
+            for (k, v) in s {
+                merge_json(d.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (d, s) => *d = s.clone(),
+    }
+}
+
+/// The plugin patch of a sync period and more `sync` settings (e.g.
+/// `{"write_through": true}`), for [`EnvoySpec::merge`]:
+/// `{"sync": {"period_ms": period_ms, ...more}}`.
+pub fn sync_patch(period_ms: u64, more: Value) -> Value {
+    let mut sync = json!({ "period_ms": period_ms });
+    merge_json(&mut sync, &more);
+    json!({ "sync": sync })
+}
+
+/// Starts one Envoy as `spec` says, its files in `dir` (`<name>.envoy.yaml`,
+/// `<name>.log`), and waits until it is live.
+pub fn launch(dir: &TestDir, spec: EnvoySpec<'_>) -> Result<Replica, String> {
+    let EnvoySpec {
+        name,
+        template,
+        options,
+        backends,
+        redis,
+        mut patches,
+        plugins,
+        edits,
+    } = spec;
+    if backends.is_empty() || backends.len() > 4 {
+        return Err(format!(
+            "Envoy {name}: configs take 1 to 4 backends, not {}",
+            backends.len()
+        ));
+    }
+    let mut pods = [0u16; 4];
+    for (i, slot) in pods.iter_mut().enumerate() {
+        *slot = backends.get(i).copied().unwrap_or_else(free_port);
+    }
+    let unused = &pods[backends.len()..];
+    let endpoints: Vec<String> = backends.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let ports = Ports {
+        listener: free_port(),
+        admin: free_port(),
+        pods,
+        redis_bridge: free_port(),
+        redis: redis.unwrap_or_else(free_port),
+    };
+    let patched = Cell::new(0);
+    let mut plugin = |config: &mut Value| {
+        if config.get("endpoints").is_some() {
+            config["endpoints"] = json!(endpoints);
+        }
+        for patch in &mut patches {
+            patch(config);
+        }
+        patched.set(patched.get() + 1);
+    };
+    let mut text = render_text(&template, &ports, &mut plugin);
+    if let Some(n) = plugins.filter(|&n| n != patched.get()) {
+        return Err(format!(
+            "{template}: {} plugin configurations, not {n}",
+            patched.get()
+        ));
+    }
+    for (from, to) in &edits {
+        if !text.contains(from.as_str()) {
+            return Err(format!("{template} rendered has no {from:?}"));
+        }
+        text = text.replace(from.as_str(), to);
+    }
+    let text = drop_endpoints(&text, unused);
+    let text = render_sources(&text, dir, &name, &ports, unused, &mut plugin)?;
+    let config = dir.join(&format!("{name}.envoy.yaml"));
+    std::fs::write(&config, text).map_err(|e| format!("write {}: {e}", config.display()))?;
+    let log = dir.join(&format!("{name}.log"));
+    let envoy =
+        Envoy::start(&config, &ports, log, &options).map_err(|e| format!("Envoy {name}: {e}"))?;
+    let pid = child_with_args(&["--base-id", &ports.admin.to_string()])
+        .ok_or_else(|| format!("no child process of ours runs Envoy {name}"))?;
+    Ok(Replica {
+        name,
+        envoy,
+        pid,
+        ports,
+    })
+}
+
+/// [`launch`] of every spec at once (each Envoy takes about a second to
+/// start); the replicas in the order of `specs`, or the first error (the
+/// ones started are stopped).
+pub fn launch_all(dir: &TestDir, specs: Vec<EnvoySpec<'_>>) -> Result<Vec<Replica>, String> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = specs
+            .into_iter()
+            .map(|spec| scope.spawn(move || launch(dir, spec)))
+            .collect();
+        let results: Vec<Result<Replica, String>> = handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("an Envoy launch panicked".into()))
+            })
+            .collect();
+        results.into_iter().collect()
+    })
+}
+
+/// Renders every file a config reads through `path_config_source` from
+/// `envoy/` (eds.yaml's EDS file, lds.yaml's listener) as the config itself
+/// is rendered (ports, module path, plugin JSON, unused endpoints dropped)
+/// into `dir` as `<name>.<path with - for />`, and points the config at it.
+fn render_sources(
+    yaml: &str,
+    dir: &TestDir,
+    name: &str,
+    ports: &Ports,
+    unused: &[u16],
+    plugin: &mut dyn FnMut(&mut Value),
+) -> Result<String, String> {
+    let mut out = yaml.to_string();
+    for rel in config_sources(yaml) {
+        let Some(file) = rel.strip_prefix("envoy/") else {
+            continue;
+        };
+        let text = with_module_paths(&substitute_ports(&envoy_template(file), ports));
+        let text = drop_endpoints(&patch_plugin_json(&text, plugin), unused);
+        let path = dir.join(&format!("{name}.{}", file.replace('/', "-")));
+        std::fs::write(&path, text).map_err(|e| format!("write {}: {e}", path.display()))?;
+        out = out.replace(
+            &format!("path: {rel} "),
+            &format!("path: {} ", path.display()),
+        );
+    }
+    Ok(out)
+}
+
+/// The paths of `path_config_source: { path: <path> }` in a config.
+pub fn config_sources(yaml: &str) -> Vec<String> {
+    const KEY: &str = "path_config_source: { path: ";
+    yaml.lines()
+        .filter_map(|l| l.split_once(KEY))
+        .filter_map(|(_, rest)| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Removes the cluster endpoint lines of the given ports from a rendered
+/// Envoy config.
+pub fn drop_endpoints(yaml: &str, ports: &[u16]) -> String {
+    if ports.is_empty() {
+        return yaml.to_string();
+    }
+    let mut out: String = yaml
+        .lines()
+        .filter(|l| {
+            !(l.contains("- endpoint:")
+                && ports
+                    .iter()
+                    .any(|p| l.contains(&format!("port_value: {p} "))))
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    out.push('\n');
+    out
+}
+
+/// Starts podsim pods `pod-1`, `pod-2`, ... on `ports`, with extra podsim
+/// flags.
+pub fn start_pods(dir: &TestDir, ports: &[u16], args: &[&str]) -> Vec<Pod> {
+    ports
+        .iter()
+        .enumerate()
+        .map(|(i, &port)| Pod::start_with(dir, &format!("pod-{}", i + 1), port, args))
+        .collect()
+}
 
 /// One Envoy of the fleet.
 pub struct Replica {
@@ -118,10 +388,8 @@ impl Fleet {
 
     /// Starts the four pods `pod-1`..`pod-4` with extra podsim flags.
     pub fn start_pods(&mut self, args: &[&str]) {
-        for (i, &port) in self.pod_ports.iter().enumerate() {
-            let pod = Pod::start_with(&self.dir, &format!("pod-{}", i + 1), port, args);
-            self.pods.push(pod);
-        }
+        let pods = start_pods(&self.dir, &self.pod_ports, args);
+        self.pods.extend(pods);
     }
 
     /// Starts redis-server (no persistence) on the fleet's Redis port.
@@ -129,63 +397,43 @@ impl Fleet {
         self.redis = Some(Redis::start(&self.dir, self.redis_port, None));
     }
 
-    /// Starts an Envoy on `envoy/<template>` rendered onto the fleet's pods
-    /// and Redis, with `patch` applied to every plugin JSON; returns its index.
+    /// A spec of an Envoy in front of the fleet's pods and Redis (log level
+    /// `warning`), for [`Fleet::launch`].
+    pub fn spec<'a>(&self, name: &str, template: &str) -> EnvoySpec<'a> {
+        EnvoySpec::new(name, template, &self.pod_ports)
+            .redis(self.redis_port)
+            .log_level("warning")
+    }
+
+    /// Starts an Envoy as `spec` says; returns its index.
+    pub fn launch(&mut self, spec: EnvoySpec<'_>) -> usize {
+        let replica = launch(&self.dir, spec).unwrap_or_else(|e| panic!("{e}"));
+        self.replicas.push(replica);
+        self.replicas.len() - 1
+    }
+
+    /// Starts the Envoys of `specs` in parallel; returns their indices.
+    pub fn launch_all(&mut self, specs: Vec<EnvoySpec<'_>>) -> Range<usize> {
+        let start = self.replicas.len();
+        let replicas = launch_all(&self.dir, specs).unwrap_or_else(|e| panic!("{e}"));
+        self.replicas.extend(replicas);
+        start..self.replicas.len()
+    }
+
+    /// An Envoy on `envoy/<template>` in front of the fleet's pods and
+    /// Redis, with `patch` applied to every plugin JSON; returns its index.
     pub fn start_envoy(
         &mut self,
         name: &str,
         template: &str,
         concurrency: u32,
-        patch: &mut dyn FnMut(&mut Value),
+        patch: impl FnMut(&mut Value) + Send,
     ) -> usize {
-        let redis = self.redis_port;
-        self.start_envoy_via(name, template, concurrency, redis, &|yaml| yaml, patch)
-    }
-
-    /// [`Fleet::start_envoy`] with Envoy's Redis cluster on `redis_port`
-    /// (e.g. a counting relay in front of the fleet's Redis) and `edit` applied to the rendered YAML (e.g. to point at an
-    /// EDS file of the fleet's pods).
-    pub fn start_envoy_via(
-        &mut self,
-        name: &str,
-        template: &str,
-        concurrency: u32,
-        redis_port: u16,
-        edit: &dyn Fn(String) -> String,
-        patch: &mut dyn FnMut(&mut Value),
-    ) -> usize {
-        let ports = Ports {
-            listener: free_port(),
-            admin: free_port(),
-            pods: self.pod_ports,
-            redis_bridge: free_port(),
-            redis: redis_port,
-        };
-        // The harness writes `<dir>/<template>`; keep one file per replica.
-        let rendered = render_config(&self.dir, template, &ports, patch);
-        let config = self.dir.join(&format!("{name}.yaml"));
-        let text = std::fs::read_to_string(&rendered).expect("read rendered config");
-        std::fs::write(&config, edit(text)).expect("write rendered config");
-        // (A replica named like its template, `plain` on plain.yaml, is the
-        // rendered file itself.)
-        if rendered != config {
-            let _ = std::fs::remove_file(&rendered);
-        }
-        let options = EnvoyOptions {
-            concurrency,
-            log_level: "warning",
-        };
-        let log = self.dir.join(&format!("{name}.log"));
-        let envoy = Envoy::start(&config, &ports, log, &options).unwrap_or_else(|e| panic!("{e}"));
-        let pid = child_with_args(&["--base-id", &ports.admin.to_string()])
-            .unwrap_or_else(|| panic!("no child process of ours runs Envoy {name}"));
-        self.replicas.push(Replica {
-            name: name.to_string(),
-            envoy,
-            pid,
-            ports,
-        });
-        self.replicas.len() - 1
+        let spec = self
+            .spec(name, template)
+            .concurrency(concurrency)
+            .patch(patch);
+        self.launch(spec)
     }
 
     /// Stops replica `i` (its Envoy exits; the others keep running).
@@ -199,28 +447,48 @@ impl Fleet {
     }
 }
 
-/// Settings of the `sync` object to patch into a plugin configuration.
-#[derive(Clone, Copy, Debug)]
-pub struct SyncPatch {
-    pub period_ms: u64,
-    pub write_through: bool,
-    pub full_scan_every: u32,
-    /// Change-log poll interval between cycles; None keeps the default.
-    pub poll_ms: Option<u64>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl SyncPatch {
-    /// A patch for [`Fleet::start_envoy`]: sets the sync fields present in
-    /// every plugin JSON of `sync.yaml` (filter and singleton alike).
-    pub fn apply(self, config: &mut Value) {
-        let sync = &mut config["sync"];
-        if sync.is_object() {
-            sync["period_ms"] = json!(self.period_ms);
-            sync["write_through"] = json!(self.write_through);
-            sync["full_scan_every"] = json!(self.full_scan_every);
-            if let Some(poll) = self.poll_ms {
-                sync["poll_ms"] = json!(poll);
-            }
-        }
+    #[test]
+    fn unused_endpoints_are_dropped() {
+        let yaml = "a\n              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 4001 } } }\n              - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: 4002 } } }\nb: { port_value: 4002 }\n";
+        let out = drop_endpoints(yaml, &[4002]);
+        assert!(out.contains("port_value: 4001 "));
+        assert_eq!(out.matches("- endpoint:").count(), 1);
+        assert!(
+            out.contains("b: { port_value: 4002 }"),
+            "only endpoint lines go"
+        );
+        assert_eq!(drop_endpoints(yaml, &[]), yaml);
+    }
+
+    #[test]
+    fn config_sources_are_found() {
+        let yaml = "a: 1\n          path_config_source: { path: envoy/eds/pods.yaml }\nb: 2\n";
+        assert_eq!(
+            config_sources(yaml),
+            vec!["envoy/eds/pods.yaml".to_string()]
+        );
+        assert!(config_sources("a: 1\n").is_empty());
+        let eds = envoy_template("eds.yaml");
+        assert_eq!(
+            config_sources(&eds),
+            vec!["envoy/eds/pods.yaml".to_string()]
+        );
+        let plain = envoy_template("plain-eds.yaml");
+        assert_eq!(config_sources(&plain), config_sources(&eds));
+    }
+
+    #[test]
+    fn sync_patch_merges_into_the_sync_object_and_keeps_the_rest() {
+        let mut config = json!({"block_size": 128, "sync": {"enabled": true, "period_ms": 1}});
+        let patch = sync_patch(500, json!({"write_through": true}));
+        merge_json(&mut config, &patch);
+        assert_eq!(
+            config,
+            json!({"block_size": 128, "sync": {"enabled": true, "period_ms": 500, "write_through": true}})
+        );
     }
 }

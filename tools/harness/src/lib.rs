@@ -1,9 +1,10 @@
 //! The process harness shared by the integration tests (`tests/`) and
 //! `prefix-bench`: free loopback ports, `envoy/*.yaml` rendered onto them,
-//! Envoy / podsim / Redis child processes that are killed when dropped, small
-//! HTTP and admin-stats clients, a [`fleet`] of Envoy replicas sharing pods
-//! and Redis, an independent RESP client ([`redis`]) and the AIBrix oracle
-//! ([`aibrix`]).
+//! Envoy / podsim / Redis child processes that are killed when dropped,
+//! scripts run as a [`Service`], small HTTP and admin-stats clients, the one
+//! launcher of Envoys started together and a [`fleet::Fleet`] of them sharing
+//! pods and Redis ([`fleet`]), an independent RESP client ([`redis`]) and the
+//! AIBrix oracle ([`aibrix`]).
 //!
 //! Binaries are found, in order, through an environment variable
 //! (`ENVOY_BIN`, `PODSIM_BIN`, `PREFIX_ROUTER_WASM`, `REFERENCE_FILTER_WASM`,
@@ -337,17 +338,22 @@ fn indent_of(line: &str) -> usize {
     line.len() - line.trim_start_matches(' ').len()
 }
 
-/// Renders `envoy/<name>` for a test: placeholder ports replaced, the wasm
-/// module paths made absolute (so a custom target dir works), plugin JSON
-/// patched. Returns the path of the written file inside `dir`.
+/// `envoy/<name>` with its placeholder ports replaced, the wasm module
+/// paths made absolute (so a custom target dir works) and the plugin JSON
+/// patched.
+pub fn render_text(name: &str, ports: &Ports, patch: &mut dyn FnMut(&mut Value)) -> String {
+    let text = with_module_paths(&substitute_ports(&envoy_template(name), ports));
+    patch_plugin_json(&text, patch)
+}
+
+/// [`render_text`] written to `dir`; returns the path of the written file.
 pub fn render_config(
     dir: &TestDir,
     name: &str,
     ports: &Ports,
     patch: &mut dyn FnMut(&mut Value),
 ) -> PathBuf {
-    let text = with_module_paths(&substitute_ports(&envoy_template(name), ports));
-    let text = patch_plugin_json(&text, patch);
+    let text = render_text(name, ports, patch);
     let path = dir.join(name);
     fs::write(&path, text).expect("write rendered envoy config");
     path
@@ -469,6 +475,88 @@ impl Owned {
 impl Drop for Owned {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A long-running child started by a script (a peer router, a model
+/// server), its output in a log file, stopped when dropped: SIGTERM by its
+/// PID, up to 10 s to exit, then SIGKILL (the scripts exec the server, so the
+/// child's PID is the server's).
+pub struct Service {
+    child: Child,
+    pub name: String,
+    pub log: PathBuf,
+}
+
+impl Service {
+    /// Spawns `cmd` (stdin closed, stdout and stderr to `log`) and polls
+    /// `ready` every 50 ms until it holds; an error, with the log's tail,
+    /// when the child exits first or `timeout` passes.
+    pub fn start(
+        name: &str,
+        cmd: &mut Command,
+        log: PathBuf,
+        timeout: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<Service, String> {
+        let out = fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("spawn {name}: {e}"))?;
+        let mut service = Service {
+            child,
+            name: name.to_string(),
+            log,
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = service.child.try_wait() {
+                return Err(format!(
+                    "{name} exited during startup ({status}):\n{}",
+                    tail(&service.log, 20)
+                ));
+            }
+            if ready() {
+                return Ok(service);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{name} not ready in {} s:\n{}",
+                    timeout.as_secs(),
+                    tail(&service.log, 20)
+                ));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the child (see [`Service`]); dropping does it too.
+    pub fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(self.child.id().to_string())
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(25));
+            }
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -762,6 +850,12 @@ pub struct Redis {
 
 impl Redis {
     pub fn start(dir: &TestDir, port: u16, password: Option<&str>) -> Redis {
+        Redis::start_with(dir, port, password, &[])
+    }
+
+    /// [`Redis::start`] with more redis-server arguments (e.g. a TLS port);
+    /// ready when `port` answers PING.
+    pub fn start_with(dir: &TestDir, port: u16, password: Option<&str>, extra: &[&str]) -> Redis {
         let mut cmd = Command::new(redis_server_bin());
         cmd.current_dir(dir.path())
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -770,6 +864,7 @@ impl Redis {
         if let Some(pw) = password {
             cmd.args(["--requirepass", pw]);
         }
+        cmd.args(extra);
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -782,7 +877,10 @@ impl Redis {
             password: password.map(str::to_string),
         };
         let up = wait_until(STARTUP_TIMEOUT, || {
-            redis.proc.exited().is_some() || redis.command(&["PING"]).is_ok_and(|r| r == "+PONG")
+            redis.proc.exited().is_some()
+                || redis
+                    .command(&["PING"])
+                    .is_ok_and(|r| r == redis::Resp::Simple("PONG".into()))
         });
         assert!(
             up && redis.proc.exited().is_none(),
@@ -792,28 +890,11 @@ impl Redis {
         redis
     }
 
-    /// Sends one command (after AUTH when a password is set) and returns the
-    /// raw reply of that command, CRLF-terminated lines joined as read.
-    pub fn command(&self, args: &[&str]) -> std::io::Result<String> {
-        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut payload = Vec::new();
-        if let Some(pw) = &self.password {
-            payload.extend(resp_command(&["AUTH", pw]));
-        }
-        payload.extend(resp_command(args));
-        payload.extend(resp_command(&["QUIT"]));
-        stream.write_all(&payload)?;
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply)?;
-        let mut lines = reply.split_inclusive("\r\n").collect::<Vec<_>>();
-        if self.password.is_some() && !lines.is_empty() {
-            lines.remove(0); // +OK of AUTH
-        }
-        if lines.last() == Some(&"+OK\r\n") {
-            lines.pop(); // QUIT
-        }
-        Ok(lines.concat().trim_end().to_string())
+    /// Sends one command (after AUTH when a password is set) on a
+    /// connection of its own and returns its reply.
+    pub fn command(&self, args: &[&str]) -> std::io::Result<redis::Resp> {
+        let mut conn = redis::Conn::open(self.port, self.password.as_deref())?;
+        Ok(conn.send(&[redis::text_cmd(args)])?.remove(0))
     }
 
     /// Kills the server now (e.g. to test sync when Redis goes away).
@@ -948,15 +1029,6 @@ fn proxy_one(
     }
     let _ = client_w.shutdown(std::net::Shutdown::Both);
     let _ = up.join();
-}
-
-/// One RESP command as an array of bulk strings.
-pub fn resp_command(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend(format!("${}\r\n{a}\r\n", a.len()).into_bytes());
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------

@@ -1,12 +1,15 @@
-//! A tiny independent RESP2 client for tests (the filter's own codec is
-//! under test): one plain TCP connection per pipeline, AUTH first when a password
-//! is set, QUIT last.
+//! A small RESP2 client of its own, independent of the filter's codec (which
+//! is what the tests check): commands encoded as arrays of bulk strings,
+//! replies parsed incrementally. [`Conn`] keeps one connection open (AUTH
+//! first when a password is set) for pipelines of binary commands, as the
+//! bench's loaders and peers need; [`RedisAt`] opens one per pipeline and ends
+//! it with QUIT, as the tests' checks do.
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::time::Duration;
 
-use super::{resp_command, Redis};
+use super::Redis;
 
 /// One RESP2 reply.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,6 +38,15 @@ impl Resp {
         }
     }
 
+    /// The bytes of a bulk or simple string (`None` for anything else).
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Resp::Bulk(Some(b)) => Some(b),
+            Resp::Simple(s) => Some(s.as_bytes()),
+            _ => None,
+        }
+    }
+
     pub fn items(&self) -> &[Resp] {
         match self {
             Resp::Array(Some(items)) => items,
@@ -43,35 +55,166 @@ impl Resp {
     }
 }
 
-fn parse_resp(buf: &[u8], pos: &mut usize) -> Option<Resp> {
-    let line_end = buf.get(*pos..)?.windows(2).position(|w| w == b"\r\n")? + *pos;
-    let kind = buf[*pos];
-    let line = String::from_utf8_lossy(&buf[*pos + 1..line_end]).into_owned();
-    *pos = line_end + 2;
-    Some(match kind {
+/// Appends one command, an array of bulk strings, to `out`.
+pub fn encode<A: AsRef<[u8]>>(out: &mut Vec<u8>, args: &[A]) {
+    out.extend(format!("*{}\r\n", args.len()).into_bytes());
+    for a in args {
+        let a = a.as_ref();
+        out.extend(format!("${}\r\n", a.len()).into_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Parses one frame at the start of `buf`: `Ok(Some((frame, bytes used)))`,
+/// `Ok(None)` while it is incomplete, `Err` when it is not RESP2.
+pub fn parse(buf: &[u8]) -> Result<Option<(Resp, usize)>, String> {
+    let mut pos = 0;
+    Ok(parse_at(buf, &mut pos)?.map(|frame| (frame, pos)))
+}
+
+fn parse_at(buf: &[u8], pos: &mut usize) -> Result<Option<Resp>, String> {
+    let rest = buf.get(*pos..).unwrap_or_default();
+    let Some(line_len) = rest.windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let Some((&kind, line)) = rest[..line_len].split_first() else {
+        return Err(format!("empty line at byte {pos}"));
+    };
+    let line = String::from_utf8_lossy(line).into_owned();
+    let number = |line: &str| {
+        line.parse::<i64>()
+            .map_err(|_| format!("bad length or integer {line:?}"))
+    };
+    *pos += line_len + 2;
+    Ok(Some(match kind {
         b'+' => Resp::Simple(line),
         b'-' => Resp::Error(line),
-        b':' => Resp::Int(line.parse().ok()?),
-        b'$' => match line.parse::<i64>().ok()? {
-            n if n < 0 => Resp::Bulk(None),
-            n => {
-                let data = buf.get(*pos..*pos + n as usize)?.to_vec();
-                *pos += n as usize + 2;
-                Resp::Bulk(Some(data))
+        b':' => Resp::Int(number(&line)?),
+        b'$' => match usize::try_from(number(&line)?) {
+            Err(_) => Resp::Bulk(None),
+            Ok(n) => {
+                let Some(data) = buf.get(*pos..*pos + n + 2) else {
+                    return Ok(None);
+                };
+                if !data.ends_with(b"\r\n") {
+                    return Err(format!("bulk string of {n} bytes not ended by CRLF"));
+                }
+                *pos += n + 2;
+                Resp::Bulk(Some(data[..n].to_vec()))
             }
         },
-        b'*' => match line.parse::<i64>().ok()? {
-            n if n < 0 => Resp::Array(None),
-            n => {
-                let mut items = Vec::with_capacity(n as usize);
+        b'*' => match usize::try_from(number(&line)?) {
+            Err(_) => Resp::Array(None),
+            Ok(n) => {
+                let mut items = Vec::with_capacity(n.min(1024));
                 for _ in 0..n {
-                    items.push(parse_resp(buf, pos)?);
+                    match parse_at(buf, pos)? {
+                        Some(item) => items.push(item),
+                        None => return Ok(None),
+                    }
                 }
                 Resp::Array(Some(items))
             }
         },
-        _ => return None,
-    })
+        other => return Err(format!("unknown frame type {:?}", other as char)),
+    }))
+}
+
+/// One open connection to a Redis on 127.0.0.1.
+pub struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    /// Connects (and AUTHs, when `password` is set).
+    pub fn open(port: u16, password: Option<&str>) -> io::Result<Conn> {
+        let stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let _ = stream.set_nodelay(true);
+        let mut conn = Conn {
+            stream,
+            buf: Vec::new(),
+        };
+        if let Some(pw) = password {
+            let reply = conn.send(&[cmd(&[b"AUTH", pw.as_bytes()])])?;
+            if reply != [Resp::Simple("OK".into())] {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("AUTH: {reply:?}"),
+                ));
+            }
+        }
+        Ok(conn)
+    }
+
+    /// [`Conn::open`] without a password, panicking when it fails.
+    pub fn connect(port: u16) -> Conn {
+        Conn::open(port, None).unwrap_or_else(|e| panic!("connect to redis :{port}: {e}"))
+    }
+
+    /// Sends `commands` in one write and reads one reply per command, in
+    /// order (error replies included).
+    pub fn send(&mut self, commands: &[Vec<Vec<u8>>]) -> io::Result<Vec<Resp>> {
+        let mut out = Vec::new();
+        for c in commands {
+            encode(&mut out, c);
+        }
+        self.stream.write_all(&out)?;
+        let mut replies = Vec::with_capacity(commands.len());
+        let mut chunk = vec![0u8; 64 * 1024];
+        while replies.len() < commands.len() {
+            match parse(&self.buf) {
+                Ok(Some((frame, used))) => {
+                    self.buf.drain(..used);
+                    replies.push(frame);
+                }
+                Ok(None) => {
+                    let n = self.stream.read(&mut chunk)?;
+                    if n == 0 {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                    self.buf.extend_from_slice(&chunk[..n]);
+                }
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+            }
+        }
+        Ok(replies)
+    }
+
+    /// [`Conn::send`], panicking on an I/O or protocol error.
+    pub fn pipeline(&mut self, commands: &[Vec<Vec<u8>>]) -> Vec<Resp> {
+        self.send(commands)
+            .unwrap_or_else(|e| panic!("redis pipeline: {e}"))
+    }
+
+    /// [`Conn::pipeline`], panicking on any error reply too.
+    pub fn pipeline_ok(&mut self, commands: &[Vec<Vec<u8>>]) -> Vec<Resp> {
+        let replies = self.pipeline(commands);
+        if let Some(Resp::Error(e)) = replies.iter().find(|r| matches!(r, Resp::Error(_))) {
+            panic!("redis error: {e}");
+        }
+        replies
+    }
+
+    /// One command.
+    pub fn command(&mut self, args: &[&[u8]]) -> Resp {
+        self.pipeline(&[cmd(args)]).remove(0)
+    }
+}
+
+/// A command from its parts, as [`Conn::send`] takes it.
+pub fn cmd(parts: &[&[u8]]) -> Vec<Vec<u8>> {
+    parts.iter().map(|p| p.to_vec()).collect()
+}
+
+/// A command from text parts.
+pub fn text_cmd<S: AsRef<str>>(parts: &[S]) -> Vec<Vec<u8>> {
+    parts
+        .iter()
+        .map(|p| p.as_ref().as_bytes().to_vec())
+        .collect()
 }
 
 /// A Redis on 127.0.0.1:`port` (with its password, if any).
@@ -89,39 +232,19 @@ impl RedisAt {
         }
     }
 
-    /// Sends the commands as one pipeline and returns one reply per
-    /// command, error replies included. Panics on I/O errors, a reply that
-    /// does not parse, or a failed AUTH.
+    /// An open connection (AUTHed when a password is set).
+    pub fn connect(&self) -> Conn {
+        Conn::open(self.port, self.password.as_deref())
+            .unwrap_or_else(|e| panic!("connect to redis :{}: {e}", self.port))
+    }
+
+    /// Sends the commands as one pipeline on a connection of its own, QUIT
+    /// last, and returns one reply per command, error replies included.
+    /// Panics on I/O errors, a reply that does not parse, or a failed AUTH.
     pub fn pipeline(&self, commands: &[Vec<String>]) -> Vec<Resp> {
-        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))
-            .unwrap_or_else(|e| panic!("connect to redis :{}: {e}", self.port));
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("read timeout");
-        let mut payload = Vec::new();
-        if let Some(pw) = &self.password {
-            payload.extend(resp_command(&["AUTH", pw]));
-        }
-        for c in commands {
-            let args: Vec<&str> = c.iter().map(String::as_str).collect();
-            payload.extend(resp_command(&args));
-        }
-        payload.extend(resp_command(&["QUIT"]));
-        stream.write_all(&payload).expect("write to redis");
-        let mut buf = Vec::new();
-        stream.read_to_end(&mut buf).expect("read from redis");
-        let mut pos = 0;
-        let mut replies = Vec::new();
-        while pos < buf.len() {
-            match parse_resp(&buf, &mut pos) {
-                Some(r) => replies.push(r),
-                None => panic!("unparsable redis reply at byte {pos} of {}", buf.len()),
-            }
-        }
-        if self.password.is_some() {
-            let auth = replies.remove(0);
-            assert_eq!(auth, Resp::Simple("OK".into()), "AUTH");
-        }
+        let mut all: Vec<Vec<Vec<u8>>> = commands.iter().map(|c| text_cmd(c)).collect();
+        all.push(cmd(&[b"QUIT"]));
+        let mut replies = self.connect().pipeline(&all);
         assert_eq!(replies.pop(), Some(Resp::Simple("OK".into())), "QUIT");
         assert_eq!(replies.len(), commands.len(), "one reply per command");
         replies
@@ -197,5 +320,36 @@ impl RedisAt {
         keys.sort();
         keys.dedup();
         keys
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_parse_whole_or_not_at_all() {
+        let wire = b"*3\r\n$3\r\nSET\r\n$-1\r\n:42\r\n+OK\r\n";
+        let array = Resp::Array(Some(vec![
+            Resp::Bulk(Some(b"SET".to_vec())),
+            Resp::Bulk(None),
+            Resp::Int(42),
+        ]));
+        assert_eq!(parse(wire), Ok(Some((array, wire.len() - 5))));
+        for cut in 0..wire.len() - 5 {
+            assert_eq!(parse(&wire[..cut]), Ok(None), "cut at {cut}");
+        }
+        assert!(parse(b"?x\r\n").is_err());
+        assert!(parse(b"$2\r\nabcd").is_err());
+    }
+
+    #[test]
+    fn commands_encode_as_arrays_of_bulk_strings() {
+        let mut out = Vec::new();
+        encode(&mut out, &cmd(&[b"GET", b"k\r\n"]));
+        assert_eq!(out, b"*2\r\n$3\r\nGET\r\n$3\r\nk\r\n\r\n");
+        let (frame, used) = parse(&out).unwrap().unwrap();
+        assert_eq!(used, out.len());
+        assert_eq!(frame.items()[1].bytes(), Some(&b"k\r\n"[..]));
     }
 }

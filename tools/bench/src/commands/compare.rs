@@ -176,45 +176,18 @@ pub struct CompareArgs {
 }
 
 impl CompareArgs {
-    /// The defaults of `prefix-bench compare` (see main.rs for the flags).
+    /// The defaults of `prefix-bench compare`: its flags' defaults
+    /// ([`CompareCli`]), so they are written down once.
     pub fn defaults() -> CompareArgs {
-        CompareArgs {
-            workloads: WorkloadKind::ALL.to_vec(),
-            routers: Router::ALL.to_vec(),
-            pods: 4,
-            seed: 7,
-            scale: 1.0,
-            rate: None,
-            concurrency: None,
-            load: 0.75,
-            groups: 32,
-            prompts_per_group: 16,
-            system_tokens: 4096,
-            question_tokens: 128,
-            output_tokens: 32,
-            sessions: 32,
-            turns: 8,
-            live_secs: 45.0,
-            live_rate: 20.0,
-            live_groups: 16,
-            high_load: 0.9,
-            pressure_groups: 256,
-            pressure_requests: 512,
-            zipf_exponent: 1.0,
-            slow_factor: 3.0,
-            pod: PodModel {
-                slots: 4,
-                prefill_us_per_token: 50.0,
-                decode_us_per_token: 3000.0,
-                kv_block_tokens: 16,
-                kv_capacity_blocks: 0,
-                time_scale: 1.0,
-            },
-            sync_period_ms: 2000,
-            fresh_connections: true,
-            warm_sync: true,
-            results_dir: None,
+        #[derive(clap::Parser)]
+        struct NoFlags {
+            #[command(flatten)]
+            cli: CompareCli,
         }
+        let flags = <NoFlags as clap::Parser>::try_parse_from(["compare"])
+            .map_err(|e| e.to_string())
+            .and_then(|f| f.cli.into_args());
+        flags.unwrap_or_else(|e| panic!("compare's default flags: {e}"))
     }
 
     /// KV blocks per pod: as given, or (0 = auto) room for 1.5 x this pod's
@@ -350,7 +323,6 @@ pub struct CompareCli {
 impl CompareCli {
     /// The options, or why the flags are invalid.
     pub fn into_args(self) -> Result<CompareArgs, String> {
-        let d = CompareArgs::defaults();
         Ok(CompareArgs {
             workloads: parse_workloads(&self.workloads)?,
             routers: crate::scenario::parse_routers(&self.routers)?,
@@ -381,7 +353,7 @@ impl CompareCli {
                 decode_us_per_token: self.decode_us,
                 kv_capacity_blocks: self.kv_blocks,
                 time_scale: self.time_scale,
-                ..d.pod
+                kv_block_tokens: 16,
             },
             sync_period_ms: self.sync_period_ms,
             fresh_connections: !self.keep_alive,

@@ -40,12 +40,11 @@ use envoy_prefix_router::config::{AIBRIX_BLOCK_SIZE, AIBRIX_DENSE_BLOCKS};
 use envoy_prefix_router::route::router::sampled_positions;
 
 use crate::procstat::cpu_sample;
-use crate::redis_conn::RedisConn;
 use crate::redis_meter::{Counts, RedisMeter, Traffic};
 use crate::report::{num, write_json_in, Table};
 use harness::aibrix::{prefix_text, AibrixReader};
 use harness::fleet::{Fleet, Replica};
-use harness::{self, Ports};
+use harness::redis::{Conn, Resp};
 
 /// The model every request names.
 const MODEL: &str = "llama-3-8b-instruct";
@@ -237,8 +236,7 @@ pub fn run(args: &CompatCostArgs) {
     fleet.start_redis();
     fleet.start_pods(&["--time-scale", "0"]);
     let meter = RedisMeter::start(fleet.redis_port).expect("start the Redis meter");
-    let eds = write_eds(&fleet);
-    let mut redis = RedisConn::connect(fleet.redis_port);
+    let mut redis = Conn::connect(fleet.redis_port);
     let mut next_id = 0u64;
     let mut pushes = Vec::new();
     let mut steady = Vec::new();
@@ -248,7 +246,6 @@ pub fn run(args: &CompatCostArgs) {
                 &mut fleet,
                 &meter,
                 &mut redis,
-                &eds,
                 mode,
                 kib,
                 args,
@@ -264,15 +261,7 @@ pub fn run(args: &CompatCostArgs) {
             );
             pushes.push(cell);
         }
-        let cell = steady_cell(
-            &mut fleet,
-            &meter,
-            &mut redis,
-            &eds,
-            mode,
-            args,
-            &mut next_id,
-        );
+        let cell = steady_cell(&mut fleet, &meter, &mut redis, mode, args, &mut next_id);
         println!(
             "  {} steady: {} keys, {:.0} commands/cycle{}",
             mode.name(),
@@ -308,29 +297,12 @@ pub fn run(args: &CompatCostArgs) {
     );
 }
 
-/// envoy/eds/aibrix-pods.yaml with the fleet's pod ports, in the fleet dir.
-fn write_eds(fleet: &Fleet) -> String {
-    let ports = Ports {
-        listener: 0,
-        admin: 0,
-        pods: fleet.pod_ports,
-        redis_bridge: 0,
-        redis: 0,
-    };
-    let path = harness::repo_root().join("envoy/eds/aibrix-pods.yaml");
-    let text = std::fs::read_to_string(&path).expect("read envoy/eds/aibrix-pods.yaml");
-    let out = fleet.dir.join("aibrix-pods.yaml");
-    std::fs::write(&out, harness::substitute_ports(&text, &ports)).expect("write EDS file");
-    out.display().to_string()
-}
-
 /// A fresh replica of `mode` on a flushed Redis, ready: all pods healthy and
 /// one good cycle done. Returns Redis's `used_memory` when empty.
 fn start_replica(
     fleet: &mut Fleet,
     meter: &RedisMeter,
-    redis: &mut RedisConn,
-    eds: &str,
+    redis: &mut Conn,
     mode: Mode,
     args: &CompatCostArgs,
 ) -> f64 {
@@ -343,10 +315,12 @@ fn start_replica(
     fleet.start_pods(&["--time-scale", "0"]);
     redis.command(&[b"FLUSHALL"]);
     let empty = redis_info(redis).get("used_memory").copied().unwrap_or(0.0);
-    let edit = |yaml: String| yaml.replace("envoy/eds/aibrix-pods.yaml", eds);
-    let i = fleet.start_envoy_via(mode.name(), "aibrix.yaml", 1, meter.port, &edit, &mut |c| {
-        mode.patch(args, c)
-    });
+    // The launcher renders envoy/eds/aibrix-pods.yaml onto the fleet's pods.
+    let spec = fleet
+        .spec(mode.name(), "aibrix.yaml")
+        .redis(meter.port)
+        .patch(move |c| mode.patch(args, c));
+    let i = fleet.launch(spec);
     let r = &fleet.replicas[i];
     let ready = harness::wait_until(DEADLINE, || {
         r.stat("prefix_router.membership.healthy") == PODS && r.cycles_done() >= 1
@@ -355,12 +329,12 @@ fn start_replica(
     empty
 }
 
-fn snapshot(replica: &Replica, meter: &RedisMeter, redis: &mut RedisConn) -> Snapshot {
+fn snapshot(replica: &Replica, meter: &RedisMeter, redis: &mut Conn) -> Snapshot {
     Snapshot {
         meter: meter.snapshot(),
         redis: redis_info(redis),
         dbsize: match redis.command(&[b"DBSIZE"]) {
-            envoy_prefix_router::sync::resp::Frame::Integer(n) => n,
+            Resp::Int(n) => n,
             other => panic!("DBSIZE: {other:?}"),
         },
         stats: replica.stats(),
@@ -369,10 +343,10 @@ fn snapshot(replica: &Replica, meter: &RedisMeter, redis: &mut RedisConn) -> Sna
 }
 
 /// Numeric fields of Redis `INFO` (all default sections).
-fn redis_info(redis: &mut RedisConn) -> BTreeMap<String, f64> {
+fn redis_info(redis: &mut Conn) -> BTreeMap<String, f64> {
     let reply = redis.command(&[b"INFO"]);
     let text = reply
-        .as_bytes()
+        .bytes()
         .map(|b| String::from_utf8_lossy(b).into_owned())
         .unwrap_or_default();
     text.lines()
@@ -517,14 +491,13 @@ fn info_deltas(now: &BTreeMap<String, f64>, then: &BTreeMap<String, f64>) -> BTr
 fn push_cell(
     fleet: &mut Fleet,
     meter: &RedisMeter,
-    redis: &mut RedisConn,
-    eds: &str,
+    redis: &mut Conn,
     mode: Mode,
     kib: usize,
     args: &CompatCostArgs,
     next_id: &mut u64,
 ) -> PushCell {
-    start_replica(fleet, meter, redis, eds, mode, args);
+    start_replica(fleet, meter, redis, mode, args);
     let r = &fleet.replicas[0];
     next_cycle(r);
     let (sum0, count0) = route_time(r);
@@ -574,13 +547,12 @@ fn push_cell(
 fn steady_cell(
     fleet: &mut Fleet,
     meter: &RedisMeter,
-    redis: &mut RedisConn,
-    eds: &str,
+    redis: &mut Conn,
     mode: Mode,
     args: &CompatCostArgs,
     next_id: &mut u64,
 ) -> SteadyCell {
-    let empty = start_replica(fleet, meter, redis, eds, mode, args);
+    let empty = start_replica(fleet, meter, redis, mode, args);
     let r = &fleet.replicas[0];
     let before = r.stats();
     send_prompts(r, args.steady_prompts, args.steady_kib, next_id);

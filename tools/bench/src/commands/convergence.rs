@@ -28,7 +28,7 @@ use crate::percentiles::Summary;
 use crate::report::{num, verdict, write_json, Table};
 use crate::runner::Runner;
 use crate::workload::{completion_body, Api, BodyOptions, Request};
-use harness::fleet::{Fleet, Replica, SyncPatch};
+use harness::fleet::{sync_patch, Fleet, Replica};
 
 /// Target of issue 3 for write-through, ms.
 const TARGET_WRITE_THROUGH_MS: f64 = 250.0;
@@ -169,15 +169,13 @@ fn run_mode(
     let mut fleet = Fleet::new("bench-convergence");
     fleet.start_pods(&["--time-scale", "0"]);
     fleet.start_redis();
-    let sync = SyncPatch {
-        period_ms: args.period_ms,
-        write_through,
-        full_scan_every: 1_000_000,
-        poll_ms: None,
-    };
-    for name in ["replica-a", "replica-b"] {
-        fleet.start_envoy(name, "sync.yaml", 1, &mut |c| sync.apply(c));
-    }
+    let sync = sync_patch(
+        args.period_ms,
+        json!({"write_through": write_through, "full_scan_every": 1_000_000}),
+    );
+    let specs =
+        ["replica-a", "replica-b"].map(|name| fleet.spec(name, "sync.yaml").merge(sync.clone()));
+    fleet.launch_all(specs.into());
     for r in &fleet.replicas {
         r.wait_stat(
             "prefix_router.sync.cycles_ok",

@@ -12,7 +12,7 @@ use crate::percentiles::Summary;
 use crate::report::{num, write_json, Table};
 use crate::runner::{Outcome, Pacing, Runner};
 use crate::workload::{shared_prefix, ApiMix, BodyOptions, Order, SharedPrefix, Streaming};
-use harness::fleet::{Fleet, SyncPatch};
+use harness::fleet::{sync_patch, Fleet};
 
 /// Options of the demo.
 #[derive(Clone, Debug)]
@@ -58,17 +58,19 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &DemoArgs) {
     let wall = Instant::now();
     let mut fleet = Fleet::new("bench-run");
     fleet.start_pods(&["--time-scale", "0.2"]);
-    let sync = SyncPatch {
-        period_ms: args.period_ms,
-        write_through: false,
-        full_scan_every: 6,
-        poll_ms: None,
-    };
+    let sync = sync_patch(
+        args.period_ms,
+        json!({"write_through": false, "full_scan_every": 6}),
+    );
     if args.replicas >= 2 {
         fleet.start_redis();
-        for name in ["replica-a", "replica-b"] {
-            fleet.start_envoy(name, "sync.yaml", 2, &mut |c| sync.apply(c));
-        }
+        let specs = ["replica-a", "replica-b"].map(|name| {
+            fleet
+                .spec(name, "sync.yaml")
+                .concurrency(2)
+                .merge(sync.clone())
+        });
+        fleet.launch_all(specs.into());
         // Let each replica finish its first cycle, so both have a change-log
         // position before the traffic starts.
         for r in &fleet.replicas {
@@ -79,7 +81,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &DemoArgs) {
             );
         }
     } else {
-        fleet.start_envoy("envoy", "single.yaml", 2, &mut |_| {});
+        fleet.start_envoy("envoy", "single.yaml", 2, |_| {});
     }
     let workload = shared_prefix(&SharedPrefix {
         groups: 8,

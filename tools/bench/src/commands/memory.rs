@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::redis_conn::{setex_all, Namespace, RedisConn};
+use crate::redis_writer::{setex_all, Namespace};
 use crate::report::{num, Table};
-use harness::fleet::{Fleet, Replica, SyncPatch};
+use harness::fleet::{sync_patch, Fleet, Replica};
+use harness::redis::Conn;
 use harness::{self, send, CLIENT_TIMEOUT};
 
 #[derive(Clone, Debug)]
@@ -59,8 +60,8 @@ pub fn run(args: &MemoryArgs) {
 fn bodies(args: &MemoryArgs) {
     let mut fleet = Fleet::new("bench-memory");
     fleet.start_pods(&["--time-scale", "0"]);
-    let plain = fleet.start_envoy("plain", "plain.yaml", 1, &mut |_| {});
-    let filter = fleet.start_envoy("filter", "single.yaml", 1, &mut |_| {});
+    let plain = fleet.start_envoy("plain", "plain.yaml", 1, |_| {});
+    let filter = fleet.start_envoy("filter", "single.yaml", 1, |_| {});
     let text = harness::text(91, args.body_mib * 1024 * 1024);
     let mut t = Table::new(
         &format!(
@@ -130,20 +131,16 @@ fn hostile(args: &MemoryArgs) {
     let mut fleet = Fleet::new("bench-memory-sync");
     fleet.start_pods(&["--time-scale", "0"]);
     fleet.start_redis();
-    let patch = SyncPatch {
-        period_ms: 1000,
-        write_through: false,
-        full_scan_every: 6,
-        poll_ms: None,
-    };
-    let i = fleet.start_envoy("sync", "sync.yaml", 1, &mut |c| patch.apply(c));
+    let patch = sync_patch(1000, json!({"write_through": false, "full_scan_every": 6}));
+    let spec = fleet.spec("sync", "sync.yaml").merge(patch);
+    let i = fleet.launch(spec);
     let r = &fleet.replicas[i];
     wait_cycles(r, 2);
     let ns = Namespace {
         prefix: "aibrix".into(),
         ns: "prefixcache".into(),
     };
-    let mut conn = RedisConn::connect(fleet.redis_port);
+    let mut conn = Conn::connect(fleet.redis_port);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);

@@ -15,7 +15,7 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -32,7 +32,7 @@ use crate::runner::Pacing;
 use crate::scenario::{parse_routers, Gateway, GatewayOptions, Router};
 use crate::tagproxy::TagProxy;
 use crate::workload::{shared_prefix, ApiMix, BodyOptions, Order, SharedPrefix, Streaming};
-use harness::{self, TestDir};
+use harness::{self, Service, TestDir};
 
 /// Gemma's tokenizer on the harness's filler text: ~4.5 bytes per token.
 const BYTES_PER_GEMMA_TOKEN: f64 = 4.5;
@@ -76,7 +76,7 @@ pub struct RealCli {
 
 /// One llama-server child, stopped by PID on drop.
 pub struct LlamaServer {
-    child: Child,
+    _service: Service,
     pub port: u16,
     pub log: PathBuf,
 }
@@ -86,37 +86,20 @@ impl LlamaServer {
     pub fn start(dir: &TestDir, name: &str, cache_ram_mib: u32) -> Result<LlamaServer, String> {
         let port = harness::free_port();
         let log = dir.join(&format!("{name}.log"));
-        let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
         let script = harness::repo_root().join("scripts/bench/start-llama.sh");
-        let child = Command::new(&script)
-            .arg(port.to_string())
+        let mut cmd = Command::new(&script);
+        cmd.arg(port.to_string())
             .arg("gemma-270m")
             .env("LLAMA_CACHE_RAM", cache_ram_mib.to_string())
-            .current_dir(harness::repo_root())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", script.display()))?;
-        let mut s = LlamaServer { child, port, log };
+            .current_dir(harness::repo_root());
         let url = format!("http://127.0.0.1:{port}/health");
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok(Some(status)) = s.child.try_wait() {
-                return Err(format!(
-                    "{name} exited during startup ({status}):\n{}",
-                    harness::tail(&s.log, 20)
-                ));
-            }
-            if harness::get(&url).is_ok_and(|r| r.status == 200) {
-                return Ok(s);
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("{name} not healthy in 120 s"));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let ready = || harness::get(&url).is_ok_and(|r| r.status == 200);
+        let service = Service::start(name, &mut cmd, log.clone(), Duration::from_secs(120), ready)?;
+        Ok(LlamaServer {
+            _service: service,
+            port,
+            log,
+        })
     }
 
     /// `llamacpp:*` counters of `/metrics`.
@@ -132,12 +115,6 @@ impl LlamaServer {
                 Some((k.to_string(), v.parse().ok()?))
             })
             .collect()
-    }
-}
-
-impl Drop for LlamaServer {
-    fn drop(&mut self) {
-        crate::peer::terminate(&mut self.child);
     }
 }
 

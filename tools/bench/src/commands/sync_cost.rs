@@ -22,9 +22,10 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::procstat::cpu_sample;
-use crate::redis_conn::{push_like_a_peer, setex_all, Namespace, RedisConn};
+use crate::redis_writer::{push_like_a_peer, setex_all, Namespace};
 use crate::report::{num, verdict, write_json, Table};
-use harness::fleet::{Fleet, Replica, SyncPatch};
+use harness::fleet::{sync_patch, Fleet, Replica};
+use harness::redis::Conn;
 
 /// Target of issue 3: incremental at least this many times cheaper.
 const TARGET_RATIO: f64 = 20.0;
@@ -279,7 +280,7 @@ fn real_costs(args: &SyncCostArgs) -> RealCosts {
     };
 
     let t = Instant::now();
-    let mut conn = RedisConn::connect(fleet.redis_port);
+    let mut conn = Conn::connect(fleet.redis_port);
     let all: Vec<(String, Vec<u8>)> = ids
         .iter()
         .enumerate()
@@ -305,7 +306,7 @@ fn real_costs(args: &SyncCostArgs) -> RealCosts {
         let churn = (args.entities * args.churn_per_mille).div_ceil(1000);
         let period = Duration::from_millis(args.period_ms);
         std::thread::spawn(move || {
-            let mut conn = RedisConn::connect(port);
+            let mut conn = Conn::connect(port);
             let mut round = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 round += 1;
@@ -327,23 +328,18 @@ fn real_costs(args: &SyncCostArgs) -> RealCosts {
     let timeout = Duration::from_millis(args.period_ms * 3 + 60_000);
     let mut modes = Vec::new();
     for (every, cycles) in [(args.full_scan_every, args.cycles), (1, args.full_cycles)] {
-        let patch = SyncPatch {
-            period_ms: args.period_ms,
-            write_through: false,
-            full_scan_every: every,
-            poll_ms: Some(args.poll_ms),
-        };
         let name = format!("reader-every-{every}");
         let rotating =
             (every > 1 && args.scan_keys_per_cycle > 0).then_some(args.scan_keys_per_cycle);
-        let i = fleet.start_envoy(&name, "sync.yaml", 1, &mut |c| {
-            patch.apply(c);
-            if let (Some(n), Some(sync)) = (rotating, c.get_mut("sync")) {
-                if sync.is_object() {
-                    sync["scan_keys_per_cycle"] = json!(n);
-                }
-            }
-        });
+        let mut more =
+            json!({"write_through": false, "full_scan_every": every, "poll_ms": args.poll_ms});
+        if let Some(n) = rotating {
+            more["scan_keys_per_cycle"] = json!(n);
+        }
+        let spec = fleet
+            .spec(&name, "sync.yaml")
+            .merge(sync_patch(args.period_ms, more));
+        let i = fleet.launch(spec);
         let replica = &fleet.replicas[i];
         // Cycle 0 is the startup full scan that loads the namespace; in
         // incremental mode, cycle 1 still scans the podload namespace, whose

@@ -245,10 +245,10 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &OverheadArgs) {
     let mut fleet = Fleet::new("bench-overhead");
     fleet.start_pods(&["--time-scale", "0"]);
     // Start order = side indices (PLAIN, REFERENCE, FILTER, PASSING).
-    fleet.start_envoy("plain", "plain.yaml", 1, &mut |_| {});
-    fleet.start_envoy("reference", "reference.yaml", 1, &mut |_| {});
-    fleet.start_envoy("with-filter", "single.yaml", 1, &mut |_| {});
-    fleet.start_envoy("filter-passing", "single.yaml", 1, &mut |c| {
+    fleet.start_envoy("plain", "plain.yaml", 1, |_| {});
+    fleet.start_envoy("reference", "reference.yaml", 1, |_| {});
+    fleet.start_envoy("with-filter", "single.yaml", 1, |_| {});
+    fleet.start_envoy("filter-passing", "single.yaml", 1, |c| {
         c["max_body_bytes"] = json!(1);
     });
     let urls = fleet.base_urls();
