@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use harness::fleet::{Fleet, Replica};
+use harness::fleet::{sync_patch, Fleet, Replica};
 use harness::{
     completion_body, free_port, redis_server_bin, send, text, wait_until, Reply, CLIENT_TIMEOUT,
 };
@@ -117,6 +117,20 @@ fn start_cluster(dir: &std::path::Path) -> Vec<Node> {
         assert!(ok, "cluster not ok on {}", n.port);
     }
     nodes
+}
+
+/// Replicas `a` and `b` on `envoy/cluster.yaml` (period 1 s, polls every
+/// 100 ms), its seed route to the fleet's Redis port.
+fn start_replicas(fleet: &mut Fleet) {
+    let specs = ["a", "b"]
+        .iter()
+        .map(|name| {
+            fleet
+                .spec(name, "cluster.yaml")
+                .merge(sync_patch(PERIOD_MS, json!({ "poll_ms": 100 })))
+        })
+        .collect();
+    fleet.launch_all(specs);
 }
 
 fn node_id(port: u16) -> String {
@@ -261,14 +275,7 @@ fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
     fleet.start_pods(&["--time-scale", "0"]);
     // The seed route (calls naming no node) goes to the first master.
     fleet.redis_port = nodes[0].port;
-    let patch = json!({ "period_ms": PERIOD_MS, "poll_ms": 100 });
-    for name in ["a", "b"] {
-        fleet.start_envoy(name, "cluster.yaml", 1, &mut |config| {
-            for (k, v) in patch.as_object().into_iter().flatten() {
-                config["sync"][k] = v.clone();
-            }
-        });
-    }
+    start_replicas(&mut fleet);
     let (a, b) = (&fleet.replicas[0], &fleet.replicas[1]);
     for r in [a, b] {
         let ok = wait_until(Duration::from_secs(10), || {
@@ -427,12 +434,7 @@ fn a_master_killed_its_replica_promoted_sync_resumes_and_clients_never_fail() {
     assert!(linked, "replica never synced with its master");
     fleet.start_pods(&["--time-scale", "0"]);
     fleet.redis_port = nodes[0].port;
-    for name in ["a", "b"] {
-        fleet.start_envoy(name, "cluster.yaml", 1, &mut |config| {
-            config["sync"]["period_ms"] = json!(PERIOD_MS);
-            config["sync"]["poll_ms"] = json!(100);
-        });
-    }
+    start_replicas(&mut fleet);
     let (a, b) = (&fleet.replicas[0], &fleet.replicas[1]);
     for r in [a, b] {
         let ok = wait_until(Duration::from_secs(10), || sync_stat(r, "cycles_ok") >= 1);
