@@ -93,18 +93,21 @@ pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
 ///    queueing its extra load costs (`slowness`: how much longer this pod's
 ///    requests take than the fastest pod's);
 /// 3. the highest score wins; ties go to the longer match, then the lower
-///    load, then fewer in flight (fresh, where reports lag), then the pod
-///    this VM sent fewer requests to recently (`sent`: spreads traffic,
-///    not only prefixes), then the pod it placed fewer new prefixes on
-///    (`placed`, so no pod's cache holds more than its share); remaining
+///    load, then the pod this VM sent fewer requests to recently (`sent`:
+///    a prefix placed now draws its later requests there, so long-run
+///    traffic decides between pods that queue nothing), then fewer in
+///    flight (fresh, where reports lag), then the pod it placed fewer new
+///    prefixes on (`placed`, so no pod's cache holds more than its share); remaining
 ///    ties among unmatched pods rotate with `turn` (as in [`choose`]),
 ///    among matched pods they are shuffled;
-/// 4. a hot prefix is copied: when the prompt's prefix group needs
-///    `spread` pods (its share of recent traffic is more than one pod's)
-///    and fewer eligible pods hold at least half the best match, the
-///    eligible non-holder with the lowest (load, sent) takes it if it
-///    carried less traffic than the winner. Later requests of the group
-///    tie on the match and go to the less busy holder.
+/// 4. a hot prefix is copied. The prompt's prefix group (`share`: its
+///    part of this VM's recent requests) needs `ceil(0.9 x share x pods)`
+///    pods, and two when it is big (at least half a pod's share) and its
+///    one holder carries over 1.25x its share of the traffic (`sent`). When fewer pods of the pool hold at least half the
+///    best match, the eligible non-holder with the lowest (load, sent)
+///    takes the request if it carried less traffic than the winner and
+///    less than its share. Later requests of the group tie on the match
+///    and go to the holder with less traffic.
 ///
 /// Reason: `PrefixMatch` when the chosen pod holds part of the prompt,
 /// `Spread` when a hot prefix is copied (rule 4), `LoadGuard` when another
@@ -117,7 +120,7 @@ pub fn choose_load_aware(
     loads: &PodLoads<'_>,
     matches: &[(u16, u32)],
     total_blocks: usize,
-    spread: usize,
+    share: f64,
     turn: usize,
     rng: &mut SplitMix64,
 ) -> Option<Choice> {
@@ -148,15 +151,15 @@ pub fn choose_load_aware(
             / 1000;
         i64::from(matched_of(pod)) - cost
     };
-    // (score, match, -load, -in flight, -sent, -placed) decides; equal
+    // (score, match, -load, -sent, -in flight, -placed) decides; equal
     // keys tie.
     let key = |pod: u16| {
         (
             score(pod),
             matched_of(pod),
             std::cmp::Reverse(load_of(pod)),
-            std::cmp::Reverse(at(loads.inflight, pod)),
             std::cmp::Reverse(at(loads.sent, pod)),
+            std::cmp::Reverse(at(loads.inflight, pod)),
             std::cmp::Reverse(at(loads.placed, pod)),
         )
     };
@@ -171,14 +174,24 @@ pub fn choose_load_aware(
     };
     let mut matched = best.1;
     let mut spread_now = false;
-    if matched > 0 && spread > 1 {
+    let n = pool.len();
+    let fair = share * n as f64;
+    if matched > 0 && fair >= 0.5 {
         let holds = |p: u16| u64::from(matched_of(p)) * 2 >= u64::from(matched);
-        let holders = eligible.clone().filter(|&p| holds(p)).count();
+        // Holders over the whole pool: one briefly above the bound still
+        // holds the prefix, and copying past it would make a third copy.
+        let holders = pool.iter().filter(|&&p| holds(p)).count();
+        let sent = |p: u16| u64::from(at(loads.sent, p)) * n as u64;
+        let total: u64 = pool.iter().map(|&p| u64::from(at(loads.sent, p))).sum();
+        let mut wanted = ((fair * 0.9).ceil() as usize).clamp(1, n);
+        if holders == 1 && sent(pod) * 4 > total * 5 {
+            wanted = wanted.max(2);
+        }
         let copy_to = eligible
             .filter(|&p| !holds(p))
             .min_by_key(|&p| (load_of(p), at(loads.sent, p), at(loads.placed, p)));
         if let Some(c) =
-            copy_to.filter(|&c| holders < spread && at(loads.sent, c) < at(loads.sent, pod))
+            copy_to.filter(|&c| holders < wanted && sent(c) < sent(pod) && sent(c) < total)
         {
             pod = c;
             matched = matched_of(c);
@@ -511,7 +524,7 @@ mod tests {
             &loads,
             matches,
             total,
-            1,
+            0.0,
             turn,
             &mut SplitMix64::new(turn as u64),
         )
@@ -526,7 +539,7 @@ mod tests {
             &PodLoads::default(),
             &[],
             0,
-            1,
+            0.0,
             0,
             &mut SplitMix64::new(1),
         );
@@ -626,7 +639,7 @@ mod tests {
                 &loads,
                 &[],
                 4,
-                1,
+                0.0,
                 turn,
                 &mut SplitMix64::new(1),
             )
@@ -650,7 +663,7 @@ mod tests {
             &loads,
             &[],
             4,
-            1,
+            0.0,
             0,
             &mut SplitMix64::new(1),
         );
@@ -675,7 +688,7 @@ mod tests {
                 l,
                 &[(0, 10)],
                 10,
-                1,
+                0.0,
                 0,
                 &mut SplitMix64::new(1),
             )
@@ -711,7 +724,7 @@ mod tests {
             &loads,
             &[],
             4,
-            1,
+            0.0,
             0,
             &mut SplitMix64::new(1),
         );
@@ -727,43 +740,43 @@ mod tests {
             sent: &[50, 20, 10],
             slowness: &[],
         };
-        let pick = |matches: &[(u16, u32)], spread| {
+        let pick = |loads: &PodLoads<'_>, matches: &[(u16, u32)], share| {
             choose_load_aware(
                 &LA,
                 &[0, 1, 2],
-                &loads,
+                loads,
                 matches,
                 40,
-                spread,
+                share,
                 0,
                 &mut SplitMix64::new(1),
             )
             .unwrap()
         };
-        // One pod's share: stay on the holder.
-        assert_eq!(pick(&[(0, 40)], 1).pod, 0);
-        // Two pods' worth of traffic on one holder: copy to the least busy.
-        let c = pick(&[(0, 40), (1, 4)], 2);
+        // A small group stays on its holder, busy or not.
+        assert_eq!(pick(&loads, &[(0, 40)], 0.1).pod, 0);
+        // More than two pods' worth of traffic on one holder: copied to the
+        // least busy pod.
+        let c = pick(&loads, &[(0, 40), (1, 4)], 0.7);
         assert_eq!((c.pod, c.reason, c.match_percent), (2, Reason::Spread, 0));
         // Two holders (at least half the best match each) are enough.
-        let c = pick(&[(0, 40), (2, 20)], 2);
+        let c = pick(&loads, &[(0, 40), (2, 20)], 0.7);
         assert_eq!((c.pod, c.reason), (0, Reason::PrefixMatch));
+        // A big group (a fifth of 3 pods' traffic) on a pod carrying over
+        // 1.25x its share is copied once; on an even pod it is not.
+        let c = pick(&loads, &[(0, 40)], 0.2);
+        assert_eq!((c.pod, c.reason), (2, Reason::Spread));
+        let even = PodLoads {
+            sent: &[30, 25, 25],
+            ..loads
+        };
+        assert_eq!(pick(&even, &[(0, 40)], 0.2).reason, Reason::PrefixMatch);
         // A copy only goes to a pod that carried less traffic than the winner.
         let quiet = PodLoads {
             sent: &[5, 20, 10],
             ..loads
         };
-        let c = choose_load_aware(
-            &LA,
-            &[0, 1, 2],
-            &quiet,
-            &[(0, 40)],
-            40,
-            3,
-            0,
-            &mut SplitMix64::new(1),
-        )
-        .unwrap();
+        let c = pick(&quiet, &[(0, 40)], 0.9);
         assert_eq!((c.pod, c.reason), (0, Reason::PrefixMatch));
     }
 
@@ -797,7 +810,7 @@ mod tests {
             &loads,
             &[(0, 1)],
             1,
-            1,
+            0.0,
             0,
             &mut SplitMix64::new(1),
         )

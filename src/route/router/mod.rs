@@ -345,12 +345,8 @@ impl Router {
                     sent: &sent,
                     slowness: &slowness,
                 };
-                // Pods the group's traffic needs: more than one once it
-                // sends more than ~1.1 pods' fair share.
-                let spread = share.map_or(1, |s| {
-                    ((s * pool.len() as f64 * 0.9).ceil() as usize).clamp(1, pool.len())
-                });
-                choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), spread, turn, rng)
+                let share = share.unwrap_or(0.0);
+                choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng)
             }
         }
         .ok_or(RouteError::NoEndpoints)?;
@@ -369,6 +365,15 @@ impl Router {
             .find(|m| m.pod == choice.pod)
             .filter(|m| now_secs.saturating_sub(m.oldest_access) < self.touch_interval_secs)
             .map_or(0, |m| m.blocks as usize);
+        // The held blocks of the segment the new ones start in are written
+        // again with them (same bucket, no extra call): a shared prefix
+        // then stays as recent as the unique tails that follow it, and the
+        // bucket's LRU evicts old tails, not the prefix.
+        let dense = self.settings.dense_prefix_blocks as usize;
+        let fresh = positions
+            .iter()
+            .find(|&&i| i >= fresh)
+            .map_or(fresh, |&i| fresh.min(self.layout.anchor_position(i, dense)));
         let recorded: Vec<(u64, u32)> = positions
             .iter()
             .zip(&anchors)

@@ -61,19 +61,27 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
         .unwrap();
     r.release(a.choice.pod);
     assert_eq!(a.recorded.len(), sampled_positions(101, 32).len());
-    // Same prefix, new tail, 30 s later: only the new last block is written.
+    // Same prefix, new tail, 30 s later: only the new last block is new;
+    // the held blocks of its segment (positions 63..=100) are written with
+    // it, in the same bucket, and nothing before them.
     let b = r
         .route(&s, &req(&format!("{prefix}bbbb")), 1030, &mut rng)
         .unwrap();
     r.release(b.choice.pod);
     assert_eq!(b.choice.pod, a.choice.pod);
-    assert_eq!(
-        b.recorded.iter().map(|(h, _)| *h).collect::<Vec<_>>(),
-        vec![*r
-            .hasher
-            .hash(format!("{prefix}bbbb").as_bytes())
-            .last()
-            .unwrap()]
+    let hashes = r.hasher.hash(format!("{prefix}bbbb").as_bytes());
+    let segment = crate::route::table::Layout::Segments.anchor_position(100, 32);
+    assert_eq!(segment, 63);
+    let want: Vec<u64> = sampled_positions(101, 32)
+        .into_iter()
+        .filter(|&i| i >= segment)
+        .map(|i| hashes[i])
+        .collect();
+    assert_eq!(want.len(), 6);
+    assert_eq!(b.recorded.iter().map(|(h, _)| *h).collect::<Vec<_>>(), want);
+    assert!(
+        b.recorded.iter().all(|(_, a)| *a == b.recorded[0].1),
+        "one bucket"
     );
     // Past the touch interval the whole prefix is refreshed.
     let c = r
@@ -82,6 +90,37 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
     assert_eq!(c.recorded.len(), a.recorded.len());
     // 96 of 101 blocks: the match is known to the sampled position below its end.
     assert_eq!(c.choice.match_percent, 95);
+}
+
+#[test]
+fn unique_tails_do_not_evict_the_shared_prefix_they_follow() {
+    let s = MemStore::new();
+    // One pod: a single hot group would otherwise be copied to every pod.
+    let cfg = r#"{"endpoints":["p:1"],"block_size":4}"#;
+    let r = Router::new(Settings::from_json(cfg.as_bytes()).unwrap());
+    let mut rng = SplitMix64::new(1);
+    let prefix = "p".repeat(4 * 100);
+    // 400 questions over 40 s, within the touch interval: each adds its
+    // tail's blocks to the bucket of the prefix's last segment (positions
+    // 63.., 64 records). Were the prefix's records there older than the
+    // tails, the bucket's LRU would evict them and the match would fall
+    // back to position 62 until a request wrote them again.
+    let mut short = Vec::new();
+    for q in 0..400 {
+        let x = r
+            .route(
+                &s,
+                &req(&format!("{prefix}{q:08}")),
+                1000 + q / 10,
+                &mut rng,
+            )
+            .unwrap();
+        r.release(x.choice.pod);
+        if q > 0 && x.choice.match_percent < 90 {
+            short.push((q, x.choice.match_percent));
+        }
+    }
+    assert!(short.is_empty(), "matches cut short: {short:?}");
 }
 
 #[test]

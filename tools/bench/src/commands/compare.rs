@@ -717,6 +717,8 @@ pub struct FilterCounters {
     pub prefix_match: i64,
     pub no_match: i64,
     pub load_guard: i64,
+    /// Hot prefixes copied to another pod (`routed.spread`).
+    pub spread: i64,
     pub passthrough: i64,
     pub sync_applied: i64,
     pub sync_poll_applied: i64,
@@ -861,6 +863,7 @@ pub fn run_one(
             prefix_match: sum("routed.prefix_match"),
             no_match: sum("routed.no_match"),
             load_guard: sum("routed.load_guard"),
+            spread: sum("routed.spread"),
             passthrough: passthrough(&fs) - passthrough(&before),
             sync_applied: sum("sync.applied"),
             sync_poll_applied: sum("sync.poll_applied"),
@@ -953,7 +956,7 @@ pub fn table(w: &WorkloadResult, pods: &[String]) -> Table {
             "req/s",
             "requests per pod",
             "max/min",
-            "match/none/guard",
+            "match/none/guard/copy",
         ],
     );
     for r in &w.results {
@@ -974,7 +977,10 @@ pub fn table(w: &WorkloadResult, pods: &[String]) -> Table {
             s.pod_counts_label(pods),
             spread_label(s.spread),
             r.filter.as_ref().map_or("-".into(), |f| {
-                format!("{}/{}/{}", f.prefix_match, f.no_match, f.load_guard)
+                format!(
+                    "{}/{}/{}/{}",
+                    f.prefix_match, f.no_match, f.load_guard, f.spread
+                )
             }),
         ]);
     }
