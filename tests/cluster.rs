@@ -14,17 +14,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use harness::cluster::{add_replica, cli, start_cluster};
 use harness::fleet::{sync_patch, Fleet, Replica};
-use harness::{
-    completion_body, free_port, redis_server_bin, send, text, wait_until, Reply, CLIENT_TIMEOUT,
-};
+use harness::{completion_body, send, text, wait_until, Reply, CLIENT_TIMEOUT};
 use serde_json::json;
 
 /// Sync period of both replicas.
@@ -33,91 +30,6 @@ const PERIOD_MS: u64 = 1000;
 const PROMPT_LEN: usize = 4096;
 /// Blocks each prompt records (all 32 are below `dense_prefix_blocks`).
 const BLOCKS: i64 = 32;
-
-/// One cluster node, killed and reaped on drop.
-struct Node {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn redis_cli() -> PathBuf {
-    redis_server_bin().with_file_name("redis-cli")
-}
-
-/// `redis-cli -p port args...`, its stdout (a failed command panics).
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new(redis_cli())
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("run redis-cli: {e}"));
-    assert!(
-        out.status.success(),
-        "redis-cli {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// One cluster-enabled `redis-server` on a free port, answering PING.
-fn spawn_node(dir: &std::path::Path, i: usize) -> Node {
-    let port = free_port();
-    let node_dir = dir.join(format!("node-{i}"));
-    std::fs::create_dir_all(&node_dir).expect("node dir");
-    let child = Command::new(redis_server_bin())
-        .current_dir(&node_dir)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--cluster-enabled", "yes"])
-        .args(["--cluster-config-file", "nodes.conf"])
-        .args(["--cluster-node-timeout", "2000"])
-        .args(["--save", "", "--appendonly", "no"])
-        .args(["--logfile", "redis.log"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn redis-server: {e}"));
-    let up = wait_until(Duration::from_secs(10), || {
-        Command::new(redis_cli())
-            .args(["-p", &port.to_string(), "PING"])
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
-    });
-    assert!(up, "redis-server on {port} not up");
-    Node { child, port }
-}
-
-/// Three masters on free ports, all 16,384 slots assigned.
-fn start_cluster(dir: &std::path::Path) -> Vec<Node> {
-    let cli_ok = Command::new(redis_cli())
-        .args(["--cluster", "help"])
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("create"));
-    assert!(cli_ok, "{} has no --cluster support", redis_cli().display());
-    let nodes: Vec<Node> = (0..3).map(|i| spawn_node(dir, i)).collect();
-    let addrs: Vec<String> = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect();
-    let mut args = vec!["--cluster", "create"];
-    args.extend(addrs.iter().map(String::as_str));
-    args.push("--cluster-yes");
-    cli(nodes[0].port, &args);
-    for n in &nodes {
-        let ok = wait_until(Duration::from_secs(20), || {
-            cli(n.port, &["CLUSTER", "INFO"]).contains("cluster_state:ok")
-        });
-        assert!(ok, "cluster not ok on {}", n.port);
-    }
-    nodes
-}
 
 /// Replicas `a` and `b` on `envoy/cluster.yaml` (period 1 s, polls every
 /// 100 ms), its seed route to the fleet's Redis port.
@@ -271,7 +183,7 @@ fn routed_on(r: &Replica, learned: &[(String, String)]) -> Vec<String> {
 #[test]
 fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
     let mut fleet = Fleet::new("cluster");
-    let nodes = start_cluster(fleet.dir.path());
+    let nodes = start_cluster(fleet.dir.path(), 3);
     fleet.start_pods(&["--time-scale", "0"]);
     // The seed route (calls naming no node) goes to the first master.
     fleet.redis_port = nodes[0].port;
@@ -411,27 +323,9 @@ fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
 #[test]
 fn a_master_killed_its_replica_promoted_sync_resumes_and_clients_never_fail() {
     let mut fleet = Fleet::new("cluster-failover");
-    let mut nodes = start_cluster(fleet.dir.path());
+    let mut nodes = start_cluster(fleet.dir.path(), 3);
     // A replica of the third master.
-    let replica = spawn_node(fleet.dir.path(), 3);
-    let master = nodes[2].port;
-    let master_id = node_id(master);
-    cli(
-        nodes[0].port,
-        &[
-            "--cluster",
-            "add-node",
-            &format!("127.0.0.1:{}", replica.port),
-            &format!("127.0.0.1:{}", nodes[0].port),
-            "--cluster-slave",
-            "--cluster-master-id",
-            &master_id,
-        ],
-    );
-    let linked = wait_until(Duration::from_secs(20), || {
-        cli(replica.port, &["INFO", "replication"]).contains("master_link_status:up")
-    });
-    assert!(linked, "replica never synced with its master");
+    let replica = add_replica(fleet.dir.path(), 3, nodes[0].port, nodes[2].port);
     fleet.start_pods(&["--time-scale", "0"]);
     fleet.redis_port = nodes[0].port;
     start_replicas(&mut fleet);

@@ -191,6 +191,10 @@ enum Command {
         prompt_blocks: usize,
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// Sync through a local Redis Cluster of 3 masters (envoy/cluster.yaml:
+        /// 16 hash tags, cluster mode) instead of one Redis; needs redis-cli.
+        #[arg(long)]
+        redis_cluster: bool,
     },
     /// Routers side by side on simulated pods: round robin, the filter (1 and
     /// 3 Envoys, with and without sync), sglang-router and vllm-router.
@@ -322,6 +326,7 @@ fn main() {
             period_ms,
             prompt_blocks,
             seed,
+            redis_cluster,
         } => commands::convergence::run(
             &rt,
             &commands::convergence::ConvergenceArgs {
@@ -329,6 +334,7 @@ fn main() {
                 period_ms,
                 prompt_blocks,
                 seed,
+                redis_cluster,
             },
         ),
         Command::Compare(c) => commands::compare::main(&rt, c),

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 pub mod aibrix;
+pub mod cluster;
 pub mod fleet;
 pub mod redis;
 
