@@ -414,3 +414,53 @@ fn endless_redirections_fail_the_cycle_bounded_and_counted() {
     }
     assert!(a.stats().cycles_ok > 0, "{:?}", a.stats());
 }
+
+#[test]
+fn a_redirected_log_entry_goes_again_with_every_id_it_listed() {
+    let mut cluster = FakeCluster::new();
+    let wa = MapComponent::shared(NS, caps());
+    let mut a = engine(settings(1), &wa, 1);
+    for i in 0..10 {
+        wa.borrow_mut().set(&format!("{i}"), b"v0");
+    }
+    let mut now = 0;
+    while now < 2500 {
+        now += 25;
+        drive(&mut a, &mut cluster, now);
+    }
+    let slot = key_slot(NS.as_bytes());
+    let src = cluster.owner[usize::from(slot)].clone();
+    let dst = if src == N1 { N2 } else { N1 }.to_string();
+    let log = format!("aibrix:{{{NS}}}:log");
+    // The change log has moved already (gone from the source), the values
+    // not yet: SETEX runs on the source, XADD is asked to the target.
+    cluster.nodes.get_mut(&src).unwrap().remove(&log);
+    cluster.migrating = Some(Migration {
+        slot,
+        src: src.clone(),
+        dst: dst.clone(),
+    });
+    for i in 0..10 {
+        wa.borrow_mut().set(&format!("{i}"), b"v1");
+    }
+    let end = now + 2000;
+    while now < end {
+        now += 25;
+        drive(&mut a, &mut cluster, now);
+    }
+    let key0 = format!("aibrix:{{{NS}}}:e:0");
+    assert_eq!(cluster.nodes[&src].get(&key0).as_deref(), Some(&b"v1"[..]));
+    assert!(cluster.nodes[&dst].get(&key0).is_none());
+    assert!(
+        cluster.nodes[&dst].stream_len(&log) >= 1,
+        "no log entry on the target"
+    );
+    assert!(a.stats().ask_redirects >= 1);
+    let xadds: Vec<&Vec<Vec<u8>>> = cluster.nodes[&dst]
+        .log
+        .iter()
+        .filter(|c| c[0] == b"XADD")
+        .collect();
+    let listed = String::from_utf8_lossy(xadds.last().unwrap().last().unwrap()).into_owned();
+    assert_eq!(listed.split(',').count(), 10, "{listed}");
+}

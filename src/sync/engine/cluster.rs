@@ -8,7 +8,8 @@
 //!   that node. `ASK slot node` (a slot being migrated, the key already
 //!   moved): the command goes again to that node after `ASKING`, only that
 //!   command (a write that landed on the source is not repeated, so a key
-//!   never exists on both sides of a migration). `TRYAGAIN` (an MGET whose
+//!   never exists on both sides of a migration; a redirected change-log
+//!   entry goes again with every id it listed). `TRYAGAIN` (an MGET whose
 //!   keys are split by a migration): the MGET is split down to single keys.
 //! - A call is redirected at most [`MAX_REDIRECTS`] times; past that the
 //!   run fails like any Redis error (counted, backoff, never a trap).
@@ -190,10 +191,13 @@ impl SyncEngine {
                 ns,
                 part,
                 writes,
-                log,
+                log_ids,
             } => {
                 // One reply per entity write, then XADD and EXPIRE (when the
                 // log was written): only the redirected commands go again.
+                // A redirected XADD is sent again with every id it listed
+                // (the values that landed on the source included), after the
+                // redirected values in the same pipeline.
                 let n = writes.len();
                 let mut redo: Vec<Write> = Vec::new();
                 for (w, r) in writes.into_iter().zip(&redirects) {
@@ -203,20 +207,23 @@ impl SyncEngine {
                         self.stats.pushed += 1;
                     }
                 }
-                let log_again = log && redirects.get(n).is_some_and(Option::is_some);
-                if redo.is_empty() {
-                    // At most the log entry was redirected, its values
-                    // written on the source: peers get them from the next
-                    // scan (full or rotating) instead of the log.
+                let log_redirect = redirects.get(n).cloned().flatten();
+                let log_again = !log_ids.is_empty() && log_redirect.is_some();
+                if redo.is_empty() && !log_again {
                     return (Ok(()), Vec::new());
                 }
+                let how = if redo.is_empty() {
+                    log_redirect.unwrap_or(first)
+                } else {
+                    first
+                };
                 let op = Op::Write {
                     ns,
                     part,
                     writes: redo,
-                    log: log_again,
+                    log_ids: if log_again { log_ids } else { Vec::new() },
                 };
-                (Ok(()), vec![again(op, &first)])
+                (Ok(()), vec![again(op, &how)])
             }
             Sent::DelStale { ids, .. } => {
                 // Stale keys leave by TTL anyway: not chased.

@@ -86,13 +86,13 @@ pub(super) enum Op {
         part: usize,
         ids: Vec<String>,
     },
-    /// SETEX/DEL of one part's entities, then (with `log`) the XADD and
-    /// EXPIRE of its change log.
+    /// SETEX/DEL of one part's entities, then (when `log_ids` is not
+    /// empty) the XADD of those ids to its change log and its EXPIRE.
     Write {
         ns: NsIndex,
         part: usize,
         writes: Vec<Write>,
-        log: bool,
+        log_ids: Vec<String>,
     },
     /// Cluster mode: `op` again after a redirection, to `node` (None: the
     /// slot's owner in the map), with `ASKING` before each command after an
@@ -120,7 +120,7 @@ pub(super) enum Sent {
         /// Written (their count goes to `pushed`); a successful
         /// write-through clears their dirty marks.
         writes: Vec<Write>,
-        log: bool,
+        log_ids: Vec<String>,
     },
 }
 
@@ -142,12 +142,12 @@ impl Sent {
                 ns,
                 part,
                 writes,
-                log,
+                log_ids,
             } => Op::Write {
                 ns,
                 part,
                 writes,
-                log,
+                log_ids,
             },
         }
     }
@@ -254,7 +254,7 @@ impl SyncEngine {
                 ns,
                 part,
                 writes,
-                log,
+                log_ids,
             } => {
                 let ttl = self.settings.effective_ttl_secs();
                 let keys = &self.regs[ns].parts[part].keys;
@@ -265,12 +265,12 @@ impl SyncEngine {
                         Write::Del(_) => cmd::del(p, &[key]),
                     }
                 }
-                if log {
+                if !log_ids.is_empty() {
                     // Ids with a comma cannot be listed; the periodic full
                     // scan still carries them.
-                    let ids: Vec<&str> = writes
+                    let ids: Vec<&str> = log_ids
                         .iter()
-                        .map(Write::id)
+                        .map(String::as_str)
                         .filter(|id| !id.contains(','))
                         .collect();
                     if !ids.is_empty() {
@@ -284,7 +284,7 @@ impl SyncEngine {
                     ns,
                     part,
                     writes,
-                    log,
+                    log_ids,
                 }
             }
             // `dispatch` unwraps redirections before encoding.
@@ -346,11 +346,16 @@ impl SyncEngine {
             let mut it = writes.into_iter().peekable();
             while it.peek().is_some() {
                 let writes: Vec<Write> = it.by_ref().take(chunk).collect();
+                let log_ids = if log {
+                    writes.iter().map(|w| w.id().to_owned()).collect()
+                } else {
+                    Vec::new()
+                };
                 ops.push(Op::Write {
                     ns,
                     part,
                     writes,
-                    log,
+                    log_ids,
                 });
             }
         }
