@@ -93,18 +93,19 @@ pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
 ///    queueing its extra load costs (`slowness`: how much longer this pod's
 ///    requests take than the fastest pod's);
 /// 3. the highest score wins; ties go to the longer match, then the lower
-///    load, then the pod this VM sent fewer requests to recently (`sent`:
-///    a prefix placed now draws its later requests there, so long-run
-///    traffic decides between pods that queue nothing), then fewer in
-///    flight (fresh, where reports lag), then the pod it placed fewer new
-///    prefixes on (`placed`, so no pod's cache holds more than its share); remaining
+///    load, then fewer in flight (fresh, where reports lag), then the pod
+///    this VM sent fewer requests to recently (`sent`, times `slowness`: a
+///    prefix placed now draws its later requests there), then the pod it
+///    placed fewer new prefixes on (`placed`, so no pod's cache holds more
+///    than its share); remaining
 ///    ties among unmatched pods rotate with `turn` (as in [`choose`]),
 ///    among matched pods they are shuffled;
 /// 4. a hot prefix is copied. The prompt's prefix group (`share`: its
 ///    part of this VM's recent requests) needs `ceil(0.9 x share x pods)`
 ///    pods, and two when it is big (at least half a pod's share) and its
-///    one holder carries over 1.25x its share of the traffic (`sent`). When fewer pods of the pool hold at least half the
-///    best match, the eligible non-holder with the lowest (load, sent)
+///    one holder carries over 1.15x its share of the traffic (`sent`).
+///    When fewer pods of the pool hold at least half the best match, the
+///    eligible non-holder with the lowest (load, sent)
 ///    takes the request if it carried less traffic than the winner and
 ///    less than its share. Later requests of the group tie on the match
 ///    and go to the holder with less traffic.
@@ -134,6 +135,15 @@ pub fn choose_load_aware(
             .max()
             .unwrap_or(0)
     };
+    // Recent requests weighted by slowness: a pod 3x slower carries a
+    // request's traffic three times over.
+    let sent_of = |pod: u16| -> u64 {
+        let slow = match at(loads.slowness, pod) {
+            0 => 1000,
+            s => u64::from(s),
+        };
+        u64::from(at(loads.sent, pod)) * slow / 1000
+    };
     let min = pool.iter().map(|&p| load_of(p)).min()?;
     let rel = (cfg.slack_rel * f64::from(min))
         .ceil()
@@ -151,15 +161,15 @@ pub fn choose_load_aware(
             / 1000;
         i64::from(matched_of(pod)) - cost
     };
-    // (score, match, -load, -sent, -in flight, -placed) decides; equal
+    // (score, match, -load, -in flight, -sent, -placed) decides; equal
     // keys tie.
     let key = |pod: u16| {
         (
             score(pod),
             matched_of(pod),
             std::cmp::Reverse(load_of(pod)),
-            std::cmp::Reverse(at(loads.sent, pod)),
             std::cmp::Reverse(at(loads.inflight, pod)),
+            std::cmp::Reverse(sent_of(pod)),
             std::cmp::Reverse(at(loads.placed, pod)),
         )
     };
@@ -181,15 +191,15 @@ pub fn choose_load_aware(
         // Holders over the whole pool: one briefly above the bound still
         // holds the prefix, and copying past it would make a third copy.
         let holders = pool.iter().filter(|&&p| holds(p)).count();
-        let sent = |p: u16| u64::from(at(loads.sent, p)) * n as u64;
-        let total: u64 = pool.iter().map(|&p| u64::from(at(loads.sent, p))).sum();
+        let sent = |p: u16| sent_of(p) * n as u64;
+        let total: u64 = pool.iter().map(|&p| sent_of(p)).sum();
         let mut wanted = ((fair * 0.9).ceil() as usize).clamp(1, n);
-        if holders == 1 && sent(pod) * 4 > total * 5 {
+        if holders == 1 && sent(pod) * 20 > total * 23 {
             wanted = wanted.max(2);
         }
         let copy_to = eligible
             .filter(|&p| !holds(p))
-            .min_by_key(|&p| (load_of(p), at(loads.sent, p), at(loads.placed, p)));
+            .min_by_key(|&p| (load_of(p), sent_of(p), at(loads.placed, p)));
         if let Some(c) =
             copy_to.filter(|&c| holders < wanted && sent(c) < sent(pod) && sent(c) < total)
         {
@@ -763,7 +773,7 @@ mod tests {
         let c = pick(&loads, &[(0, 40), (2, 20)], 0.7);
         assert_eq!((c.pod, c.reason), (0, Reason::PrefixMatch));
         // A big group (a fifth of 3 pods' traffic) on a pod carrying over
-        // 1.25x its share is copied once; on an even pod it is not.
+        // 1.15x its share is copied once; on an even pod it is not.
         let c = pick(&loads, &[(0, 40)], 0.2);
         assert_eq!((c.pod, c.reason), (2, Reason::Spread));
         let even = PodLoads {
