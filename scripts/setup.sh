@@ -23,7 +23,7 @@ wasm_bindgen_version() {
 }
 
 WB_VERSION="$(wasm_bindgen_version)"
-KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) openssl=$(command -v openssl || echo missing)"
+KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) redis-cli=$(command -v redis-cli || echo missing) openssl=$(command -v openssl || echo missing)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] \
     && [ -x .venv/bin/envoy ] && { [ -z "$WB_VERSION" ] || [ -x .tools/bin/wasm-bindgen-test-runner ]; }; then
     exit 0
@@ -49,6 +49,8 @@ fi
 # certificate with it).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# redis-cli (Debian: redis-tools) builds the Redis Cluster of tests/cluster.rs.
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]} (apt)"
@@ -71,6 +73,6 @@ if [ -n "$WB_VERSION" ]; then
 fi
 
 mkdir -p .tools
-KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) openssl=$(command -v openssl || echo missing)"
+KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) redis-cli=$(command -v redis-cli || echo missing) openssl=$(command -v openssl || echo missing)"
 printf '%s\n' "$KEY" >"$STAMP"
 log "done ($KEY)"

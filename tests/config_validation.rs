@@ -70,6 +70,14 @@ fn unknown_plugin_field_refuses_to_start() {
 }
 
 #[test]
+fn zero_hash_tags_refuses_to_start() {
+    refuses_to_start(
+        Setup::new("cluster.yaml").patch(|config| config["sync"]["hash_tags"] = json!(0)),
+        "sync.hash_tags",
+    );
+}
+
+#[test]
 fn zero_block_size_refuses_to_start() {
     refuses_to_start(
         Setup::new("single.yaml").plugin_field("block_size", json!(0)),

@@ -531,6 +531,12 @@ fn apply_aibrix(raw: &mut RawConfig, given: &dyn Fn(&str) -> bool) -> Result<(),
         ));
     }
     raw.sync.full_scan_every = 1;
+    if raw.sync.hash_tags > 1 {
+        return Err(err(
+            "sync.hash_tags",
+            format!("must be 1 {WHY}: AIBrix gateways read and write one hash tag per namespace"),
+        ));
+    }
     if given("membership.pod_name") && raw.membership.pod_name != PodNaming::Hostname {
         return Err(err(
             "membership.pod_name",

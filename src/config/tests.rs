@@ -40,6 +40,10 @@ fn aibrix_compat_sets_its_defaults_and_refuses_what_cannot_interoperate() {
             r#"{"compat":"aibrix","cluster":"p","sync":{"full_scan_every":6}}"#,
             "sync.full_scan_every",
         ),
+        (
+            r#"{"compat":"aibrix","cluster":"p","sync":{"hash_tags":4}}"#,
+            "sync.hash_tags",
+        ),
         (r#"{"compat":"sglang","cluster":"p"}"#, "compat"),
     ] {
         assert_eq!(parse(json).unwrap_err().field, field, "{json}");

@@ -344,7 +344,11 @@ impl SyncState {
         let Some(run_id) = reply.and_then(|r| probe::run_id(r, probe.expected)) else {
             return;
         };
-        if self.redis_run_id.as_ref().is_some_and(|old| *old != run_id) {
+        // In cluster mode the probe's default route may reach any node, so
+        // a different run_id says nothing: restarts are not detected there
+        // (a master restarted empty is refilled by the delta pushes and TTLs).
+        let cluster = self.settings.sync.cluster;
+        if !cluster && self.redis_run_id.as_ref().is_some_and(|old| *old != run_id) {
             let marked = self
                 .prefix
                 .try_borrow_mut()
@@ -368,12 +372,17 @@ impl SyncState {
         // abandons a whole cycle after op_timeout_ms.
         let timeout = Duration::from_millis(s.op_timeout_ms.clamp(1, CALL_TIMEOUT_MS));
         while let Some(call) = pending.pop() {
-            let headers = vec![
+            let mut headers = vec![
                 (":method", "POST"),
                 (":path", s.bridge_path.as_str()),
                 (":authority", s.bridge_authority.as_str()),
                 ("content-type", "application/octet-stream"),
             ];
+            // Cluster mode: the bridge's ORIGINAL_DST upstream connects to
+            // the node named here.
+            if let Some(node) = call.node.as_deref() {
+                headers.push((s.node_header.as_str(), node));
+            }
             match hostcalls::dispatch_http_call(
                 &s.bridge_cluster,
                 headers,

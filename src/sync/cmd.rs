@@ -51,6 +51,11 @@ pub(crate) fn xrange(p: &mut Pipeline, log: &str, from: &str, count: usize) {
     ]);
 }
 
+/// `CLUSTER SLOTS`: which master owns which slot range.
+pub(crate) fn cluster_slots(p: &mut Pipeline) {
+    p.push(&[b"CLUSTER", b"SLOTS"]);
+}
+
 /// `MGET key...`
 pub(crate) fn mget(p: &mut Pipeline, keys: &[String]) {
     with_keys(p, b"MGET", keys);

@@ -51,6 +51,14 @@ pub(crate) struct MemRedis {
     pub(crate) commands_executed: u64,
     /// Pipelines (calls) executed in total.
     pub(crate) calls: u64,
+    /// Count keys per hash tag in `keys_by_tag` (off by default).
+    pub(crate) count_tags: bool,
+    /// With `count_tags`: keys returned by SCAN and read by MGET, per hash
+    /// tag (the text between the key's first `{` and `}`; the whole key
+    /// without one).
+    pub(crate) keys_read_by_tag: BTreeMap<Vec<u8>, u64>,
+    /// With `count_tags`: keys written by SETEX, per hash tag.
+    pub(crate) keys_written_by_tag: BTreeMap<Vec<u8>, u64>,
 }
 
 impl MemRedis {
@@ -205,6 +213,9 @@ impl MemRedis {
             } else {
                 self.command(&name, &args[1..])
             };
+            if self.count_tags {
+                self.count_keys(&name, &args, &reply);
+            }
             reply.encode(&mut out);
             if name == b"QUIT" {
                 break;
@@ -214,6 +225,40 @@ impl MemRedis {
             out.truncate(n);
         }
         out
+    }
+
+    fn count_keys(&mut self, name: &[u8], args: &[Vec<u8>], reply: &Frame) {
+        let written = name == b"SETEX";
+        let mut keys: Vec<&[u8]> = match name {
+            b"SETEX" => args.get(1).map(Vec::as_slice).into_iter().collect(),
+            b"MGET" => args.iter().skip(1).map(Vec::as_slice).collect(),
+            _ => Vec::new(),
+        };
+        if name == b"SCAN" {
+            if let Frame::Array(parts) = reply {
+                if let Some(Frame::Array(found)) = parts.get(1) {
+                    keys.extend(found.iter().filter_map(Frame::as_bytes));
+                }
+            }
+        }
+        for key in keys {
+            let tag = key
+                .iter()
+                .position(|&b| b == b'{')
+                .and_then(|open| {
+                    let rest = &key[open + 1..];
+                    rest.iter()
+                        .position(|&b| b == b'}')
+                        .map(|close| &rest[..close])
+                })
+                .unwrap_or(key);
+            let counts = if written {
+                &mut self.keys_written_by_tag
+            } else {
+                &mut self.keys_read_by_tag
+            };
+            *counts.entry(tag.to_vec()).or_default() += 1;
+        }
     }
 
     fn is_live(&self, e: &Entry) -> bool {

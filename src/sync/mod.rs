@@ -8,7 +8,9 @@
 //!
 //! - [`settings`]: the `"sync"` config object.
 //! - [`syncable`]: the trait components implement (+ optional capabilities).
-//! - [`keys`]: the Redis key layout shared with AIBrix.
+//! - [`keys`]: the Redis key layout shared with AIBrix, and its split over
+//!   hash tags (`hash_tags`).
+//! - [`topology`]: Redis Cluster slot owners (`cluster` mode).
 //! - [`schedule`]: startup delay, jitter, backoff.
 //! - [`probe`]: the host's Redis health probe (`INFO server`, restart detection).
 //! - [`engine`]: the state machine; [`error`], [`stats`] its error and
@@ -48,7 +50,10 @@ pub(crate) mod syncable;
 pub mod syncables;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+pub(crate) mod topology;
 
+#[cfg(test)]
+mod cluster_tests;
 #[cfg(test)]
 mod tests;
 

@@ -6,11 +6,60 @@ use crate::sync::resp::{parse_pipeline_reply, Frame, ReplyError};
 use super::cmd::{LOG_IDS, LOG_ORIGIN};
 use super::error::{CallFailed, SyncError};
 
-/// Checks a whole pipeline reply and strips the AUTH and QUIT replies.
-pub(crate) fn decode(
+/// An error reply among `frames` fails them (the first one is named).
+pub(crate) fn check_errors(frames: Vec<Frame>) -> Result<Vec<Frame>, SyncError> {
+    if let Some(Frame::Error(msg)) = frames.iter().find(|f| matches!(f, Frame::Error(_))) {
+        return Err(SyncError::Redis(msg.clone()));
+    }
+    Ok(frames)
+}
+
+/// A Redis Cluster redirection or retry reply to one command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Redirect {
+    /// `-MOVED slot host:port`: the slot lives on that node now.
+    Moved { slot: u16, node: String },
+    /// `-ASK slot host:port`: the slot is being migrated; ask that node
+    /// once (after `ASKING`).
+    Ask { node: String },
+    /// `-TRYAGAIN`: a multi-key command on a slot half migrated.
+    TryAgain,
+}
+
+/// The redirection an error frame carries, if any.
+pub(crate) fn redirect(frame: &Frame) -> Option<Redirect> {
+    let Frame::Error(msg) = frame else {
+        return None;
+    };
+    let mut words = msg.split_ascii_whitespace();
+    let kind = words.next()?;
+    if kind == "TRYAGAIN" {
+        return Some(Redirect::TryAgain);
+    }
+    let slot: u16 = words.next()?.parse().ok()?;
+    let node = words.next()?;
+    // host:port with a numeric port; the host may be empty (the node that
+    // answered) only in CLUSTER SLOTS, never in a redirect.
+    let (host, port) = node.rsplit_once(':')?;
+    if host.is_empty() || port.parse::<u16>().is_err() || slot >= crate::sync::keys::SLOTS {
+        return None;
+    }
+    let node = node.to_owned();
+    match kind {
+        "MOVED" => Some(Redirect::Moved { slot, node }),
+        "ASK" => Some(Redirect::Ask { node }),
+        _ => None,
+    }
+}
+
+/// Checks a whole pipeline reply and strips the AUTH, ASKING and QUIT
+/// replies; error replies are left in place for the caller (see
+/// [`check_errors`], [`redirect`]).
+pub(crate) fn decode_raw(
     result: Result<&[u8], CallFailed>,
     expected: usize,
     auth: bool,
+    asking: bool,
     command: &'static str,
 ) -> Result<Vec<Frame>, SyncError> {
     let body = result.map_err(SyncError::Transport)?;
@@ -30,8 +79,9 @@ pub(crate) fn decode(
             return Err(SyncError::Auth(msg));
         }
     }
-    if let Some(Frame::Error(msg)) = frames.iter().find(|f| matches!(f, Frame::Error(_))) {
-        return Err(SyncError::Redis(msg.clone()));
+    if asking {
+        // [ASKING reply, command reply] pairs: keep the commands'.
+        frames = frames.into_iter().skip(1).step_by(2).collect();
     }
     Ok(frames)
 }

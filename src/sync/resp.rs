@@ -152,6 +152,9 @@ pub fn encode_command(out: &mut Vec<u8>, args: &[&[u8]]) {
 pub(crate) struct Pipeline {
     buf: Vec<u8>,
     commands: usize,
+    /// Every command pushed from now on is preceded by `ASKING` (Redis
+    /// Cluster: the next command may touch a slot being imported).
+    asking: bool,
 }
 
 impl Pipeline {
@@ -160,10 +163,19 @@ impl Pipeline {
         Self::default()
     }
 
-    /// Appends one command.
+    /// Appends one command (after an `ASKING` in asking mode).
     pub(crate) fn push(&mut self, args: &[&[u8]]) {
+        if self.asking {
+            encode_command(&mut self.buf, &[b"ASKING"]);
+            self.commands += 1;
+        }
         encode_command(&mut self.buf, args);
         self.commands += 1;
+    }
+
+    /// From now on, precede every command with `ASKING` (not `QUIT`).
+    pub(crate) fn set_asking(&mut self, asking: bool) {
+        self.asking = asking;
     }
 
     /// Commands so far (without the final `QUIT`).
@@ -181,6 +193,7 @@ impl Pipeline {
     /// Appends `QUIT` and returns the body and the number of replies to
     /// expect (commands + 1), for [`parse_pipeline_reply`].
     pub(crate) fn finish(mut self) -> (Vec<u8>, usize) {
+        self.asking = false;
         self.push(&[b"QUIT"]);
         (self.buf, self.commands)
     }

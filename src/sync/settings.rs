@@ -8,6 +8,8 @@ use std::fmt;
 /// Redis closes the bridge's reply stream after about 64 KiB once Envoy has
 /// half-closed; budgets above this cannot be honoured.
 pub(crate) const MAX_REPLY_BUDGET: usize = 60 * 1024;
+/// Most hash tags a namespace may be split into.
+pub(crate) const MAX_HASH_TAGS: usize = 1024;
 /// Record TTL used when the configured one is `<= 0`.
 pub(crate) const DEFAULT_RECORD_TTL_SECS: i64 = 120;
 
@@ -75,6 +77,7 @@ pub struct SyncSettings {
     /// pass, `ceil(keys / N)` cycles. Namespaces with hooks (`podload`,
     /// whose live writers rewrite their key every period) then read only
     /// the change log after their first full scan. Ignored in AIBrix mode.
+    /// With `hash_tags` K > 1 each part gets `ceil(N / K)` of it per cycle.
     pub(crate) scan_keys_per_cycle: usize,
     /// MAXLEN (approximate) of each namespace's change-log stream.
     pub(crate) change_log_max_entries: usize,
@@ -108,6 +111,22 @@ pub struct SyncSettings {
     pub(crate) auth_password: Option<String>,
     /// Budget for the replies of one call (Redis truncates beyond ~64 KiB).
     pub(crate) max_reply_bytes: usize,
+    /// Hash tags (parts) each namespace is split into: `1` (default) keeps
+    /// the whole namespace under one tag, `{key_prefix}:{{ns}}:...`, in one
+    /// Redis Cluster slot; `K > 1` spreads it over K tags with evenly spaced
+    /// slots, each with its own change log (see [`crate::sync::keys`]).
+    /// Refused above 1 with `compat: aibrix` (AIBrix reads one tag).
+    pub(crate) hash_tags: usize,
+    /// Redis Cluster mode: each cycle starts by reading `CLUSTER SLOTS`,
+    /// every pipeline goes to the master owning its part's slot (named in
+    /// `node_header` on the bridge call), and `MOVED`/`ASK`/`TRYAGAIN`
+    /// replies are followed (bounded). Needs a bridge whose upstream is an
+    /// `ORIGINAL_DST` cluster reading `node_header` (see docs/deploy.md).
+    pub(crate) cluster: bool,
+    /// Header naming the Redis node (`ip:port`) of a bridge call in cluster
+    /// mode; calls without it (the first `CLUSTER SLOTS`) go to the
+    /// bridge's default route.
+    pub(crate) node_header: String,
     /// Most entries of other writers (pods this replica does not route to,
     /// models it has no slot for) kept from pulls and carried in its pushes,
     /// so it never erases them (see [`crate::sync::foreign`]).
@@ -139,6 +158,9 @@ impl Default for SyncSettings {
             auth_username: None,
             auth_password: None,
             max_reply_bytes: 48 * 1024,
+            hash_tags: 1,
+            cluster: false,
+            node_header: "x-redis-node".into(),
             foreign_max_entries: 65_536,
         }
     }
@@ -174,6 +196,9 @@ impl fmt::Debug for SyncSettings {
                 &self.auth_password.as_ref().map(|_| "<redacted>"),
             )
             .field("max_reply_bytes", &self.max_reply_bytes)
+            .field("hash_tags", &self.hash_tags)
+            .field("cluster", &self.cluster)
+            .field("node_header", &self.node_header)
             .finish()
     }
 }
@@ -288,6 +313,22 @@ impl SyncSettings {
             1024,
             MAX_REPLY_BUDGET,
         )?;
+        range("hash_tags", self.hash_tags, 1, MAX_HASH_TAGS)?;
+        let header_ok = |h: &str| {
+            !h.is_empty()
+                && !h.starts_with(':')
+                && h.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        };
+        if !header_ok(&self.node_header) {
+            return Err(err(
+                "node_header",
+                format!(
+                    "{:?} must be a lowercase HTTP header name",
+                    self.node_header
+                ),
+            ));
+        }
         if self.bridge_cluster.is_empty() {
             return Err(err("bridge_cluster", "must not be empty"));
         }
@@ -352,6 +393,8 @@ mod tests {
         assert_eq!((s.full_scan_every, s.scan_keys_per_cycle), (6, 0));
         assert!(s.polling_enabled());
         assert_eq!(s.namespaces.prefixcache, "prefixcache");
+        assert_eq!((s.hash_tags, s.cluster), (1, false));
+        assert_eq!(s.node_header, "x-redis-node");
         assert!(s.validate().is_ok());
     }
 
@@ -396,6 +439,10 @@ mod tests {
                 json!({"scan_keys_per_cycle": 10_000_001}),
                 "scan_keys_per_cycle",
             ),
+            (json!({"hash_tags": 0}), "hash_tags"),
+            (json!({"hash_tags": 1025}), "hash_tags"),
+            (json!({"node_header": ""}), "node_header"),
+            (json!({"node_header": "X-Redis"}), "node_header"),
         ];
         for (value, field) in cases {
             match SyncSettings::from_json(&value) {

@@ -17,7 +17,8 @@ pub(crate) struct SyncStats {
     pub(crate) incremental_pulls: u64,
     /// Slices of the rotating anti-entropy scan read (`scan_keys_per_cycle`).
     pub(crate) scan_slices: u64,
-    /// Rotating anti-entropy passes completed (the cursor came back to 0).
+    /// Rotating anti-entropy passes completed (a part's cursor came back to
+    /// 0; one per part and pass with `hash_tags` > 1).
     pub(crate) scan_passes: u64,
     /// Incremental pulls that found the log trimmed/missing and fell back
     /// to a full scan, and polls that found it so (the next cycle scans).
@@ -80,6 +81,18 @@ pub(crate) struct SyncStats {
     /// Half-period delta pushes that failed (the ids stay dirty for the
     /// next push; polling pauses until a cycle succeeds).
     pub(crate) mid_pushes_failed: u64,
+    /// Cluster mode: `MOVED` replies followed (the slot map is patched).
+    pub(crate) moved_redirects: u64,
+    /// Cluster mode: `ASK` replies followed (`ASKING` to the importing node).
+    pub(crate) ask_redirects: u64,
+    /// Cluster mode: `TRYAGAIN` replies (a multi-key read on a slot half
+    /// migrated), retried key by key.
+    pub(crate) tryagain_retries: u64,
+    /// Cluster mode: calls that still got a redirection after
+    /// `MAX_REDIRECTS` of them (the run fails, as for any Redis error).
+    pub(crate) redirects_exhausted: u64,
+    /// Cluster mode: `CLUSTER SLOTS` replies read (one per cycle).
+    pub(crate) topology_refreshes: u64,
     /// `now_ms` of the last successful cycle's end.
     pub(crate) last_success_ms: Option<u64>,
     /// Duration of the last finished cycle.
@@ -93,7 +106,7 @@ impl SyncStats {
     /// Every counter, by its exported name (`prefix_router.sync.<name>`): the
     /// one table the host exports from. `backoff_ms`, `last_success_ms` and
     /// `last_cycle_ms` are not counters and are exported otherwise.
-    pub(crate) const COUNTERS: [(&'static str, CounterField); 34] = [
+    pub(crate) const COUNTERS: [(&'static str, CounterField); 39] = [
         ("cycles_ok", |s| s.cycles_ok),
         ("cycles_failed", |s| s.cycles_failed),
         ("cycles_timed_out", |s| s.cycles_timed_out),
@@ -128,6 +141,11 @@ impl SyncStats {
         ("poll_applied", |s| s.poll_applied),
         ("mid_pushes", |s| s.mid_pushes),
         ("mid_pushes_failed", |s| s.mid_pushes_failed),
+        ("moved_redirects", |s| s.moved_redirects),
+        ("ask_redirects", |s| s.ask_redirects),
+        ("tryagain_retries", |s| s.tryagain_retries),
+        ("redirects_exhausted", |s| s.redirects_exhausted),
+        ("topology_refreshes", |s| s.topology_refreshes),
     ];
 }
 
@@ -178,11 +196,16 @@ mod tests {
             empty_replies: 32,
             scan_slices: 33,
             scan_passes: 34,
+            moved_redirects: 35,
+            ask_redirects: 36,
+            tryagain_retries: 37,
+            redirects_exhausted: 38,
+            topology_refreshes: 39,
             last_success_ms: None,
             last_cycle_ms: 0,
         };
         let mut read: Vec<u64> = SyncStats::COUNTERS.iter().map(|(_, f)| f(&s)).collect();
         read.sort_unstable();
-        assert_eq!(read, (1..=34).collect::<Vec<u64>>());
+        assert_eq!(read, (1..=39).collect::<Vec<u64>>());
     }
 }

@@ -11,6 +11,7 @@ use std::rc::Rc;
 use super::engine::{Call, SyncEngine};
 use super::error::CallFailed;
 use super::memredis::MemRedis;
+use super::resp::{parse, Frame};
 use super::settings::SyncSettings;
 use super::stats::SyncStats;
 use super::syncable::{Capabilities, Delta, Rejected, Syncable};
@@ -263,6 +264,8 @@ pub struct CostModel {
     pub poll_ms: u64,
     /// `scan_keys_per_cycle` of both replicas (0: periodic full scans).
     pub scan_keys_per_cycle: usize,
+    /// `hash_tags` of both replicas (1: one tag per namespace).
+    pub hash_tags: usize,
 }
 
 impl Default for CostModel {
@@ -276,8 +279,26 @@ impl Default for CostModel {
             period_ms: s.period_ms,
             poll_ms: s.poll_ms,
             scan_keys_per_cycle: s.scan_keys_per_cycle,
+            hash_tags: s.hash_tags,
         }
     }
+}
+
+/// One hash tag's share of the Redis load per period, from
+/// [`steady_state_cost_per_tag`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TagLoad {
+    /// The hash tag (`prefixcache.3`, `podload.0`, ...).
+    pub tag: String,
+    /// Its Redis Cluster slot.
+    pub slot: u16,
+    /// Keys the reader read per period under this tag (SCAN + MGET).
+    pub reader_keys: f64,
+    /// Keys the writer wrote per period under this tag.
+    pub writer_keys: f64,
+    /// Commands the reader sent per period under this tag, each call's
+    /// `QUIT` counted with its first command (only with several tags).
+    pub reader_commands: f64,
 }
 
 /// [`steady_state_cost_with`] with the default period (10 s) and poll
@@ -307,6 +328,13 @@ pub(crate) fn steady_state_cost(
 /// multiple of `full_scan_every` the full scans are amortised exactly.
 /// `full_scan_every <= 1` is AIBrix's full-scan-only behaviour.
 pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
+    steady_state_cost_per_tag(m).0
+}
+
+/// [`steady_state_cost_with`], plus the keys of each hash tag per period
+/// (reader and writer apart; `m.hash_tags` tags per namespace), counted by
+/// the in-memory Redis: how the load would spread over a Redis Cluster.
+pub fn steady_state_cost_per_tag(m: &CostModel) -> (CycleCost, Vec<TagLoad>) {
     let caps = Capabilities {
         delta: true,
         ..Default::default()
@@ -317,6 +345,7 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
         period_ms: m.period_ms,
         poll_ms: m.poll_ms,
         scan_keys_per_cycle: m.scan_keys_per_cycle,
+        hash_tags: m.hash_tags.max(1),
         // Keep the namespace at a constant size for the whole run.
         record_ttl_secs: 86_400,
         change_log_max_entries: 100_000,
@@ -328,8 +357,30 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
     let mut b = SyncEngine::new(settings, 2);
     let _ = a.register(Box::new(writer.clone()));
     let _ = b.register(Box::new(reader.clone()));
-    let mut redis = MemRedis::new();
-    redis.record = false;
+    // One Redis, or with several tags one node per tag (so a part's SCAN
+    // walks its own keys, as on a cluster with a master per tag).
+    let mut redis: Box<dyn Backend> = if m.hash_tags > 1 {
+        Box::new(TaggedRedis::default())
+    } else {
+        let mut one = MemRedis::new();
+        one.record = false;
+        Box::new(one)
+    };
+    // Keys per tag, the reader's and the writer's apart, over the window.
+    let mut reader_tags: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut writer_tags: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+    let mut reader_commands: TagCounts = TagCounts::new();
+    // The reader's keys read; the writer's keys written (its own reads are
+    // one more replica's, not the fleet's writes).
+    let take_tags =
+        |redis: &mut dyn Backend, into: &mut BTreeMap<Vec<u8>, u64>, on: bool, reads: bool| {
+            let (read, written) = redis.take_counts();
+            for (tag, n) in if reads { read } else { written } {
+                if on {
+                    *into.entry(tag).or_default() += n;
+                }
+            }
+        };
     let entities = m.entities.max(1);
     let payload = |i: usize, gen: usize| {
         format!(
@@ -360,7 +411,8 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
     }
     // The writer pushes everything first, then the reader starts.
     let _ = a.start(0);
-    let mut now = run_cycle(&mut a, &mut redis, 0);
+    let mut now = a.next_cycle_ms().unwrap_or(0);
+    drive_on(&mut a, redis.as_mut(), now);
     let _ = b.start(now);
     let mut cost = CycleCost::default();
     let mut before: Option<SyncStats> = None;
@@ -369,9 +421,18 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
     let limit = now + (cycles + 3) * 2 * m.period_ms.max(TICK_MS);
     while now < limit {
         now += TICK_MS;
-        drive(&mut a, &mut redis, now);
+        redis.set_count(before.is_some());
+        drive_on(&mut a, redis.as_mut(), now);
+        take_tags(redis.as_mut(), &mut writer_tags, before.is_some(), false);
+        redis.take_commands();
         let s0 = b.stats().clone();
-        drive(&mut b, &mut redis, now);
+        drive_on(&mut b, redis.as_mut(), now);
+        take_tags(redis.as_mut(), &mut reader_tags, before.is_some(), true);
+        if before.is_some() {
+            for (tag, n) in redis.take_commands() {
+                *reader_commands.entry(tag).or_default() += n;
+            }
+        }
         let s1 = b.stats().clone();
         if s1.cycles_ok > s0.cycles_ok {
             // A reader cycle ended: the measured window opens after the
@@ -412,7 +473,26 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
                 ] {
                     *f /= n;
                 }
-                return cost;
+                let mut tags: BTreeMap<Vec<u8>, TagLoad> = BTreeMap::new();
+                let commands = &reader_commands;
+                for (map, reader) in [(&reader_tags, true), (&writer_tags, false)] {
+                    for (tag, keys) in map {
+                        let load = tags.entry(tag.clone()).or_insert_with(|| TagLoad {
+                            tag: String::from_utf8_lossy(tag).into_owned(),
+                            slot: crate::sync::keys::key_slot(tag),
+                            reader_keys: 0.0,
+                            writer_keys: 0.0,
+                            reader_commands: commands.get(tag).copied().unwrap_or(0) as f64 / n,
+                        });
+                        let per_period = *keys as f64 / n;
+                        if reader {
+                            load.reader_keys += per_period;
+                        } else {
+                            load.writer_keys += per_period;
+                        }
+                    }
+                }
+                return (cost, tags.into_values().collect());
             }
             change(done as usize + 1);
         } else if before.is_some() && s1.polls_ok + s1.polls_failed > s0.polls_ok + s0.polls_failed
@@ -435,5 +515,151 @@ pub fn steady_state_cost_with(m: &CostModel) -> CycleCost {
         }
     }
     // Not reached with a healthy in-memory Redis; a visibly empty result.
-    CycleCost::default()
+    (CycleCost::default(), Vec::new())
+}
+
+/// Keys per hash tag.
+type TagCounts = BTreeMap<Vec<u8>, u64>;
+
+/// What answers the cost model's calls: one in-memory Redis, or one per tag.
+trait Backend {
+    fn set_now(&mut self, now_ms: u64);
+    fn execute(&mut self, body: &[u8]) -> Vec<u8>;
+    fn set_count(&mut self, on: bool);
+    /// Keys read and keys written per tag since the last take.
+    fn take_counts(&mut self) -> (TagCounts, TagCounts);
+    /// Commands per tag since the last take (empty for one Redis).
+    fn take_commands(&mut self) -> TagCounts {
+        TagCounts::new()
+    }
+}
+
+impl Backend for MemRedis {
+    fn set_now(&mut self, now_ms: u64) {
+        MemRedis::set_now(self, now_ms);
+    }
+    fn execute(&mut self, body: &[u8]) -> Vec<u8> {
+        MemRedis::execute(self, body)
+    }
+    fn set_count(&mut self, on: bool) {
+        self.count_tags = on;
+    }
+    fn take_counts(&mut self) -> (TagCounts, TagCounts) {
+        (
+            std::mem::take(&mut self.keys_read_by_tag),
+            std::mem::take(&mut self.keys_written_by_tag),
+        )
+    }
+}
+
+/// One in-memory Redis per hash tag: every command runs on the node of its
+/// key's tag (SCAN: of its MATCH pattern's tag), as on a Redis Cluster whose
+/// every tag has a master of its own.
+#[derive(Default)]
+struct TaggedRedis {
+    nodes: BTreeMap<Vec<u8>, MemRedis>,
+    now_ms: u64,
+    count: bool,
+    /// Commands per tag (QUIT: the tag of its call's first command).
+    commands: TagCounts,
+}
+
+/// The hash tag of a key or pattern (the whole of it without braces).
+fn tag_of(key: &[u8]) -> &[u8] {
+    key.iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key)
+}
+
+impl Backend for TaggedRedis {
+    fn set_now(&mut self, now_ms: u64) {
+        self.now_ms = now_ms;
+        for node in self.nodes.values_mut() {
+            node.set_now(now_ms);
+        }
+    }
+
+    fn execute(&mut self, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut rest = body;
+        let mut first_tag: Option<Vec<u8>> = None;
+        while let Ok((Frame::Array(items), used)) = parse(rest) {
+            let command = &rest[..used];
+            rest = &rest[used..];
+            let args: Vec<&[u8]> = items.iter().filter_map(Frame::as_bytes).collect();
+            let name = args
+                .first()
+                .map(|n| n.to_ascii_uppercase())
+                .unwrap_or_default();
+            if name == b"QUIT" {
+                if self.count {
+                    *self
+                        .commands
+                        .entry(first_tag.unwrap_or_default())
+                        .or_default() += 1;
+                }
+                Frame::Simple("OK".into()).encode(&mut out);
+                break;
+            }
+            let key = if name == b"SCAN" {
+                args.iter()
+                    .position(|a| a.eq_ignore_ascii_case(b"MATCH"))
+                    .and_then(|i| args.get(i + 1))
+            } else {
+                args.get(1)
+            };
+            let tag = key.map(|k| tag_of(k).to_vec()).unwrap_or_default();
+            if self.count {
+                *self.commands.entry(tag.clone()).or_default() += 1;
+            }
+            first_tag.get_or_insert_with(|| tag.clone());
+            let (now, count) = (self.now_ms, self.count);
+            let node = self.nodes.entry(tag).or_insert_with(|| {
+                let mut n = MemRedis::new();
+                n.record = false;
+                n.set_now(now);
+                n
+            });
+            node.count_tags = count;
+            out.extend(node.execute(command));
+        }
+        out
+    }
+
+    fn set_count(&mut self, on: bool) {
+        self.count = on;
+    }
+
+    fn take_commands(&mut self) -> TagCounts {
+        std::mem::take(&mut self.commands)
+    }
+
+    fn take_counts(&mut self) -> (TagCounts, TagCounts) {
+        let (mut read, mut written) = (TagCounts::new(), TagCounts::new());
+        for node in self.nodes.values_mut() {
+            for (tag, n) in std::mem::take(&mut node.keys_read_by_tag) {
+                *read.entry(tag).or_default() += n;
+            }
+            for (tag, n) in std::mem::take(&mut node.keys_written_by_tag) {
+                *written.entry(tag).or_default() += n;
+            }
+        }
+        (read, written)
+    }
+}
+
+/// One tick at `now_ms`, every call answered by `redis`.
+fn drive_on(engine: &mut SyncEngine, redis: &mut dyn Backend, now_ms: u64) {
+    redis.set_now(now_ms);
+    let mut queue: std::collections::VecDeque<Call> = engine.tick(now_ms).into();
+    while let Some(call) = queue.pop_front() {
+        let reply = redis.execute(&call.body);
+        queue.extend(engine.on_response(call.id, now_ms, Ok(&reply)));
+    }
 }

@@ -22,8 +22,16 @@
 //! `runs` (the run in progress and how it advances), `cycle` (a cycle's
 //! start, push and end), `polls` (a poll's reads and half-period push),
 //! `replies` (what each answer does, truncation retries), `sending` (queued
-//! and in-flight work, pipelines) and `write_through` (`put`/`delete`).
+//! and in-flight work, pipelines), `write_through` (`put`/`delete`) and
+//! `cluster` (Redis Cluster: the slot map and `MOVED`/`ASK`/`TRYAGAIN`).
+//!
+//! A namespace is read and written in *parts*, one per hash tag
+//! (`sync.hash_tags`, 1 by default: the whole namespace is one part): every
+//! key, change log, scan cursor and log position belongs to one part, and
+//! every call touches one part's slot (a poll's change-log read may cover
+//! several parts of one node).
 
+mod cluster;
 mod cycle;
 mod polls;
 mod replies;
@@ -36,12 +44,13 @@ use std::fmt;
 use std::ops::{Index, IndexMut};
 
 use super::error::{CallFailed, SyncError};
-use super::keys::KeyLayout;
-use super::reply::decode;
+use super::keys::{key_slot, namespace_tags, KeyLayout};
+use super::reply::{check_errors, decode_raw, redirect};
 use super::schedule::Schedule;
 use super::settings::{key_part, SyncSettings};
 use super::stats::SyncStats;
 use super::syncable::{Capabilities, Syncable};
+use super::topology::SlotMap;
 use crate::rng::SplitMix64;
 
 use runs::{Kind, Run};
@@ -72,6 +81,10 @@ pub(crate) struct Call {
     pub(crate) id: CallId,
     /// Raw RESP pipeline, ending with QUIT.
     pub(crate) body: Vec<u8>,
+    /// Cluster mode: the Redis node (`host:port`) the call is for, named in
+    /// `sync.node_header`; None = the bridge's default route (always
+    /// outside cluster mode).
+    pub(crate) node: Option<String>,
 }
 
 /// Which registered namespace: its place in registration order. Ops,
@@ -92,18 +105,31 @@ impl IndexMut<NsIndex> for Vec<Registered> {
     }
 }
 
-/// A registered component and what the engine learned about its namespace.
-struct Registered {
-    comp: Box<dyn Syncable>,
-    ns: String,
+/// One hash tag of a namespace: its keys, slot and what the engine
+/// learned about them.
+pub(super) struct Part {
     keys: KeyLayout,
-    caps: Capabilities,
+    /// Redis Cluster slot of every key of the part.
+    slot: u16,
     /// Last change-log entry this replica has seen; None = unknown, the
     /// next pull must be a full scan.
     log_pos: Option<String>,
     /// Where the rotating anti-entropy scan (`scan_keys_per_cycle`) goes on
     /// next cycle; None = a new pass starts.
     scan_cursor: Option<String>,
+    /// Cluster mode: the node `scan_cursor` is a cursor of (a SCAN cursor
+    /// means nothing on another node: the pass restarts when the slot
+    /// moved).
+    scan_node: Option<String>,
+}
+
+/// A registered component and what the engine learned about its namespace.
+struct Registered {
+    comp: Box<dyn Syncable>,
+    ns: String,
+    caps: Capabilities,
+    /// The namespace's parts (one per hash tag), in tag order.
+    parts: Vec<Part>,
     /// Learned page sizes (SCAN: shrink on truncation, grow while replies
     /// are small; XRANGE: shrink on truncation).
     scan_cap: usize,
@@ -141,6 +167,12 @@ pub(crate) struct SyncEngine {
     next_call_id: CallId,
     stats: SyncStats,
     rtt_samples: Vec<u64>,
+    /// Cluster mode: the slot owners as last read (None before the first
+    /// `CLUSTER SLOTS` reply).
+    topology: Option<SlotMap>,
+    /// Cluster mode: which node the next `CLUSTER SLOTS` goes to (turns
+    /// after every failed cycle, so a dead master is not asked forever).
+    topology_turn: usize,
 }
 
 impl fmt::Debug for SyncEngine {
@@ -183,6 +215,8 @@ impl SyncEngine {
             outstanding: BTreeMap::new(),
             next_call_id: 1,
             rtt_samples: Vec::new(),
+            topology: None,
+            topology_turn: 0,
         }
     }
 
@@ -207,22 +241,34 @@ impl SyncEngine {
             return Err(e);
         }
         let caps = comp.capabilities();
-        let keys = KeyLayout::new(&self.settings.key_prefix, &ns);
+        let prefix = &self.settings.key_prefix;
+        let parts: Vec<Part> = namespace_tags(&ns, self.settings.hash_tags)
+            .iter()
+            .map(|tag| {
+                let keys = KeyLayout::with_tag(prefix, tag);
+                Part {
+                    slot: key_slot(keys.log_key().as_bytes()),
+                    keys,
+                    log_pos: None,
+                    scan_cursor: None,
+                    scan_node: None,
+                }
+            })
+            .collect();
         // SCAN returns about COUNT keys: keep a page's reply within budget
         // up front (ids estimated at 20 bytes, RESP framing at 8).
-        let key_reply = keys.entity_prefix().len() + 28;
+        let longest = parts.iter().map(|p| p.keys.entity_prefix().len()).max();
+        let key_reply = longest.unwrap_or(0) + 28;
         let scan_cap = self
             .settings
             .scan_count
             .min(self.settings.max_reply_bytes / key_reply)
             .max(1);
         self.regs.push(Registered {
-            keys,
             comp,
             ns,
             caps,
-            log_pos: None,
-            scan_cursor: None,
+            parts,
             scan_cap,
             log_cap: self.settings.log_read_count,
             value_reply_bytes: 0,
@@ -351,12 +397,37 @@ impl SyncEngine {
         }
         let reply_len = result.as_ref().map(|b| b.len()).unwrap_or(0);
         self.stats.bytes_received += reply_len as u64;
-        let frames = decode(result, out.expected, out.auth, out.sent.command());
+        let frames = decode_raw(
+            result,
+            out.expected,
+            out.auth,
+            out.asking,
+            out.sent.command(),
+        );
         if let Err(SyncError::EmptyReply { command }) = &frames {
             self.note_empty_reply(command);
         }
+        // Cluster mode: a MOVED/ASK/TRYAGAIN among the replies is followed
+        // (bounded by MAX_REDIRECTS) instead of failing the call.
+        let redirected = self.settings.cluster
+            && frames
+                .as_ref()
+                .is_ok_and(|f| f.iter().any(|f| redirect(f).is_some()));
+        let frames = if redirected {
+            frames
+        } else {
+            frames.and_then(check_errors)
+        };
         let Some(seq) = out.run else {
-            self.on_write_through_reply(out.sent, frames);
+            match frames {
+                Ok(frames) if redirected => {
+                    let (_, again) = self.on_redirect(out, frames);
+                    for op in again {
+                        calls.push(self.dispatch(op, None, now_ms));
+                    }
+                }
+                frames => self.on_write_through_reply(out.sent, frames),
+            }
             return calls;
         };
         match self.run.as_mut() {
@@ -367,6 +438,15 @@ impl SyncEngine {
             }
         }
         let outcome = match frames {
+            Ok(frames) if redirected => {
+                let (outcome, again) = self.on_redirect(out, frames);
+                if let Some(run) = self.run.as_mut() {
+                    for op in again.into_iter().rev() {
+                        run.queue.push_front(op);
+                    }
+                }
+                outcome
+            }
             Ok(frames) => self.on_run_reply(out.sent, frames, reply_len, now_ms),
             Err(SyncError::Truncated { .. }) => self.on_truncated(out.sent, now_ms),
             Err(e) => Err(e),

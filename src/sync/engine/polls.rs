@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use super::runs::{delta_writes, queue_writes, Kind, NsRun, Run, Stage};
+use super::runs::{delta_writes, Kind, NsRun, Run, Stage};
 use super::sending::{LogRead, Op, Read};
 use super::{NsIndex, Registered, SyncEngine};
 use crate::sync::error::SyncError;
@@ -19,9 +19,10 @@ impl SyncEngine {
             && self.next_poll_ms.is_some_and(|t| now_ms + early >= t)
     }
 
-    /// Namespaces a poll reads: delta-capable, no hooks, log position known.
+    /// Namespaces a poll reads: delta-capable, no hooks, every part's log
+    /// position known.
     fn pollable(reg: &Registered) -> bool {
-        reg.caps.delta && !reg.caps.hooks && reg.log_pos.is_some()
+        reg.caps.delta && !reg.caps.hooks && reg.parts.iter().all(|p| p.log_pos.is_some())
     }
 
     pub(super) fn start_poll(&mut self, now_ms: u64) {
@@ -31,20 +32,27 @@ impl SyncEngine {
         for (i, reg) in self.regs.iter().enumerate() {
             let active = Self::pollable(reg);
             if active {
-                if let Some(from) = &reg.log_pos {
-                    reads.push(LogRead {
-                        ns: NsIndex(i),
-                        from: from.clone(),
-                        count: reg.log_cap,
-                    });
+                for (p, part) in reg.parts.iter().enumerate() {
+                    if let Some(from) = &part.log_pos {
+                        reads.push(LogRead {
+                            ns: NsIndex(i),
+                            part: p,
+                            from: from.clone(),
+                            count: reg.log_cap,
+                        });
+                    }
                 }
             }
             nss.push(NsRun {
                 active,
-                new_pos: reg.log_pos.clone().filter(|_| active),
+                new_pos: reg
+                    .parts
+                    .iter()
+                    .map(|p| p.log_pos.clone().filter(|_| active))
+                    .collect(),
                 seen: HashSet::new(),
                 hooks_started: false,
-                slice_keys: None,
+                slice_keys: vec![None; reg.parts.len()],
             });
         }
         if reads.is_empty() {
@@ -53,16 +61,32 @@ impl SyncEngine {
         let seq = self.next_seq();
         let mut poll = Run::new(Kind::Poll, seq, now_ms, self.regs.len());
         poll.ns = nss;
-        let op = match <[LogRead; 1]>::try_from(reads) {
-            Ok([one]) => Op::Read(Read::Log {
-                ns: one.ns,
-                from: one.from,
-                count: one.count,
-                attempt: 0,
-            }),
-            Err(reads) => Op::Read(Read::Logs(reads)),
-        };
-        poll.queue.push_back(op);
+        // One call, or in cluster mode one per node.
+        let mut groups: Vec<(Option<String>, Vec<LogRead>)> = Vec::new();
+        for read in reads {
+            let node = if self.settings.cluster {
+                self.owner_of(read.ns, read.part).map(str::to_owned)
+            } else {
+                None
+            };
+            match groups.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, group)) => group.push(read),
+                None => groups.push((node, vec![read])),
+            }
+        }
+        for (_, reads) in groups {
+            let op = match <[LogRead; 1]>::try_from(reads) {
+                Ok([one]) => Op::Read(Read::Log {
+                    ns: one.ns,
+                    part: one.part,
+                    from: one.from,
+                    count: one.count,
+                    attempt: 0,
+                }),
+                Err(reads) => Op::Read(Read::Logs(reads)),
+            };
+            poll.queue.push_back(op);
+        }
         self.run = Some(poll);
     }
 
@@ -85,8 +109,10 @@ impl SyncEngine {
             .zip(pushable.iter_mut())
         {
             if ns.active {
-                reg.log_pos = ns.new_pos.take();
-                *ok = reg.log_pos.is_some();
+                for (part, pos) in reg.parts.iter_mut().zip(ns.new_pos.iter_mut()) {
+                    part.log_pos = pos.take();
+                }
+                *ok = reg.parts.iter().all(|p| p.log_pos.is_some());
             }
         }
         if !self.mid_push_due(now_ms) {
@@ -98,13 +124,14 @@ impl SyncEngine {
         // dirty set) runs at most every period/2, not on every poll.
         self.last_push_ms = Some(now_ms);
         let chunk = self.settings.setex_chunk;
-        for (i, reg) in self.regs.iter_mut().enumerate() {
-            if !pushable[i] {
+        for (i, ok) in pushable.into_iter().enumerate() {
+            if !ok {
                 continue;
             }
-            let writes = delta_writes(reg);
+            let writes = delta_writes(&self.regs[i]);
             poll.pushed_ids[i] = writes.iter().map(|w| w.id().to_owned()).collect();
-            queue_writes(poll, NsIndex(i), writes, chunk);
+            let ops = self.write_ops(NsIndex(i), writes, chunk);
+            poll.queue.extend(ops);
         }
     }
 

@@ -29,12 +29,12 @@ impl SyncEngine {
     ) -> Result<(), SyncError> {
         match sent {
             Sent::Read(read) => self.on_read(read, frames, reply_len, now_ms),
-            Sent::DelStale { n } => {
-                self.stats.stale_deleted += n as u64;
+            Sent::DelStale { ids, .. } => {
+                self.stats.stale_deleted += ids.len() as u64;
                 Ok(())
             }
-            Sent::Write { ids, .. } => {
-                self.stats.pushed += ids.len() as u64;
+            Sent::Write { writes, .. } => {
+                self.stats.pushed += writes.len() as u64;
                 Ok(())
             }
         }
@@ -50,18 +50,23 @@ impl SyncEngine {
         match read {
             Read::Scan {
                 ns,
+                part,
                 with_head,
                 count,
                 ..
-            } => self.on_scan(ns, with_head, count, frames, reply_len),
+            } => self.on_scan(ns, part, with_head, count, frames, reply_len),
             Read::Log {
-                ns, from, count, ..
+                ns,
+                part,
+                from,
+                count,
+                ..
             } => {
                 let frame = frames
                     .into_iter()
                     .next()
                     .ok_or_else(|| proto("no XRANGE reply"))?;
-                self.on_log(ns, &from, count, frame)
+                self.on_log(ns, part, &from, count, frame)
             }
             Read::Logs(reads) => {
                 if frames.len() != reads.len() {
@@ -72,17 +77,21 @@ impl SyncEngine {
                     )));
                 }
                 for (read, frame) in reads.into_iter().zip(frames) {
-                    self.on_log(read.ns, &read.from, read.count, frame)?;
+                    self.on_log(read.ns, read.part, &read.from, read.count, frame)?;
                 }
                 Ok(())
             }
-            Read::Mget { ns, ids, .. } => self.on_mget(ns, ids, frames, reply_len, now_ms),
+            Read::Mget { ns, part, ids, .. } => {
+                self.on_mget(ns, part, ids, frames, reply_len, now_ms)
+            }
+            Read::Slots { asked } => self.on_slots(asked.as_deref(), frames),
         }
     }
 
     fn on_scan(
         &mut self,
         ns: NsIndex,
+        part: usize,
         with_head: bool,
         count: usize,
         frames: Vec<Frame>,
@@ -101,7 +110,7 @@ impl SyncEngine {
                 .next()
                 .map_or_else(|| LOG_START.to_string(), |e| e.id);
             if let Some(c) = self.run.as_mut() {
-                c.ns[ns].new_pos = Some(pos);
+                c.ns[ns].new_pos[part] = Some(pos);
             }
         }
         let (cursor, keys) = match frames.next() {
@@ -115,12 +124,12 @@ impl SyncEngine {
             }
             other => return Err(proto(&format!("SCAN replied {other:?}"))),
         };
-        let reg = &self.regs[ns];
+        let layout = &self.regs[ns].parts[part].keys;
         let ids: Vec<String> = keys
             .iter()
             .filter_map(|k| k.as_bytes())
             .filter_map(|k| std::str::from_utf8(k).ok())
-            .filter_map(|k| reg.keys.entity_id(k))
+            .filter_map(|k| layout.entity_id(k))
             .map(str::to_owned)
             .collect();
         self.stats.keys_scanned += ids.len() as u64;
@@ -145,26 +154,28 @@ impl SyncEngine {
         // A rotating slice stops once it has walked its keys (SCAN's COUNT:
         // Redis's work, whatever matched) and keeps the cursor for the next
         // cycle; the pass ends when the cursor comes back to 0.
-        if let Some(read) = cycle.ns[ns].slice_keys.as_mut() {
+        let part_budget = budget.div_ceil(reg.parts.len()).max(1);
+        if let Some(read) = cycle.ns[ns].slice_keys[part].as_mut() {
             *read += count;
             if cursor == b"0" {
-                reg.scan_cursor = None;
+                reg.parts[part].scan_cursor = None;
                 self.stats.scan_passes += 1;
-            } else if *read >= budget {
-                reg.scan_cursor = Some(String::from_utf8_lossy(&cursor).into_owned());
+            } else if *read >= part_budget {
+                reg.parts[part].scan_cursor = Some(String::from_utf8_lossy(&cursor).into_owned());
                 let batch = mget_batch_size(reg, &self.settings);
-                queue_mgets(cycle, ns, ids, batch);
+                queue_mgets(cycle, ns, part, ids, batch);
                 return Ok(());
             }
         }
-        let slice_cap = cycle.ns[ns].slice_keys.map_or(scan_cap, |read| {
-            scan_cap.min(budget.saturating_sub(read).max(1))
+        let slice_cap = cycle.ns[ns].slice_keys[part].map_or(scan_cap, |read| {
+            scan_cap.min(part_budget.saturating_sub(read).max(1))
         });
         let reg = &self.regs[ns];
         if cursor != b"0" {
             // Next page first: enumeration overlaps with the MGETs below.
             cycle.queue.push_front(Op::Read(Read::Scan {
                 ns,
+                part,
                 cursor: String::from_utf8_lossy(&cursor).into_owned(),
                 count: slice_cap,
                 with_head: false,
@@ -172,13 +183,14 @@ impl SyncEngine {
             }));
         }
         let batch = mget_batch_size(reg, &self.settings);
-        queue_mgets(cycle, ns, ids, batch);
+        queue_mgets(cycle, ns, part, ids, batch);
         Ok(())
     }
 
-    fn on_log(
+    pub(super) fn on_log(
         &mut self,
         ns: NsIndex,
+        part: usize,
         from: &str,
         count: usize,
         frame: Frame,
@@ -201,7 +213,7 @@ impl SyncEngine {
                 reg.ns
             );
             self.stats.log_fallbacks += 1;
-            cycle.ns[ns].new_pos = None;
+            cycle.ns[ns].new_pos[part] = None;
             return Ok(());
         }
         if lost {
@@ -211,9 +223,10 @@ impl SyncEngine {
             );
             self.stats.log_fallbacks += 1;
             self.stats.full_scans += 1;
-            cycle.ns[ns].new_pos = None;
+            cycle.ns[ns].new_pos[part] = None;
             cycle.queue.push_back(Op::Read(Read::Scan {
                 ns,
+                part,
                 cursor: "0".into(),
                 count: reg.scan_cap,
                 with_head: true,
@@ -238,20 +251,22 @@ impl SyncEngine {
             if full_page {
                 cycle.queue.push_front(Op::Read(Read::Log {
                     ns,
+                    part,
                     from: last.clone(),
                     count: reg.log_cap,
                     attempt: 0,
                 }));
             }
-            cycle.ns[ns].new_pos = Some(last);
+            cycle.ns[ns].new_pos[part] = Some(last);
         }
-        queue_mgets(cycle, ns, ids, batch);
+        queue_mgets(cycle, ns, part, ids, batch);
         Ok(())
     }
 
     fn on_mget(
         &mut self,
         ns: NsIndex,
+        part: usize,
         ids: Vec<String>,
         frames: Vec<Frame>,
         reply_len: usize,
@@ -332,7 +347,11 @@ impl SyncEngine {
         }
         if !stale.is_empty() {
             if let Some(run) = self.run.as_mut() {
-                run.queue.push_back(Op::DelStale { ns, ids: stale });
+                run.queue.push_back(Op::DelStale {
+                    ns,
+                    part,
+                    ids: stale,
+                });
             }
         }
         Ok(())
@@ -367,6 +386,7 @@ impl SyncEngine {
                 for read in reads.into_iter().rev() {
                     cycle.queue.push_front(Op::Read(Read::Log {
                         ns: read.ns,
+                        part: read.part,
                         from: read.from,
                         count: read.count,
                         attempt: 1,
@@ -376,6 +396,7 @@ impl SyncEngine {
             }
             Read::Mget {
                 ns,
+                part,
                 mut ids,
                 attempt,
             } if attempt < MAX_TRUNCATION_RETRIES => {
@@ -398,11 +419,13 @@ impl SyncEngine {
                 let tail = ids.split_off(ids.len() / 2);
                 cycle.queue.push_front(Op::Read(Read::Mget {
                     ns,
+                    part,
                     ids: tail,
                     attempt: attempt + 1,
                 }));
                 cycle.queue.push_front(Op::Read(Read::Mget {
                     ns,
+                    part,
                     ids,
                     attempt: attempt + 1,
                 }));
@@ -410,6 +433,7 @@ impl SyncEngine {
             }
             Read::Scan {
                 ns,
+                part,
                 cursor,
                 count,
                 with_head,
@@ -419,6 +443,7 @@ impl SyncEngine {
                 self.regs[ns].scan_cap = count;
                 cycle.queue.push_front(Op::Read(Read::Scan {
                     ns,
+                    part,
                     cursor,
                     count,
                     with_head,
@@ -428,6 +453,7 @@ impl SyncEngine {
             }
             Read::Log {
                 ns,
+                part,
                 from,
                 count,
                 attempt,
@@ -436,6 +462,7 @@ impl SyncEngine {
                 self.regs[ns].log_cap = count;
                 cycle.queue.push_front(Op::Read(Read::Log {
                     ns,
+                    part,
                     from,
                     count,
                     attempt: attempt + 1,
@@ -484,12 +511,13 @@ fn mget_batch_size(reg: &Registered, settings: &SyncSettings) -> usize {
     n.max(1)
 }
 
-fn queue_mgets(run: &mut Run, ns: NsIndex, ids: Vec<String>, batch: usize) {
+fn queue_mgets(run: &mut Run, ns: NsIndex, part: usize, ids: Vec<String>, batch: usize) {
     let mut it = ids.into_iter().peekable();
     while it.peek().is_some() {
         let ids: Vec<String> = it.by_ref().take(batch).collect();
         run.queue.push_back(Op::Read(Read::Mget {
             ns,
+            part,
             ids,
             attempt: 0,
         }));

@@ -26,13 +26,14 @@ pub(super) enum Kind {
 pub(super) struct NsRun {
     /// The run reads this namespace (cycles: all; polls: the polled ones).
     pub(super) active: bool,
-    /// Log position to keep once the pull stage is over (None: unknown, the
-    /// next cycle scans).
-    pub(super) new_pos: Option<String>,
+    /// Per part: log position to keep once the pull stage is over (None:
+    /// unknown, the next cycle scans that part).
+    pub(super) new_pos: Vec<Option<String>>,
     pub(super) seen: HashSet<String>,
     pub(super) hooks_started: bool,
-    /// Keys this run's rotating-scan slice has read (None: no slice).
-    pub(super) slice_keys: Option<usize>,
+    /// Per part: keys this run's rotating-scan slice has read (None: no
+    /// slice).
+    pub(super) slice_keys: Vec<Option<usize>>,
 }
 
 impl Index<NsIndex> for Vec<NsRun> {
@@ -58,6 +59,11 @@ pub(super) struct Run {
     pub(super) inflight: usize,
     pub(super) ns: Vec<NsRun>,
     pub(super) pushed_ids: Vec<Vec<String>>,
+    /// Which cycle this is (decides full scans); 0 for polls.
+    pub(super) index: u64,
+    /// Cluster mode: the cycle waits for its `CLUSTER SLOTS` reply before
+    /// queueing its reads.
+    pub(super) awaiting_topology: bool,
 }
 
 impl Run {
@@ -71,6 +77,8 @@ impl Run {
             inflight: 0,
             ns: Vec::with_capacity(namespaces),
             pushed_ids: vec![Vec::new(); namespaces],
+            index: 0,
+            awaiting_topology: false,
         }
     }
 }
@@ -101,7 +109,9 @@ impl SyncEngine {
                 (Kind::Cycle, Stage::Pull) => {
                     self.end_pull_hooks(&mut run);
                     for (reg, ns) in self.regs.iter_mut().zip(run.ns.iter_mut()) {
-                        reg.log_pos = ns.new_pos.take();
+                        for (part, pos) in reg.parts.iter_mut().zip(ns.new_pos.iter_mut()) {
+                            part.log_pos = pos.take();
+                        }
                     }
                     self.build_push(&mut run);
                     self.last_push_ms = Some(now_ms);
@@ -167,12 +177,4 @@ pub(super) fn delta_writes(reg: &Registered) -> Vec<Write> {
         });
     }
     writes
-}
-
-pub(super) fn queue_writes(run: &mut Run, ns: NsIndex, writes: Vec<Write>, chunk: usize) {
-    let mut it = writes.into_iter().peekable();
-    while it.peek().is_some() {
-        let writes: Vec<Write> = it.by_ref().take(chunk).collect();
-        run.queue.push_back(Op::Write { ns, writes });
-    }
 }

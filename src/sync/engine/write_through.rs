@@ -5,7 +5,7 @@
 use crate::sync::error::SyncError;
 use crate::sync::resp::Frame;
 
-use super::sending::{Op, Sent, Write};
+use super::sending::Sent;
 use super::{Call, NsIndex, Registered, SyncEngine};
 
 impl SyncEngine {
@@ -23,18 +23,12 @@ impl SyncEngine {
         let chunk = self.settings.setex_chunk;
         for ns in 0..self.regs.len() {
             let pending = std::mem::take(&mut self.regs[ns].write_through);
-            let mut it = pending.into_iter().peekable();
-            while it.peek().is_some() {
-                let writes: Vec<Write> = it.by_ref().take(chunk).collect();
+            if pending.is_empty() {
+                continue;
+            }
+            for op in self.write_ops(NsIndex(ns), pending, chunk) {
                 self.stats.write_through_calls += 1;
-                calls.push(self.dispatch(
-                    Op::Write {
-                        ns: NsIndex(ns),
-                        writes,
-                    },
-                    None,
-                    now_ms,
-                ));
+                calls.push(self.dispatch(op, None, now_ms));
             }
         }
     }
@@ -45,7 +39,8 @@ impl SyncEngine {
         frames: Result<Vec<Frame>, SyncError>,
     ) {
         match (sent, frames) {
-            (Sent::Write { ns, ids }, Ok(_)) => {
+            (Sent::Write { ns, writes, .. }, Ok(_)) => {
+                let ids: Vec<String> = writes.iter().map(|w| w.id().to_owned()).collect();
                 self.stats.pushed += ids.len() as u64;
                 // Written: the periodic push need not send these again.
                 if let Some(reg) = self.regs.get_mut(ns.0) {

@@ -88,6 +88,14 @@ enum Command {
         /// Per-shard budget the report checks against, keys/s.
         #[arg(long, default_value_t = 20_000.0)]
         shard_keys_per_s: f64,
+        /// Per-shard table: `sync.hash_tags` (K) modelled (rotating mode);
+        /// 0 = no per-shard table.
+        #[arg(long, default_value_t = 16)]
+        hash_tags: usize,
+        /// Per-shard table: Redis Cluster masters (N), comma-separated, each
+        /// owning an equal contiguous slot range.
+        #[arg(long, value_delimiter = ',', default_value = "3,8,16")]
+        shards: Vec<usize>,
     },
     /// Benchmark: Redis work per sync cycle, incremental vs full scan.
     SyncCost {
@@ -183,6 +191,10 @@ enum Command {
         prompt_blocks: usize,
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// Sync through a local Redis Cluster of 3 masters (envoy/cluster.yaml:
+        /// 16 hash tags, cluster mode) instead of one Redis; needs redis-cli.
+        #[arg(long)]
+        redis_cluster: bool,
     },
     /// Routers side by side on simulated pods: round robin, the filter (1 and
     /// 3 Envoys, with and without sync), sglang-router and vllm-router.
@@ -243,6 +255,8 @@ fn main() {
             full_scan_every,
             scan_keys_per_cycle,
             shard_keys_per_s,
+            hash_tags,
+            shards,
         } => commands::scale::run(&commands::scale::ScaleArgs {
             replicas,
             entities,
@@ -251,6 +265,8 @@ fn main() {
             full_scan_every,
             scan_keys_per_cycle,
             shard_keys_per_s,
+            hash_tags,
+            shards,
         }),
         Command::SyncCost {
             entities,
@@ -310,6 +326,7 @@ fn main() {
             period_ms,
             prompt_blocks,
             seed,
+            redis_cluster,
         } => commands::convergence::run(
             &rt,
             &commands::convergence::ConvergenceArgs {
@@ -317,6 +334,7 @@ fn main() {
                 period_ms,
                 prompt_blocks,
                 seed,
+                redis_cluster,
             },
         ),
         Command::Compare(c) => commands::compare::main(&rt, c),

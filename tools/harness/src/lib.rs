@@ -3,8 +3,8 @@
 //! Envoy / podsim / Redis child processes that are killed when dropped,
 //! scripts run as a [`Service`], small HTTP and admin-stats clients, the one
 //! launcher of Envoys started together and a [`fleet::Fleet`] of them sharing
-//! pods and Redis ([`fleet`]), an independent RESP client ([`redis`]) and the
-//! AIBrix oracle ([`aibrix`]).
+//! pods and Redis ([`fleet`]), an independent RESP client ([`redis`]), a
+//! local Redis Cluster ([`cluster`]) and the AIBrix oracle ([`aibrix`]).
 //!
 //! Binaries are found, in order, through an environment variable
 //! (`ENVOY_BIN`, `PODSIM_BIN`, `PREFIX_ROUTER_WASM`, `REFERENCE_FILTER_WASM`,
@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 pub mod aibrix;
+pub mod cluster;
 pub mod fleet;
 pub mod redis;
 

@@ -16,6 +16,8 @@
 //! previous trial is still on its way.
 //! Modes: periodic push (`write_through: false`) and write-through, same
 //! period; the change-log poll interval is the filter's default.
+//! `--redis-cluster`: the same against a local Redis Cluster of 3 masters
+//! (envoy/cluster.yaml: 16 hash tags, cluster mode) instead of one Redis.
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +45,8 @@ pub struct ConvergenceArgs {
     /// Full blocks of each prompt (at most 25, so one push carries them all).
     pub prompt_blocks: usize,
     pub seed: u64,
+    /// Sync through a local Redis Cluster (3 masters, envoy/cluster.yaml).
+    pub redis_cluster: bool,
 }
 
 /// One trial.
@@ -65,8 +69,13 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &ConvergenceArgs) {
     let blocks = args.prompt_blocks.clamp(1, 25);
     let recorded = sampled_positions(blocks, DENSE_BLOCKS).len() as i64;
     println!(
-        "prefix-bench convergence: 2 Envoy replicas + Redis, sync period {} ms, {} trials per \
+        "prefix-bench convergence: 2 Envoy replicas + {}, sync period {} ms, {} trials per \
          mode, prompts of {} blocks ({} bytes)",
+        if args.redis_cluster {
+            "a Redis Cluster of 3 masters (envoy/cluster.yaml: 16 hash tags)"
+        } else {
+            "Redis"
+        },
         args.period_ms,
         args.trials,
         blocks,
@@ -166,15 +175,24 @@ fn run_mode(
     blocks: usize,
     recorded: i64,
 ) -> Vec<Trial> {
+    // Declared before the fleet, so the Redis nodes outlive its Envoys.
+    let cluster_nodes;
     let mut fleet = Fleet::new("bench-convergence");
     fleet.start_pods(&["--time-scale", "0"]);
-    fleet.start_redis();
+    let template = if args.redis_cluster {
+        cluster_nodes = harness::cluster::start_cluster(fleet.dir.path(), 3);
+        fleet.redis_port = cluster_nodes[0].port;
+        "cluster.yaml"
+    } else {
+        fleet.start_redis();
+        "sync.yaml"
+    };
     let sync = sync_patch(
         args.period_ms,
         json!({"write_through": write_through, "full_scan_every": 1_000_000}),
     );
     let specs =
-        ["replica-a", "replica-b"].map(|name| fleet.spec(name, "sync.yaml").merge(sync.clone()));
+        ["replica-a", "replica-b"].map(|name| fleet.spec(name, template).merge(sync.clone()));
     fleet.launch_all(specs.into());
     for r in &fleet.replicas {
         r.wait_stat(

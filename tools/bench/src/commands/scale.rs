@@ -12,12 +12,20 @@
 //! `sync.scan_keys_per_cycle`. `prefix-bench sync-cost` checks the same cost
 //! model against real Redis and a real Envoy replica at 200k entities.
 //!
-//! All keys sit in one Redis Cluster slot (the namespace's hash tag), so
-//! "per shard" is the whole load.
+//! With one hash tag (`sync.hash_tags` 1, the default) all keys sit in one
+//! Redis Cluster slot, so one shard takes the whole load. The per-shard
+//! table models `--hash-tags` K: the rotating mode is run again with K tags
+//! against one in-memory Redis per tag (so a part's SCAN walks its own keys),
+//! which count the keys of every tag (the reader's reads, the writer's
+//! writes), and each tag's load goes to the master owning its slot among N
+//! masters with equal contiguous slot ranges (what `redis-cli --cluster
+//! create` assigns).
 
 use std::time::Instant;
 
-use envoy_prefix_router::sync::testkit::{steady_state_cost_with, CostModel, CycleCost};
+use envoy_prefix_router::sync::testkit::{
+    steady_state_cost_per_tag, steady_state_cost_with, CostModel, CycleCost, TagLoad,
+};
 use envoy_prefix_router::sync::SyncSettings;
 use serde_json::json;
 
@@ -32,7 +40,12 @@ pub struct ScaleArgs {
     pub full_scan_every: u32,
     pub scan_keys_per_cycle: usize,
     pub shard_keys_per_s: f64,
+    pub hash_tags: usize,
+    pub shards: Vec<usize>,
 }
+
+/// Redis Cluster slots.
+const SLOTS: usize = 16_384;
 
 /// One modelled mode at one table size.
 struct Modelled {
@@ -66,6 +79,7 @@ pub fn run(args: &ScaleArgs) {
             period_ms: args.period_ms,
             poll_ms: SyncSettings::default().poll_ms,
             scan_keys_per_cycle: 0,
+            hash_tags: 1,
         };
         let started = Instant::now();
         let periodic = steady_state_cost_with(&base);
@@ -170,6 +184,11 @@ pub fn run(args: &ScaleArgs) {
          \"shards at budget\" = keys/s / {} rounded up, if the keys could be spread)",
         num(args.shard_keys_per_s, 0)
     );
+    let per_shard = if args.hash_tags > 1 {
+        per_shard_table(args, &modelled, period_s)
+    } else {
+        Vec::new()
+    };
     let path = write_json(
         "scale",
         &json!({
@@ -188,6 +207,8 @@ pub fn run(args: &ScaleArgs) {
                 "missed_change_periods": m.missed_change_periods,
             })).collect::<Vec<_>>(),
             "fleet": rows,
+            "hash_tags": args.hash_tags,
+            "per_shard": per_shard,
         }),
     );
     println!(
@@ -195,4 +216,120 @@ pub fn run(args: &ScaleArgs) {
         path.display(),
         wall.elapsed().as_secs_f64()
     );
+}
+
+/// Models the rotating mode with `args.hash_tags` tags at every table size
+/// and prints the load of each of N masters; returns the rows as JSON.
+fn per_shard_table(
+    args: &ScaleArgs,
+    modelled: &[Modelled],
+    period_s: f64,
+) -> Vec<serde_json::Value> {
+    let k = args.hash_tags;
+    let mut table = Table::new(
+        &format!(
+            "Per shard, rotating anti-entropy ({} keys/cycle), namespace over {k} hash tags, \
+             N masters with equal slot ranges",
+            args.scan_keys_per_cycle.max(1)
+        ),
+        &[
+            "replicas",
+            "entities",
+            "masters",
+            "keys/s total",
+            "mean keys/s per shard",
+            "max",
+            "max/mean",
+            "max <= budget",
+            "max/mean <= 1.5",
+            "commands/s per shard, max",
+        ],
+    );
+    let mut rows = Vec::new();
+    let sizes: Vec<usize> = {
+        let mut v: Vec<usize> = modelled.iter().map(|m| m.entities).collect();
+        v.dedup();
+        v
+    };
+    for entities in sizes {
+        let started = Instant::now();
+        let (_, tags) = steady_state_cost_per_tag(&CostModel {
+            entities,
+            churn_per_mille: args.churn_per_mille,
+            full_scan_every: args.full_scan_every.max(2),
+            cycles: args.full_scan_every.max(2) as usize,
+            period_ms: args.period_ms,
+            poll_ms: SyncSettings::default().poll_ms,
+            scan_keys_per_cycle: args.scan_keys_per_cycle.max(1),
+            hash_tags: k,
+        });
+        eprintln!(
+            "  modelled {entities} entities over {k} tags in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        for &r in &args.replicas {
+            for &n in &args.shards {
+                let n = n.max(1);
+                let loads = shard_loads(&tags, r as f64, n, period_s);
+                let total: f64 = loads.iter().sum();
+                let mean = total / n as f64;
+                let max = loads.iter().copied().fold(0.0, f64::max);
+                let ratio = if mean > 0.0 { max / mean } else { 0.0 };
+                let verdict = |ok: bool| if ok { "PASS" } else { "MISS" }.to_string();
+                let commands = shard_commands(&tags, r as f64, n, period_s);
+                let max_commands = commands.iter().copied().fold(0.0, f64::max);
+                table.row(&[
+                    r.to_string(),
+                    num(entities as f64, 0),
+                    n.to_string(),
+                    num(total, 0),
+                    num(mean, 0),
+                    num(max, 0),
+                    num(ratio, 2),
+                    verdict(max <= args.shard_keys_per_s),
+                    verdict(ratio <= 1.5),
+                    num(max_commands, 0),
+                ]);
+                rows.push(json!({
+                    "replicas": r,
+                    "entities": entities,
+                    "hash_tags": k,
+                    "masters": n,
+                    "keys_per_s": total,
+                    "per_shard_keys_per_s": loads,
+                    "max_over_mean": ratio,
+                    "per_shard_commands_per_s": commands,
+                }));
+            }
+        }
+    }
+    print!("\n{}", table.render());
+    println!(
+        "(each tag's keys/s = replicas x the reader's + the writer's, counted per tag by the \
+         in-memory Redis; a tag's slot belongs to master floor(slot x N / {SLOTS}))"
+    );
+    rows
+}
+
+/// Keys/s on each of `n` masters: every tag's load on its slot's owner.
+fn shard_loads(tags: &[TagLoad], replicas: f64, n: usize, period_s: f64) -> Vec<f64> {
+    let mut loads = vec![0.0; n];
+    for t in tags {
+        let shard = usize::from(t.slot) * n / SLOTS;
+        loads[shard] += (replicas * t.reader_keys + t.writer_keys) / period_s;
+    }
+    loads
+}
+
+/// Commands/s on each of `n` masters: the readers' per tag, plus the
+/// writer's writes (SETEX per key, XADD and EXPIRE per chunk).
+fn shard_commands(tags: &[TagLoad], replicas: f64, n: usize, period_s: f64) -> Vec<f64> {
+    let chunk = SyncSettings::default().setex_chunk as f64;
+    let mut loads = vec![0.0; n];
+    for t in tags {
+        let shard = usize::from(t.slot) * n / SLOTS;
+        let writes = t.writer_keys * (1.0 + 2.0 / chunk);
+        loads[shard] += (replicas * t.reader_commands + writes) / period_s;
+    }
+    loads
 }

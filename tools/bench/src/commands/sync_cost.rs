@@ -145,6 +145,7 @@ fn model_costs(args: &SyncCostArgs) -> ModelCosts {
             } else {
                 0
             },
+            hash_tags: 1,
         })
     };
     ModelCosts {
