@@ -22,7 +22,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::route::registry::MAX_SLOTS;
+use crate::route::registry::{PodSlot, MAX_SLOTS};
 
 /// Shared-data key of the published signals.
 pub const KEY: &str = "signals/pods";
@@ -208,7 +208,7 @@ fn labels_end(s: &[u8]) -> Option<usize> {
 /// One published record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record {
-    pub slot: u16,
+    pub slot: PodSlot,
     /// When the scrape answered, unix ms.
     pub at_ms: u64,
     pub signals: PodSignals,
@@ -239,7 +239,7 @@ pub fn decode(bytes: &[u8]) -> Vec<Record> {
             at.copy_from_slice(&c[2..10]);
             let kv = u16_at(18);
             Record {
-                slot: u16_at(0),
+                slot: PodSlot::from_le_bytes([c[0], c[1]]),
                 at_ms: u64::from_le_bytes(at),
                 signals: PodSignals {
                     waiting: u32_at(10),
@@ -255,10 +255,10 @@ pub fn decode(bytes: &[u8]) -> Vec<Record> {
 /// each pod's concurrency as seen so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SignalView {
-    by_slot: BTreeMap<u16, PodSignals>,
+    by_slot: BTreeMap<PodSlot, PodSignals>,
     /// The most requests each pod was seen running at once (since this VM
     /// started): what it serves without queueing. At most [`MAX_SLOTS`].
-    capacity: BTreeMap<u16, u32>,
+    capacity: BTreeMap<PodSlot, u32>,
 }
 
 impl SignalView {
@@ -283,12 +283,12 @@ impl SignalView {
         }
     }
 
-    pub fn get(&self, slot: u16) -> Option<PodSignals> {
+    pub fn get(&self, slot: PodSlot) -> Option<PodSignals> {
         self.by_slot.get(&slot).copied()
     }
 
     /// The most requests `slot` was seen running at once (0 if never read).
-    pub fn capacity(&self, slot: u16) -> u32 {
+    pub fn capacity(&self, slot: PodSlot) -> u32 {
         self.capacity.get(&slot).copied().unwrap_or(0)
     }
 
@@ -300,7 +300,7 @@ impl SignalView {
 /// A pod the scraper may be asked to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
-    pub slot: u16,
+    pub slot: PodSlot,
     /// `host:port`, what the scrape call names.
     pub address: String,
     /// The Envoy cluster the call goes through.
@@ -325,8 +325,8 @@ pub struct Scraper {
     next_ms: u64,
     names: MetricNames,
     /// Slots with a call in flight.
-    in_flight: Vec<u16>,
-    records: BTreeMap<u16, Record>,
+    in_flight: Vec<PodSlot>,
+    records: BTreeMap<PodSlot, Record>,
     dirty: bool,
 }
 
@@ -364,12 +364,12 @@ impl Scraper {
     }
 
     /// A call could not be sent (counts as a failed scrape).
-    pub fn not_sent(&mut self, slot: u16, why: &str) -> Outcome {
+    pub fn not_sent(&mut self, slot: PodSlot, why: &str) -> Outcome {
         self.on_reply(slot, Err(why), 0)
     }
 
     /// A reply for `slot`: the body, or why there is none.
-    pub fn on_reply(&mut self, slot: u16, reply: Result<&[u8], &str>, now_ms: u64) -> Outcome {
+    pub fn on_reply(&mut self, slot: PodSlot, reply: Result<&[u8], &str>, now_ms: u64) -> Outcome {
         self.in_flight.retain(|s| *s != slot);
         let parsed = match reply {
             Ok(body) => parse(body, &self.names).map_err(|e| e.to_string()),

@@ -7,6 +7,7 @@
 //! Every failure passes the request on untouched and is counted by reason.
 
 use crate::route::meter::Count;
+use crate::route::registry::PodSlot;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
 use crate::route::router::RouteError;
 use crate::worker::{Host, Worker};
@@ -86,9 +87,9 @@ pub(crate) struct Stream {
     /// Set while a body is awaited.
     kind: Option<ApiKind>,
     /// Pod counted in flight for this stream, released exactly once.
-    inflight_pod: Option<u16>,
+    inflight_pod: Option<PodSlot>,
     /// Where the request was sent, for the passive health check at the end.
-    sent_to: Option<(u16, String)>,
+    sent_to: Option<(PodSlot, String)>,
     match_percent: Option<u8>,
 }
 

@@ -10,6 +10,7 @@ use crate::config::Settings;
 use crate::fleet::{self, Members};
 use crate::rng::SplitMix64;
 use crate::route::meter::{Count, Meter, MetricSink};
+use crate::route::registry::PodSlot;
 use crate::route::request::PromptRequest;
 use crate::route::router::{RouteError, Routed, Router};
 use crate::route::store::SharedStore;
@@ -164,7 +165,7 @@ impl Worker {
     }
 
     /// Releases one in-flight request on `pod` (in VM memory: no hostcall).
-    pub(crate) fn release(&self, pod: u16) {
+    pub(crate) fn release(&self, pod: PodSlot) {
         self.router.release(pod);
     }
 
@@ -185,7 +186,7 @@ impl Worker {
     /// it elsewhere on retry or could not reach it, or it answered 502/503),
     /// every VM skips that pod for `passive_cooldown_ms`. It comes back by
     /// itself when the cooldown ends.
-    pub(crate) fn observe_outcome<H: Host>(&self, host: &H, pod: u16, chosen: &str) {
+    pub(crate) fn observe_outcome<H: Host>(&self, host: &H, pod: PodSlot, chosen: &str) {
         let cooldown = u64::from(self.settings().passive_cooldown_ms);
         if cooldown == 0 {
             return;
@@ -273,7 +274,7 @@ impl Worker {
             }
         };
         for (slot, _, address) in self.router.fleet().all() {
-            let n = counts.get(usize::from(slot)).copied().unwrap_or(0);
+            let n = counts.get(slot.index()).copied().unwrap_or(0);
             self.meter.inflight(host, address, n);
         }
     }

@@ -47,7 +47,7 @@ use envoy_prefix_router::fleet::membership::{parse_clusters, PodNaming, MAX_HOST
 use envoy_prefix_router::fleet::{self, FleetView, Members, SharedView};
 use envoy_prefix_router::rng::SplitMix64;
 use envoy_prefix_router::route::load;
-use envoy_prefix_router::route::registry::{NameRegistry, Registry, MAX_NAME, MAX_SLOTS};
+use envoy_prefix_router::route::registry::{NameRegistry, PodSlot, Registry, MAX_NAME, MAX_SLOTS};
 use envoy_prefix_router::route::request::{classify, parse_body, ApiKind, PassReason};
 use envoy_prefix_router::route::store::{MemStore, SharedStore};
 use envoy_prefix_router::route::table::{PrefixTable, MAX_SLOTS_PER_BUCKET, RECORD_LEN};
@@ -1876,7 +1876,7 @@ fn prefixcache_apply_remote_and_is_stale() {
             return Err("an unreadable payload is stale (would be deleted)".into());
         }
         // Remote facts: only members, never from the future, table bounded.
-        let members: HashSet<u16> = st.fleet.borrow().all().map(|(s, _, _)| s).collect();
+        let members: HashSet<PodSlot> = st.fleet.borrow().all().map(|(s, _, _)| s).collect();
         let records = PrefixTable::new(&*st.store, cfg).all_records(now).unwrap();
         if records.len() as u64 > cfg.capacity() {
             return Err(format!(
@@ -2046,7 +2046,7 @@ fn podload_apply_remote_and_is_stale() {
                 let mut counts = vec![0u32; fleet.bound()];
                 for (name, n) in &report.inflight {
                     if let Some(slot) = fleet.slot_of(name) {
-                        counts[usize::from(slot)] = *n;
+                        counts[slot.index()] = *n;
                     }
                 }
                 for (w, c) in want.iter_mut().zip(counts) {
@@ -2238,7 +2238,7 @@ fn down_decode() {
         let store = MemStore::new();
         store.set(fleet::DOWN_KEY, input, None).unwrap();
         let now = INTERESTING_INTS[ctx.rng.below(INTERESTING_INTS.len())];
-        let slot = ctx.rng.next_u64() as u16;
+        let slot = PodSlot::new(ctx.rng.next_u64() as u16);
         let written = fleet::mark_down(&store, slot, now.saturating_add(3000), now).unwrap();
         if written.len() > MAX_DOWN || written.last() != Some(&(slot, now.saturating_add(3000))) {
             return Err(format!("mark_down wrote {} entries", written.len()));

@@ -1,7 +1,7 @@
 //! The live fleet: which pods exist, by a stable name, which may take
 //! traffic now, and the small slot each is known by in shared data.
 //!
-//! - [`crate::route::registry`]: stable pod name <-> `u16` slot, shared by every VM
+//! - [`crate::route::registry`]: stable pod name <-> [`PodSlot`], shared by every VM
 //!   and surviving config updates, so nothing learned about pod X is ever
 //!   read as pod Y.
 //! - [`membership`]: the hosts and health of an Envoy upstream cluster, from
@@ -21,7 +21,7 @@ use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::route::registry::NameRegistry;
+use crate::route::registry::{NameRegistry, PodSlot};
 use crate::route::store::{cas_update, SharedStore, StoreError};
 
 /// Shared-data key of the published members (written by the singleton).
@@ -37,7 +37,7 @@ pub(crate) const DEFAULT_POOL: &str = "";
 /// One pod of a pool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
-    pub(crate) slot: u16,
+    pub(crate) slot: PodSlot,
     /// Stable name (table, sync payloads, load reports).
     pub(crate) name: String,
     /// `host:port` for the destination header.
@@ -63,19 +63,22 @@ impl Members {
 }
 
 /// Passive cooldowns: `slot u16 | until_ms u64` pairs, little endian.
-pub fn decode_down(bytes: &[u8]) -> Vec<(u16, u64)> {
+pub fn decode_down(bytes: &[u8]) -> Vec<(PodSlot, u64)> {
     bytes
         .chunks_exact(10)
         .take(MAX_DOWN)
         .map(|c| {
             let mut until = [0u8; 8];
             until.copy_from_slice(&c[2..10]);
-            (u16::from_le_bytes([c[0], c[1]]), u64::from_le_bytes(until))
+            (
+                PodSlot::from_le_bytes([c[0], c[1]]),
+                u64::from_le_bytes(until),
+            )
         })
         .collect()
 }
 
-fn encode_down(down: &[(u16, u64)]) -> Vec<u8> {
+fn encode_down(down: &[(PodSlot, u64)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(down.len() * 10);
     for (slot, until) in down {
         out.extend_from_slice(&slot.to_le_bytes());
@@ -88,13 +91,13 @@ fn encode_down(down: &[(u16, u64)]) -> Vec<u8> {
 /// are dropped on the way). Returns the list as written.
 pub fn mark_down<S: SharedStore + ?Sized>(
     store: &S,
-    slot: u16,
+    slot: PodSlot,
     until_ms: u64,
     now_ms: u64,
-) -> Result<Vec<(u16, u64)>, StoreError> {
+) -> Result<Vec<(PodSlot, u64)>, StoreError> {
     let mut written = Vec::new();
     cas_update(store, DOWN_KEY, 8, |cur| {
-        let mut down: Vec<(u16, u64)> = decode_down(cur.unwrap_or(&[]))
+        let mut down: Vec<(PodSlot, u64)> = decode_down(cur.unwrap_or(&[]))
             .into_iter()
             .filter(|(s, until)| *until > now_ms && *s != slot)
             .collect();
@@ -116,9 +119,9 @@ pub type SharedView = Rc<RefCell<FleetView>>;
 #[derive(Debug, Clone, Default)]
 pub struct FleetView {
     members: Members,
-    by_slot: HashMap<u16, (String, String)>,
-    by_name: HashMap<String, u16>,
-    down: Vec<(u16, u64)>,
+    by_slot: HashMap<PodSlot, (String, String)>,
+    by_name: HashMap<String, PodSlot>,
+    down: Vec<(PodSlot, u64)>,
     bound: usize,
 }
 
@@ -141,7 +144,7 @@ impl FleetView {
         self.bound = self
             .by_slot
             .keys()
-            .map(|s| usize::from(*s) + 1)
+            .map(|s| s.index() + 1)
             .max()
             .unwrap_or(0);
         self.members = members;
@@ -153,7 +156,7 @@ impl FleetView {
         &self.members
     }
 
-    pub(crate) fn set_down(&mut self, down: Vec<(u16, u64)>) {
+    pub(crate) fn set_down(&mut self, down: Vec<(PodSlot, u64)>) {
         self.down = down;
     }
 
@@ -165,7 +168,7 @@ impl FleetView {
         self.members.pools.get(pool).map_or(&[], Vec::as_slice)
     }
 
-    fn cooling(&self, slot: u16, now_ms: u64) -> bool {
+    fn cooling(&self, slot: PodSlot, now_ms: u64) -> bool {
         self.down
             .iter()
             .any(|(s, until)| *s == slot && *until > now_ms)
@@ -176,9 +179,9 @@ impl FleetView {
     /// cooldown. If that leaves none, every member of the pool (as Envoy's
     /// panic routing does): routing never stops while the pool has members.
     /// A pool with no members yet has none: its requests pass through.
-    pub fn routable(&self, pool: &str, now_ms: u64) -> Vec<u16> {
+    pub fn routable(&self, pool: &str, now_ms: u64) -> Vec<PodSlot> {
         let pool = self.pool(pool);
-        let ok: Vec<u16> = pool
+        let ok: Vec<PodSlot> = pool
             .iter()
             .filter(|m| m.healthy && !self.cooling(m.slot, now_ms))
             .map(|m| m.slot)
@@ -190,21 +193,21 @@ impl FleetView {
         }
     }
 
-    pub(crate) fn address(&self, slot: u16) -> Option<&str> {
+    pub(crate) fn address(&self, slot: PodSlot) -> Option<&str> {
         self.by_slot.get(&slot).map(|(_, a)| a.as_str())
     }
 
-    pub(crate) fn name(&self, slot: u16) -> Option<&str> {
+    pub(crate) fn name(&self, slot: PodSlot) -> Option<&str> {
         self.by_slot.get(&slot).map(|(n, _)| n.as_str())
     }
 
     /// Slot of a current member by name (None for anyone else).
-    pub fn slot_of(&self, name: &str) -> Option<u16> {
+    pub fn slot_of(&self, name: &str) -> Option<PodSlot> {
         self.by_name.get(name).copied()
     }
 
     /// Every member: (slot, name, address), each once.
-    pub fn all(&self) -> impl Iterator<Item = (u16, &str, &str)> {
+    pub fn all(&self) -> impl Iterator<Item = (PodSlot, &str, &str)> {
         self.by_slot
             .iter()
             .map(|(s, (n, a))| (*s, n.as_str(), a.as_str()))
@@ -253,10 +256,10 @@ pub(crate) fn cluster_members<S: SharedStore + ?Sized>(
     names.sort_unstable();
     names.dedup();
     let (slots, _) = NameRegistry::pods(store).intern(&names, now_secs, retire_secs)?;
-    let slot_of: HashMap<&str, u16> = names
+    let slot_of: HashMap<&str, PodSlot> = names
         .iter()
         .zip(slots)
-        .filter_map(|(n, s)| Some((*n, s?)))
+        .filter_map(|(n, s)| Some((*n, PodSlot::new(s?))))
         .collect();
     let pools = pools
         .iter()
@@ -343,10 +346,10 @@ mod tests {
     fn cooldown_list_is_bounded_and_drops_expired() {
         let store = MemStore::new();
         for slot in 0..(MAX_DOWN as u16 + 10) {
-            mark_down(&store, slot, 10_000, 0).unwrap();
+            mark_down(&store, PodSlot::new(slot), 10_000, 0).unwrap();
         }
-        let down = mark_down(&store, 7, 20_000, 15_000).unwrap();
-        assert_eq!(down, vec![(7, 20_000)]);
+        let down = mark_down(&store, PodSlot::new(7), 20_000, 15_000).unwrap();
+        assert_eq!(down, vec![(PodSlot::new(7), 20_000)]);
         let (v, _) = store.get(DOWN_KEY).unwrap();
         assert!(decode_down(&v.unwrap()).len() <= MAX_DOWN);
     }

@@ -17,6 +17,7 @@ use proxy_wasm::types::{BufferType, MetricType};
 use super::abi;
 use crate::config::{PoolSource, Settings};
 use crate::fleet::SharedView;
+use crate::route::registry::PodSlot;
 use crate::signals::{self, Outcome, Scraper, Target};
 use crate::sync::CallFailed;
 
@@ -25,13 +26,13 @@ pub struct SignalService {
     view: SharedView,
     scraper: Scraper,
     /// dispatch token -> pod slot.
-    calls: HashMap<u32, u16>,
+    calls: HashMap<u32, PodSlot>,
     scrapes: u32,
     fallbacks: u32,
     good: u32,
     /// Pods whose scrapes fail (logged once when they start to, and when
     /// they read again); at most the live pods.
-    failing: HashSet<u16>,
+    failing: HashSet<PodSlot>,
 }
 
 fn def(kind: MetricType, name: &str) -> u32 {
@@ -145,7 +146,7 @@ impl SignalService {
         true
     }
 
-    fn count(&mut self, slot: u16, address: &str, out: Outcome) {
+    fn count(&mut self, slot: PodSlot, address: &str, out: Outcome) {
         match out {
             Outcome::Scraped => {
                 let _ = hostcalls::increment_metric(self.scrapes, 1);

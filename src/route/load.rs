@@ -18,7 +18,7 @@
 //! Counts are a `u32` per pod slot (index = the pod's registry slot, see
 //! [`crate::route::registry`]), little endian.
 
-use crate::route::registry::MAX_SLOTS;
+use crate::route::registry::{PodSlot, MAX_SLOTS};
 use crate::route::store::{SharedStore, StoreError};
 
 /// Key holding the other replicas' total, per slot (sync singleton only).
@@ -96,8 +96,8 @@ impl VmLoad {
 
     /// Adds `delta` to `pod`'s count of this VM (saturating at 0); returns
     /// the new count. Pods past [`MAX_SLOTS`] are not counted.
-    pub(crate) fn add(&mut self, pod: u16, delta: i32) -> u32 {
-        let i = usize::from(pod);
+    pub(crate) fn add(&mut self, pod: PodSlot, delta: i32) -> u32 {
+        let i = pod.index();
         if i >= MAX_SLOTS {
             return 0;
         }
@@ -232,8 +232,8 @@ impl PodLatency {
     }
 
     /// A request on `pod` ended.
-    pub fn completed(&mut self, pod: u16) {
-        let i = usize::from(pod);
+    pub fn completed(&mut self, pod: PodSlot) {
+        let i = pod.index();
         if i >= MAX_SLOTS {
             return;
         }
@@ -249,8 +249,8 @@ impl PodLatency {
 
     /// Mean ms a request of this VM spent on `pod`, once it has
     /// [`Self::MIN_SAMPLES`] completions.
-    pub fn mean_ms(&self, pod: u16) -> Option<u64> {
-        let (ms, n) = self.sums.get(usize::from(pod)).copied()?;
+    pub fn mean_ms(&self, pod: PodSlot) -> Option<u64> {
+        let (ms, n) = self.sums.get(pod.index()).copied()?;
         (n >= Self::MIN_SAMPLES).then(|| ms / u64::from(n))
     }
 }
@@ -329,15 +329,19 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    fn p(n: u16) -> PodSlot {
+        PodSlot::new(n)
+    }
+
     #[test]
     fn own_counts_are_exact_and_saturate_at_zero() {
         let mut vm = VmLoad::new(1);
-        assert_eq!(vm.add(1, 1), 1);
-        assert_eq!(vm.add(1, 1), 2);
-        assert_eq!(vm.add(2, 1), 1);
+        assert_eq!(vm.add(p(1), 1), 1);
+        assert_eq!(vm.add(p(1), 1), 2);
+        assert_eq!(vm.add(p(2), 1), 1);
         assert_eq!(vm.replica(3), vec![0, 2, 1]);
-        assert_eq!(vm.add(0, -1), 0);
-        let past = u16::try_from(MAX_SLOTS).unwrap();
+        assert_eq!(vm.add(p(0), -1), 0);
+        let past = PodSlot::new(u16::try_from(MAX_SLOTS).unwrap());
         assert_eq!(vm.add(past, 1), 0, "out of range is not counted");
     }
 
@@ -345,8 +349,8 @@ mod tests {
     fn each_vm_sees_the_others_after_a_tick() {
         let s = MemStore::new();
         let (mut a, mut b) = (VmLoad::new(1), VmLoad::new(2));
-        a.add(0, 3);
-        b.add(1, 2);
+        a.add(p(0), 3);
+        b.add(p(1), 2);
         a.refresh(&s, 1000, false).unwrap();
         b.refresh(&s, 1000, false).unwrap();
         a.refresh(&s, 1250, false).unwrap();
@@ -355,7 +359,7 @@ mod tests {
         assert_eq!(b.replica(2), vec![3, 2]);
         assert_eq!(replica_total(&s, 1250).unwrap(), vec![3, 2]);
         // Released on A: exact on A at once, on B after A's next tick.
-        a.add(0, -3);
+        a.add(p(0), -3);
         assert_eq!(a.replica(2), vec![0, 2]);
         a.refresh(&s, 1500, false).unwrap();
         b.refresh(&s, 1500, false).unwrap();
@@ -366,7 +370,7 @@ mod tests {
     fn a_vm_that_stops_ticking_stops_counting_and_its_key_is_reused() {
         let s = MemStore::new();
         let (mut dead, mut live) = (VmLoad::new(1), VmLoad::new(2));
-        dead.add(0, 5);
+        dead.add(p(0), 5);
         dead.refresh(&s, 1000, false).unwrap();
         live.refresh(&s, 1000, false).unwrap();
         assert_eq!(live.replica(1), vec![5]);
@@ -385,7 +389,7 @@ mod tests {
             .all(|&c| c == 0));
         // A reloaded VM takes the dead one's key; the key space stays put.
         let mut new = VmLoad::new(3);
-        new.add(0, 1);
+        new.add(p(0), 1);
         new.refresh(&s, 7000, false).unwrap();
         assert_eq!(new.key(), Some(0));
         assert_eq!(s.key_count(), 2);
@@ -413,7 +417,7 @@ mod tests {
     fn fleet_adds_the_other_replicas() {
         let s = MemStore::new();
         let mut vm = VmLoad::new(1);
-        vm.add(0, 1);
+        vm.add(p(0), 1);
         set_remote(&s, &[4, 5]).unwrap();
         vm.refresh(&s, 1000, true).unwrap();
         assert_eq!(vm.fleet(2), vec![5, 5]);
@@ -429,15 +433,15 @@ mod tests {
         for t in 1..=4 {
             l.tick(&[2, 0], t * 250);
         }
-        assert_eq!(l.mean_ms(0), None, "too few completions");
+        assert_eq!(l.mean_ms(p(0)), None, "too few completions");
         for _ in 0..4 {
-            l.completed(0);
+            l.completed(p(0));
         }
-        assert_eq!(l.mean_ms(0), Some(500));
-        assert_eq!(l.mean_ms(1), None);
+        assert_eq!(l.mean_ms(p(0)), Some(500));
+        assert_eq!(l.mean_ms(p(1)), None);
         // A stalled VM counts at most a second per tick.
         l.tick(&[2, 0], 60_000);
-        assert_eq!(l.mean_ms(0), Some(1000));
+        assert_eq!(l.mean_ms(p(0)), Some(1000));
     }
 
     #[test]
@@ -446,10 +450,10 @@ mod tests {
         l.tick(&[1], 0);
         l.tick(&[1], 1000);
         for _ in 0..PodLatency::WINDOW {
-            l.completed(0);
+            l.completed(p(0));
         }
         assert_eq!(l.sums[0], (500, PodLatency::WINDOW / 2));
-        l.completed(u16::try_from(MAX_SLOTS).unwrap());
+        l.completed(PodSlot::new(u16::try_from(MAX_SLOTS).unwrap()));
         assert!(l.sums.len() <= MAX_SLOTS);
     }
 
@@ -458,7 +462,7 @@ mod tests {
         let s = MemStore::new();
         s.set(&vm_key(0), b"junk", None).unwrap();
         let mut vm = VmLoad::new(9);
-        vm.add(0, 1);
+        vm.add(p(0), 1);
         vm.refresh(&s, 1000, false).unwrap();
         assert_eq!(vm.key(), Some(0));
         assert_eq!(replica_total(&s, 1000).unwrap(), vec![1]);

@@ -13,6 +13,7 @@
 use serde::Deserialize;
 
 use crate::rng::SplitMix64;
+use crate::route::registry::PodSlot;
 use crate::signals::PodSignals;
 
 /// Which rules choose the pod.
@@ -118,17 +119,17 @@ pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
 #[allow(clippy::too_many_arguments)]
 pub fn choose_load_aware(
     cfg: &LoadAwareConfig,
-    pool: &[u16],
+    pool: &[PodSlot],
     loads: &PodLoads<'_>,
-    matches: &[(u16, u32)],
+    matches: &[(PodSlot, u32)],
     total_blocks: usize,
     share: f64,
     turn: usize,
     rng: &mut SplitMix64,
 ) -> Option<Choice> {
-    let at = |v: &[u32], pod: u16| v.get(usize::from(pod)).copied().unwrap_or(0);
-    let load_of = |pod: u16| at(loads.queue, pod);
-    let matched_of = |pod: u16| -> u32 {
+    let at = |v: &[u32], pod: PodSlot| v.get(pod.index()).copied().unwrap_or(0);
+    let load_of = |pod: PodSlot| at(loads.queue, pod);
+    let matched_of = |pod: PodSlot| -> u32 {
         matches
             .iter()
             .filter(|(p, _)| *p == pod)
@@ -138,7 +139,7 @@ pub fn choose_load_aware(
     };
     // Recent requests weighted by slowness: a pod 3x slower carries a
     // request's traffic three times over.
-    let sent_of = |pod: u16| -> u64 {
+    let sent_of = |pod: PodSlot| -> u64 {
         let slow = match at(loads.slowness, pod) {
             0 => 1000,
             s => u64::from(s),
@@ -150,7 +151,7 @@ pub fn choose_load_aware(
         .ceil()
         .min(f64::from(u32::MAX)) as u32;
     let bound = min.saturating_add(cfg.slack_abs.max(rel));
-    let score = |pod: u16| -> i64 {
+    let score = |pod: PodSlot| -> i64 {
         let extra = i64::from(load_of(pod) - min);
         let slow = match at(loads.slowness, pod) {
             0 => 1000,
@@ -164,7 +165,7 @@ pub fn choose_load_aware(
     };
     // (score, match, -load, -in flight, -sent, -placed) decides; equal
     // keys tie.
-    let key = |pod: u16| {
+    let key = |pod: PodSlot| {
         (
             score(pod),
             matched_of(pod),
@@ -176,7 +177,7 @@ pub fn choose_load_aware(
     };
     let eligible = pool.iter().copied().filter(|&p| load_of(p) <= bound);
     let best = eligible.clone().map(key).max()?;
-    let mut tied: Vec<u16> = eligible.clone().filter(|&p| key(p) == best).collect();
+    let mut tied: Vec<PodSlot> = eligible.clone().filter(|&p| key(p) == best).collect();
     let mut pod = if best.1 == 0 {
         tied[turn % tied.len()]
     } else {
@@ -188,11 +189,11 @@ pub fn choose_load_aware(
     let n = pool.len();
     let fair = share * n as f64;
     if matched > 0 && fair >= 0.5 {
-        let holds = |p: u16| u64::from(matched_of(p)) * 2 >= u64::from(matched);
+        let holds = |p: PodSlot| u64::from(matched_of(p)) * 2 >= u64::from(matched);
         // Holders over the whole pool: one briefly above the bound still
         // holds the prefix, and copying past it would make a third copy.
         let holders = pool.iter().filter(|&&p| holds(p)).count();
-        let sent = |p: u16| sent_of(p) * n as u64;
+        let sent = |p: PodSlot| sent_of(p) * n as u64;
         let total: u64 = pool.iter().map(|&p| sent_of(p)).sum();
         let mut wanted = ((fair * 0.9).ceil() as usize).clamp(1, n);
         if holders == 1 && sent(pod) * 20 > total * 23 {
@@ -202,7 +203,7 @@ pub fn choose_load_aware(
             .filter(|&p| !holds(p))
             .min_by_key(|&p| (load_of(p), sent_of(p), at(loads.placed, p)));
         // Only under load: on idle pods a copy is a miss that buys nothing.
-        let busier = |c: u16| at(loads.inflight, pod) > at(loads.inflight, c);
+        let busier = |c: PodSlot| at(loads.inflight, pod) > at(loads.inflight, c);
         if let Some(c) = copy_to
             .filter(|&c| holders < wanted && busier(c) && sent(c) < sent(pod) && sent(c) < total)
         {
@@ -274,7 +275,7 @@ pub(crate) enum Reason {
 /// The policy's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Choice {
-    pub pod: u16,
+    pub pod: PodSlot,
     pub(crate) reason: Reason,
     /// Share of the request's blocks the chosen pod already holds, 0..=100.
     pub(crate) match_percent: u8,
@@ -294,15 +295,15 @@ pub struct Choice {
 /// Returns None only for an empty pool.
 pub(crate) fn choose(
     cfg: &PolicyConfig,
-    pool: &[u16],
+    pool: &[PodSlot],
     load: &[u32],
-    matches: &[(u16, u32)],
+    matches: &[(PodSlot, u32)],
     total_blocks: usize,
     turn: usize,
     rng: &mut SplitMix64,
 ) -> Option<Choice> {
-    let load_of = |pod: u16| load.get(usize::from(pod)).copied().unwrap_or(0);
-    let percent_of = |pod: u16| -> u8 {
+    let load_of = |pod: PodSlot| load.get(pod.index()).copied().unwrap_or(0);
+    let percent_of = |pod: PodSlot| -> u8 {
         let matched = matches
             .iter()
             .find(|(p, _)| *p == pod)
@@ -320,15 +321,15 @@ pub(crate) fn choose(
     if pool.is_empty() {
         return None;
     }
-    let least_loaded = || -> u16 {
-        let mins: Vec<u16> = pool
+    let least_loaded = || -> PodSlot {
+        let mins: Vec<PodSlot> = pool
             .iter()
             .copied()
             .filter(|&p| load_of(p) == min)
             .collect();
         mins[turn % mins.len()]
     };
-    let pick = |pod: u16, reason: Reason| Choice {
+    let pick = |pod: PodSlot, reason: Reason| Choice {
         pod,
         reason,
         match_percent: percent_of(pod),
@@ -341,7 +342,7 @@ pub(crate) fn choose(
 
     // 2-3. Longest match first, then fewer in flight, ties shuffled; take the
     // first within mean + factor x stddev.
-    let mut matched: Vec<(u16, u32)> = matches
+    let mut matched: Vec<(PodSlot, u32)> = matches
         .iter()
         .copied()
         .filter(|(p, m)| *m > 0 && pool.contains(p))
@@ -375,6 +376,19 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    /// Pods by number: test pools and matches are written as bare slots.
+    fn p(n: u16) -> PodSlot {
+        PodSlot::new(n)
+    }
+
+    fn pods(ns: &[u16]) -> Vec<PodSlot> {
+        ns.iter().copied().map(p).collect()
+    }
+
+    fn ms(matches: &[(u16, u32)]) -> Vec<(PodSlot, u32)> {
+        matches.iter().map(|&(n, m)| (p(n), m)).collect()
+    }
+
     const CFG: PolicyConfig = PolicyConfig {
         imbalance_abs_count: 16,
         stddev_factor: 2.0,
@@ -383,9 +397,9 @@ mod tests {
     fn run(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, seed: u64) -> Choice {
         choose(
             &CFG,
-            pool,
+            &pods(pool),
             load,
-            matches,
+            &ms(matches),
             total,
             seed as usize,
             &mut SplitMix64::new(seed),
@@ -407,7 +421,7 @@ mod tests {
         assert_eq!(
             c,
             Choice {
-                pod: 1,
+                pod: p(1),
                 reason: Reason::PrefixMatch,
                 match_percent: 50
             }
@@ -419,7 +433,7 @@ mod tests {
         let c = run(&[0, 1, 2], &[3, 1, 0], &[(0, 4), (1, 4)], 4, 1);
         assert_eq!(
             (c.pod, c.reason, c.match_percent),
-            (1, Reason::PrefixMatch, 100)
+            (p(1), Reason::PrefixMatch, 100)
         );
     }
 
@@ -428,7 +442,7 @@ mod tests {
         let mut seen = [false; 2];
         for seed in 0..32 {
             let c = run(&[0, 1], &[0, 0], &[(0, 4), (1, 4)], 4, seed);
-            seen[usize::from(c.pod)] = true;
+            seen[c.pod.index()] = true;
         }
         assert_eq!(seen, [true, true]);
     }
@@ -436,11 +450,14 @@ mod tests {
     #[test]
     fn no_match_goes_to_least_loaded_and_ties_rotate_evenly() {
         let c = run(&[0, 1, 2], &[2, 0, 1], &[], 4, 1);
-        assert_eq!((c.pod, c.reason, c.match_percent), (1, Reason::NoMatch, 0));
+        assert_eq!(
+            (c.pod, c.reason, c.match_percent),
+            (p(1), Reason::NoMatch, 0)
+        );
         // Concurrency 1: every pod idle; consecutive turns place one per pod.
         let mut seen = [0u32; 3];
         for turn in 0..60 {
-            seen[usize::from(run(&[0, 1, 2], &[0, 0, 0], &[], 4, turn).pod)] += 1;
+            seen[run(&[0, 1, 2], &[0, 0, 0], &[], 4, turn).pod.index()] += 1;
         }
         assert_eq!(seen, [20, 20, 20]);
     }
@@ -448,14 +465,14 @@ mod tests {
     #[test]
     fn imbalance_sends_to_least_loaded_even_with_a_match() {
         let c = run(&[0, 1, 2], &[20, 3, 4], &[(0, 8)], 8, 1);
-        assert_eq!((c.pod, c.reason), (1, Reason::LoadGuard));
+        assert_eq!((c.pod, c.reason), (p(1), Reason::LoadGuard));
     }
 
     #[test]
     fn spread_at_threshold_is_not_imbalance() {
         let c = run(&[0, 1], &[16, 0], &[(0, 8)], 8, 1);
         // spread 16 is not > 16; but pod 0 is above mean + 2 sd? mean 8, sd 8 -> bound 24: taken.
-        assert_eq!((c.pod, c.reason), (0, Reason::PrefixMatch));
+        assert_eq!((c.pod, c.reason), (p(0), Reason::PrefixMatch));
     }
 
     #[test]
@@ -467,9 +484,9 @@ mod tests {
         // loads 10,0,0,0: mean 2.5, sd 4.33, bound 4.67 -> pod 0 too busy, pod 1 (shorter match) ok.
         let c = choose(
             &cfg,
-            &[0, 1, 2, 3],
+            &pods(&[0, 1, 2, 3]),
             &[10, 0, 0, 0],
-            &[(0, 8), (1, 4)],
+            &ms(&[(0, 8), (1, 4)]),
             8,
             0,
             &mut SplitMix64::new(3),
@@ -477,7 +494,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (c.pod, c.reason, c.match_percent),
-            (1, Reason::PrefixMatch, 50)
+            (p(1), Reason::PrefixMatch, 50)
         );
     }
 
@@ -489,9 +506,9 @@ mod tests {
         };
         let c = choose(
             &cfg,
-            &[0, 1, 2, 3],
+            &pods(&[0, 1, 2, 3]),
             &[10, 0, 1, 1],
-            &[(0, 8)],
+            &ms(&[(0, 8)]),
             8,
             0,
             &mut SplitMix64::new(3),
@@ -499,7 +516,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (c.pod, c.reason, c.match_percent),
-            (1, Reason::LoadGuard, 0)
+            (p(1), Reason::LoadGuard, 0)
         );
     }
 
@@ -507,13 +524,13 @@ mod tests {
     fn matches_outside_the_pool_are_ignored() {
         let c = run(&[1, 2], &[0, 0, 0], &[(0, 8)], 8, 1);
         assert_eq!(c.reason, Reason::NoMatch);
-        assert_ne!(c.pod, 0);
+        assert_ne!(c.pod, p(0));
     }
 
     #[test]
     fn single_pod_pool_ignores_imbalance() {
         let c = run(&[0], &[100], &[], 1, 1);
-        assert_eq!((c.pod, c.reason), (0, Reason::NoMatch));
+        assert_eq!((c.pod, c.reason), (p(0), Reason::NoMatch));
     }
 
     const LA: LoadAwareConfig = LoadAwareConfig {
@@ -533,9 +550,9 @@ mod tests {
         };
         choose_load_aware(
             &LA,
-            pool,
+            &pods(pool),
             &loads,
-            matches,
+            &ms(matches),
             total,
             0.0,
             turn,
@@ -554,9 +571,9 @@ mod tests {
     ) -> Choice {
         choose_load_aware(
             &LA,
-            pool,
+            &pods(pool),
             loads,
-            matches,
+            &ms(matches),
             total,
             share,
             0,
@@ -586,7 +603,7 @@ mod tests {
         assert_eq!(
             c,
             Choice {
-                pod: 1,
+                pod: p(1),
                 reason: Reason::PrefixMatch,
                 match_percent: 50
             }
@@ -599,10 +616,10 @@ mod tests {
         // pod always passes it (and k = 12 is under its imbalance guard).
         let load = [12, 0, 0, 0];
         let aibrix = run(&[0, 1, 2, 3], &load, &[(0, 100)], 100, 1);
-        assert_eq!((aibrix.pod, aibrix.reason), (0, Reason::PrefixMatch));
+        assert_eq!((aibrix.pod, aibrix.reason), (p(0), Reason::PrefixMatch));
         // Load-aware: 12 > 0 + max(2, 0) -> out, whatever the match.
         let c = la(&[0, 1, 2, 3], &load, &[(0, 1000)], 1000, 0);
-        assert_ne!(c.pod, 0);
+        assert_ne!(c.pod, p(0));
         assert_eq!((c.reason, c.match_percent), (Reason::LoadGuard, 0));
     }
 
@@ -610,17 +627,17 @@ mod tests {
     fn load_aware_works_with_two_pods() {
         // 3 > 0 + 2: out. 2 is within the slack and the match pays for it.
         let out = la(&[0, 1], &[3, 0], &[(0, 100)], 100, 0);
-        assert_eq!((out.pod, out.reason), (1, Reason::LoadGuard));
+        assert_eq!((out.pod, out.reason), (p(1), Reason::LoadGuard));
         let kept = la(&[0, 1], &[2, 0], &[(0, 100)], 100, 0);
-        assert_eq!((kept.pod, kept.reason), (0, Reason::PrefixMatch));
+        assert_eq!((kept.pod, kept.reason), (p(0), Reason::PrefixMatch));
     }
 
     #[test]
     fn load_aware_slack_grows_with_the_least_loaded_pods_load() {
         // min 10: bound 10 + max(2, 5) = 15. 15 stays, 16 is out.
         let pool = [0, 1];
-        assert_eq!(la(&pool, &[15, 10], &[(0, 100)], 100, 0).pod, 0);
-        assert_eq!(la(&pool, &[16, 10], &[(0, 100)], 100, 0).pod, 1);
+        assert_eq!(la(&pool, &[15, 10], &[(0, 100)], 100, 0).pod, p(0));
+        assert_eq!(la(&pool, &[16, 10], &[(0, 100)], 100, 0).pod, p(1));
     }
 
     #[test]
@@ -630,9 +647,9 @@ mod tests {
         // on its match.
         let pool = [0, 1];
         let c = la(&pool, &[2, 0], &[(0, 6)], 100, 0);
-        assert_eq!((c.pod, c.reason), (1, Reason::LoadGuard));
-        assert_eq!(la(&pool, &[2, 0], &[(0, 9)], 100, 0).pod, 0);
-        assert_eq!(la(&pool, &[2, 0], &[(0, 8)], 100, 0).pod, 0);
+        assert_eq!((c.pod, c.reason), (p(1), Reason::LoadGuard));
+        assert_eq!(la(&pool, &[2, 0], &[(0, 9)], 100, 0).pod, p(0));
+        assert_eq!(la(&pool, &[2, 0], &[(0, 8)], 100, 0).pod, p(0));
     }
 
     #[test]
@@ -641,17 +658,17 @@ mod tests {
         let c = la(&[0, 1, 2], &[2, 0, 0], &[(0, 40), (1, 36)], 40, 0);
         assert_eq!(
             (c.pod, c.reason, c.match_percent),
-            (1, Reason::PrefixMatch, 90)
+            (p(1), Reason::PrefixMatch, 90)
         );
     }
 
     #[test]
     fn load_aware_no_match_goes_to_least_loaded_and_ties_rotate() {
         let c = la(&[0, 1, 2], &[2, 0, 1], &[], 4, 0);
-        assert_eq!((c.pod, c.reason), (1, Reason::NoMatch));
+        assert_eq!((c.pod, c.reason), (p(1), Reason::NoMatch));
         let mut seen = [0u32; 3];
         for turn in 0..30 {
-            seen[usize::from(la(&[0, 1, 2], &[0, 0, 0], &[], 4, turn).pod)] += 1;
+            seen[la(&[0, 1, 2], &[0, 0, 0], &[], 4, turn).pod.index()] += 1;
         }
         assert_eq!(seen, [10, 10, 10]);
     }
@@ -669,7 +686,7 @@ mod tests {
         for turn in 0..8 {
             let c = choose_load_aware(
                 &LA,
-                &[0, 1],
+                &pods(&[0, 1]),
                 &loads,
                 &[],
                 4,
@@ -678,7 +695,7 @@ mod tests {
                 &mut SplitMix64::new(1),
             )
             .unwrap();
-            assert_eq!(c.pod, 1);
+            assert_eq!(c.pod, p(1));
         }
     }
 
@@ -692,7 +709,7 @@ mod tests {
             slowness: &[],
         };
         let c = la_with(&loads, &[0, 1, 2], &[], 4, 0.0);
-        assert_eq!((c.pod, c.reason), (1, Reason::NoMatch));
+        assert_eq!((c.pod, c.reason), (p(1), Reason::NoMatch));
     }
 
     #[test]
@@ -707,16 +724,16 @@ mod tests {
             slowness: &[1000, 1000],
         };
         let pick = |l: &PodLoads<'_>| la_with(l, &[0, 1], &[(0, 10)], 10, 0.0).pod;
-        assert_eq!(pick(&loads), 0);
+        assert_eq!(pick(&loads), p(0));
         loads.slowness = &[1500, 1000];
-        assert_eq!(pick(&loads), 1);
+        assert_eq!(pick(&loads), p(1));
     }
 
     #[test]
     fn load_aware_equal_matches_and_loads_are_shuffled() {
         let mut seen = [false; 2];
         for turn in 0..32 {
-            seen[usize::from(la(&[0, 1], &[0, 0], &[(0, 4), (1, 4)], 4, turn).pod)] = true;
+            seen[la(&[0, 1], &[0, 0], &[(0, 4), (1, 4)], 4, turn).pod.index()] = true;
         }
         assert_eq!(seen, [true, true]);
     }
@@ -730,7 +747,7 @@ mod tests {
             sent: &[40, 10, 30],
             slowness: &[],
         };
-        assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, 1);
+        assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(1));
     }
 
     #[test]
@@ -746,18 +763,21 @@ mod tests {
             la_with(loads, &[0, 1, 2], matches, 40, share)
         };
         // A small group stays on its holder, busy or not.
-        assert_eq!(pick(&loads, &[(0, 40)], 0.1).pod, 0);
+        assert_eq!(pick(&loads, &[(0, 40)], 0.1).pod, p(0));
         // More than two pods' worth of traffic on one holder: copied to the
         // least busy pod.
         let c = pick(&loads, &[(0, 40), (1, 4)], 0.7);
-        assert_eq!((c.pod, c.reason, c.match_percent), (2, Reason::Spread, 0));
+        assert_eq!(
+            (c.pod, c.reason, c.match_percent),
+            (p(2), Reason::Spread, 0)
+        );
         // Two holders (at least half the best match each) are enough.
         let c = pick(&loads, &[(0, 40), (2, 20)], 0.7);
-        assert_eq!((c.pod, c.reason), (0, Reason::PrefixMatch));
+        assert_eq!((c.pod, c.reason), (p(0), Reason::PrefixMatch));
         // A big group (a fifth of 3 pods' traffic) on a pod carrying over
         // 1.15x its share is copied once; on an even pod it is not.
         let c = pick(&loads, &[(0, 40)], 0.2);
-        assert_eq!((c.pod, c.reason), (2, Reason::Spread));
+        assert_eq!((c.pod, c.reason), (p(2), Reason::Spread));
         let even = PodLoads {
             sent: &[30, 25, 25],
             ..loads
@@ -775,14 +795,14 @@ mod tests {
             ..loads
         };
         let c = pick(&quiet, &[(0, 40)], 0.9);
-        assert_eq!((c.pod, c.reason), (0, Reason::PrefixMatch));
+        assert_eq!((c.pod, c.reason), (p(0), Reason::PrefixMatch));
     }
 
     #[test]
     fn load_aware_ignores_matches_outside_the_pool() {
         let c = la(&[1, 2], &[0, 0, 0], &[(0, 8)], 8, 0);
         assert_eq!(c.reason, Reason::NoMatch);
-        assert_ne!(c.pod, 0);
+        assert_ne!(c.pod, p(0));
     }
 
     #[test]
@@ -804,16 +824,16 @@ mod tests {
         };
         let c = choose_load_aware(
             &cfg,
-            &[0, 1],
+            &pods(&[0, 1]),
             &loads,
-            &[(0, 1)],
+            &ms(&[(0, 1)]),
             1,
             0.0,
             0,
             &mut SplitMix64::new(1),
         )
         .unwrap();
-        assert_eq!(c.pod, 1);
+        assert_eq!(c.pod, p(1));
     }
 
     #[test]

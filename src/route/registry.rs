@@ -2,7 +2,7 @@
 //! models each have one.
 //!
 //! Table records and in-flight counters name a pod and a model by a `u16`
-//! slot to stay small. A slot is *not* a position in some list (that shifted
+//! slot to stay small (a pod's is typed as [`PodSlot`]). A slot is *not* a position in some list (that shifted
 //! every index when a config update added a pod); it is given to a name once,
 //! in a registry that every VM of the `vm_id` shares and that survives plugin
 //! config updates. So a slot means the same pod (model) for every worker, the
@@ -18,7 +18,44 @@
 //! Layout of one registry value: per slot, in slot order,
 //! `last_seen u32 | len u8 | name bytes` (little endian; `len` 0 = free).
 
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
 use crate::route::store::{cas_update, SharedStore, StoreError};
+
+/// A pod's slot in the pod registry: how table records, in-flight counters,
+/// load reports, signals and cooldowns name a pod. On the wire (records,
+/// handoff messages, cooldowns, signals) it is the bare `u16`, little endian;
+/// in JSON (published members) a bare number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PodSlot(u16);
+
+impl PodSlot {
+    pub const fn new(raw: u16) -> Self {
+        PodSlot(raw)
+    }
+
+    /// Position in per-slot vectors (`vec[slot.index()]`).
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+
+    pub const fn to_le_bytes(self) -> [u8; 2] {
+        self.0.to_le_bytes()
+    }
+
+    pub const fn from_le_bytes(bytes: [u8; 2]) -> Self {
+        PodSlot(u16::from_le_bytes(bytes))
+    }
+}
+
+impl fmt::Display for PodSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
 
 /// Shared-data key of the pod registry.
 pub(crate) const PODS_KEY: &str = "fleet/pods";

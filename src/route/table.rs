@@ -22,10 +22,11 @@
 //! few buckets. The chain hash makes the anchor a function of the block: a
 //! block hash names its whole prefix, hence its position and its segment.
 //!
-//! A record names its model and pod by `u16` slots of the model and pod
+//! A record names its model and pod by slots (`u16`, [`PodSlot`]) of the model and pod
 //! registries ([`crate::route::registry`]): stable names, bounded, reused only long
 //! after a name was last seen.
 
+use crate::route::registry::PodSlot;
 use crate::route::store::{cas_update, SharedStore, StoreError};
 
 /// Most records one bucket value holds (the segment layout's).
@@ -87,7 +88,7 @@ pub struct Record {
     /// Chooses the bucket: [`anchor_of`] the block's anchor (see [`Layout`]).
     pub(crate) anchor: u32,
     pub(crate) model: u16,
-    pub pod: u16,
+    pub pod: PodSlot,
     pub last_access: u32,
 }
 
@@ -184,7 +185,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         anchor: u32,
         model: u16,
         now: u32,
-        out: &mut Vec<(u16, u32)>,
+        out: &mut Vec<(PodSlot, u32)>,
     ) -> Result<(), StoreError> {
         out.clear();
         for r in self.segment(anchor, model, now)? {
@@ -227,7 +228,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         &self,
         blocks: &[(u64, u32)],
         model: u16,
-        pod: u16,
+        pod: PodSlot,
         now: u32,
     ) -> WriteOutcome {
         let facts: Vec<Record> = blocks
@@ -377,7 +378,7 @@ pub(crate) fn decode_bucket(bytes: &[u8], slots: usize) -> Vec<Record> {
                 block: u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
                 anchor: u32::from_le_bytes([c[8], c[9], c[10], c[11]]),
                 model: u16::from_le_bytes([c[12], c[13]]),
-                pod: u16::from_le_bytes([c[14], c[15]]),
+                pod: PodSlot::from_le_bytes([c[14], c[15]]),
                 last_access: u32::from_le_bytes([c[16], c[17], c[18], c[19]]),
             })
             .collect(),
@@ -405,16 +406,20 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    fn p(n: u16) -> PodSlot {
+        PodSlot::new(n)
+    }
+
     /// Blocks in the per-block layout: each its own anchor.
     fn own(blocks: &[u64]) -> Vec<(u64, u32)> {
         blocks.iter().map(|&b| (b, b as u32)).collect()
     }
 
-    fn holders(t: &PrefixTable<'_, MemStore>, block: u64, model: u16, now: u32) -> Vec<u16> {
+    fn holders(t: &PrefixTable<'_, MemStore>, block: u64, model: u16, now: u32) -> Vec<PodSlot> {
         let mut v = Vec::new();
         t.pods_holding(block, block as u32, model, now, &mut v)
             .unwrap();
-        let mut pods: Vec<u16> = v.into_iter().map(|(p, _)| p).collect();
+        let mut pods: Vec<PodSlot> = v.into_iter().map(|(p, _)| p).collect();
         pods.sort_unstable();
         pods
     }
@@ -423,25 +428,25 @@ mod tests {
     fn record_then_lookup_per_model_and_pod() {
         let s = MemStore::new();
         let t = PrefixTable::new(&s, TableConfig::new(1024, 60, Layout::PerBlock));
-        t.record(&own(&[1, 2, 3]), 0, 5, 100);
-        t.record(&own(&[1]), 0, 6, 100);
-        t.record(&own(&[1]), 1, 7, 100);
-        assert_eq!(holders(&t, 1, 0, 101), vec![5, 6]);
-        assert_eq!(holders(&t, 3, 0, 101), vec![5]);
-        assert_eq!(holders(&t, 1, 1, 101), vec![7]);
-        assert_eq!(holders(&t, 9, 0, 101), Vec::<u16>::new());
+        t.record(&own(&[1, 2, 3]), 0, p(5), 100);
+        t.record(&own(&[1]), 0, p(6), 100);
+        t.record(&own(&[1]), 1, p(7), 100);
+        assert_eq!(holders(&t, 1, 0, 101), vec![p(5), p(6)]);
+        assert_eq!(holders(&t, 3, 0, 101), vec![p(5)]);
+        assert_eq!(holders(&t, 1, 1, 101), vec![p(7)]);
+        assert_eq!(holders(&t, 9, 0, 101), Vec::<PodSlot>::new());
     }
 
     #[test]
     fn idle_records_expire_and_slots_are_reused() {
         let s = MemStore::new();
         let t = PrefixTable::new(&s, TableConfig::new(64, 60, Layout::PerBlock));
-        t.record(&own(&[42]), 0, 1, 1000);
-        assert_eq!(holders(&t, 42, 0, 1059), vec![1]);
+        t.record(&own(&[42]), 0, p(1), 1000);
+        assert_eq!(holders(&t, 42, 0, 1059), vec![p(1)]);
         assert!(holders(&t, 42, 0, 1060).is_empty());
         // An expired slot is reused rather than counted as new occupancy.
         let fill: Vec<u64> = (0..8).map(|i| 42 + i * 8).collect();
-        let o = t.record(&own(&fill), 0, 2, 2000);
+        let o = t.record(&own(&fill), 0, p(2), 2000);
         assert_eq!(o.evictions, 0);
         assert_eq!(t.block_records(42, 42, 2000).unwrap().len(), 1);
     }
@@ -461,7 +466,7 @@ mod tests {
                     x
                 })
                 .collect();
-            t.record(&own(&blocks), 0, (round % 4) as u16, 10 + round);
+            t.record(&own(&blocks), 0, p((round % 4) as u16), 10 + round);
         }
         assert_eq!(s.key_count(), 100, "one key per bucket, never more");
         assert!(s.value_bytes() <= 100 * (1 + 8 * RECORD_LEN));
@@ -472,13 +477,13 @@ mod tests {
         let s = MemStore::new();
         let t = PrefixTable::new(&s, TableConfig::new(8, 3600, Layout::PerBlock)); // one bucket
         for i in 0..8u64 {
-            t.record(&own(&[i]), 0, 0, 100 + i as u32);
+            t.record(&own(&[i]), 0, p(0), 100 + i as u32);
         }
-        let o = t.record(&own(&[99]), 0, 0, 200);
+        let o = t.record(&own(&[99]), 0, p(0), 200);
         assert_eq!(o.evictions, 1);
         assert!(holders(&t, 0, 0, 201).is_empty(), "oldest evicted");
-        assert_eq!(holders(&t, 1, 0, 201), vec![0]);
-        assert_eq!(holders(&t, 99, 0, 201), vec![0]);
+        assert_eq!(holders(&t, 1, 0, 201), vec![p(0)]);
+        assert_eq!(holders(&t, 99, 0, 201), vec![p(0)]);
         assert_eq!(o.refused, 0);
     }
 
@@ -486,10 +491,10 @@ mod tests {
     fn a_bucket_full_of_this_seconds_records_refuses_and_counts() {
         let s = MemStore::new();
         let t = PrefixTable::new(&s, TableConfig::new(8, 3600, Layout::PerBlock)); // one bucket
-        let o = t.record(&own(&(0..8).collect::<Vec<u64>>()), 0, 0, 100);
+        let o = t.record(&own(&(0..8).collect::<Vec<u64>>()), 0, p(0), 100);
         assert_eq!((o.evictions, o.refused), (0, 0));
         // A burst within the same second: nothing older to evict.
-        let o = t.record(&own(&[50, 51]), 0, 0, 100);
+        let o = t.record(&own(&[50, 51]), 0, p(0), 100);
         assert_eq!((o.evictions, o.refused), (0, 2));
         assert!(holders(&t, 50, 0, 100).is_empty());
         // A pulled fact older than everything held is refused too.
@@ -498,14 +503,14 @@ mod tests {
                 block: 60,
                 anchor: 60,
                 model: 0,
-                pod: 1,
+                pod: p(1),
                 last_access: 90,
             }],
             100,
         );
         assert_eq!(o.refused, 1);
         // The next second evicts the least recently used.
-        let o = t.record(&own(&[50]), 0, 0, 101);
+        let o = t.record(&own(&[50]), 0, p(0), 101);
         assert_eq!((o.evictions, o.refused), (1, 0));
     }
 
@@ -517,7 +522,7 @@ mod tests {
             block: 7,
             anchor: 7,
             model: 0,
-            pod: 1,
+            pod: p(1),
             last_access: ts,
         };
         t.upsert(&[f(500)], 600);
@@ -541,21 +546,21 @@ mod tests {
     fn cas_conflict_is_retried_without_losing_the_write() {
         let s = MemStore::new();
         let t = PrefixTable::new(&s, TableConfig::new(64, 3600, Layout::PerBlock));
-        t.record(&own(&[1]), 0, 1, 10);
+        t.record(&own(&[1]), 0, p(1), 10);
         s.interfere_next(3);
-        let o = t.record(&own(&[1]), 0, 2, 11);
+        let o = t.record(&own(&[1]), 0, p(2), 11);
         assert_eq!(o.cas_retries, 3);
         assert_eq!(o.failed_buckets, 0);
-        assert_eq!(holders(&t, 1, 0, 12), vec![1, 2]);
+        assert_eq!(holders(&t, 1, 0, 12), vec![p(1), p(2)]);
     }
 
     #[test]
     fn cas_exhaustion_is_reported_not_panicked() {
         let s = MemStore::new();
         let t = PrefixTable::new(&s, TableConfig::new(64, 3600, Layout::PerBlock));
-        t.record(&own(&[1]), 0, 1, 10);
+        t.record(&own(&[1]), 0, p(1), 10);
         s.interfere_next(100);
-        let o = t.record(&own(&[1]), 0, 2, 11);
+        let o = t.record(&own(&[1]), 0, p(2), 11);
         assert_eq!(o.failed_buckets, 1);
     }
 
@@ -563,8 +568,8 @@ mod tests {
     fn new_slots_count_occupancy_growth() {
         let s = MemStore::new();
         let t = PrefixTable::new(&s, TableConfig::new(1024, 3600, Layout::PerBlock));
-        assert_eq!(t.record(&own(&[1, 2, 3]), 0, 1, 10).new_slots, 3);
-        assert_eq!(t.record(&own(&[1, 2, 3]), 0, 1, 11).new_slots, 0);
+        assert_eq!(t.record(&own(&[1, 2, 3]), 0, p(1), 10).new_slots, 3);
+        assert_eq!(t.record(&own(&[1, 2, 3]), 0, p(1), 11).new_slots, 0);
     }
 
     #[test]
@@ -611,7 +616,7 @@ mod tests {
             .chain((0..8u64).map(|b| (2000 + b, 78)))
             .collect();
         let (_, sets) = s.op_counts();
-        let o = t.record(&blocks, 0, 3, 100);
+        let o = t.record(&blocks, 0, p(3), 100);
         assert_eq!(
             s.op_counts().1 - sets,
             2,
@@ -620,12 +625,12 @@ mod tests {
         assert_eq!(o.new_slots, 24);
         let seg = t.segment(77, 0, 101).unwrap();
         assert_eq!(seg.len(), 16);
-        assert!(seg.iter().all(|r| r.pod == 3 && r.anchor == 77));
+        assert!(seg.iter().all(|r| r.pod == p(3) && r.anchor == 77));
         assert_eq!(t.segment(77, 1, 101).unwrap().len(), 0, "other model");
         assert_eq!(t.block_records(2003, 78, 101).unwrap().len(), 1);
         // Four pods holding one dense segment still fit a bucket.
         for pod in 4..7 {
-            let o = t.record(&blocks[..16], 0, pod, 102);
+            let o = t.record(&blocks[..16], 0, p(pod), 102);
             assert_eq!((o.evictions, o.refused), (0, 0));
         }
         assert_eq!(t.segment(77, 0, 103).unwrap().len(), 64);
@@ -640,7 +645,7 @@ mod tests {
             block: u64::MAX,
             anchor: 5,
             model: 3,
-            pod: 9,
+            pod: p(9),
             last_access: 77,
         };
         assert_eq!(decode_bucket(&encode_bucket(&[r], 8), 8), vec![r]);

@@ -4,6 +4,10 @@ use super::*;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
+fn p(n: u16) -> PodSlot {
+    PodSlot::new(n)
+}
+
 const VLLM: &str = "\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -147,7 +151,7 @@ fn garbage_never_panics() {
 fn records_round_trip_and_a_partial_record_is_ignored() {
     let records = vec![
         Record {
-            slot: 3,
+            slot: p(3),
             at_ms: 1_700_000_000_123,
             signals: PodSignals {
                 waiting: 1,
@@ -156,7 +160,7 @@ fn records_round_trip_and_a_partial_record_is_ignored() {
             },
         },
         Record {
-            slot: 1023,
+            slot: p(1023),
             at_ms: 5,
             signals: PodSignals {
                 waiting: u32::MAX,
@@ -175,7 +179,7 @@ fn records_round_trip_and_a_partial_record_is_ignored() {
 fn the_published_value_is_bounded() {
     let records: Vec<Record> = (0..MAX_SLOTS as u16 + 100)
         .map(|slot| Record {
-            slot,
+            slot: p(slot),
             at_ms: 0,
             signals: PodSignals::default(),
         })
@@ -194,16 +198,16 @@ fn workers_ignore_stale_records() {
             kv_permille: None,
         },
     };
-    let bytes = encode(&[rec(1, 1_000), rec(2, 9_000)]);
+    let bytes = encode(&[rec(p(1), 1_000), rec(p(2), 9_000)]);
     let view = SignalView::from_published(&bytes, 10_000, 2_000);
-    assert_eq!(view.get(1), None);
-    assert!(view.get(2).is_some());
+    assert_eq!(view.get(p(1)), None);
+    assert!(view.get(p(2)).is_some());
 }
 
-fn target(slot: u16) -> Target {
+fn target(n: u16) -> Target {
     Target {
-        slot,
-        address: format!("10.0.0.{slot}:8000"),
+        slot: p(n),
+        address: format!("10.0.0.{n}:8000"),
         cluster: "pods".into(),
     }
 }
@@ -219,26 +223,26 @@ fn scraper_calls_each_pod_once_per_interval_and_never_twice_in_flight() {
     );
     assert!(s.due(100, &targets).is_empty(), "not due yet");
     // Pod 1 answered, pod 2 still in flight at the next round.
-    s.on_reply(1, Ok(VLLM.as_bytes()), 120);
+    s.on_reply(p(1), Ok(VLLM.as_bytes()), 120);
     let next = s.due(250, &targets);
-    assert_eq!(next.iter().map(|t| t.slot).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(next.iter().map(|t| t.slot).collect::<Vec<_>>(), vec![p(1)]);
 }
 
 #[test]
 fn a_failed_or_absurd_scrape_drops_the_pods_record_and_says_why() {
     let mut s = Scraper::new(250, names());
     s.due(0, &[target(1)]);
-    assert_eq!(s.on_reply(1, Ok(VLLM.as_bytes()), 10), Outcome::Scraped);
+    assert_eq!(s.on_reply(p(1), Ok(VLLM.as_bytes()), 10), Outcome::Scraped);
     let published = s.take_publish().unwrap();
     assert_eq!(decode(&published)[0].signals.waiting, 2);
     assert_eq!(s.take_publish(), None, "published once per change");
     s.due(250, &[target(1)]);
-    let out = s.on_reply(1, Ok(b"vllm:num_requests_waiting -3\n"), 260);
+    let out = s.on_reply(p(1), Ok(b"vllm:num_requests_waiting -3\n"), 260);
     assert!(matches!(out, Outcome::Fallback(ref why) if why.contains("absurd")));
     assert!(decode(&s.take_publish().unwrap()).is_empty());
     s.due(500, &[target(1)]);
     assert!(matches!(
-        s.on_reply(1, Err("timeout"), 510),
+        s.on_reply(p(1), Err("timeout"), 510),
         Outcome::Fallback(_)
     ));
     assert_eq!(s.good(), 0);
@@ -248,26 +252,29 @@ fn a_failed_or_absurd_scrape_drops_the_pods_record_and_says_why() {
 fn a_pod_that_left_loses_its_record() {
     let mut s = Scraper::new(250, names());
     s.due(0, &[target(1), target(2)]);
-    s.on_reply(1, Ok(VLLM.as_bytes()), 1);
-    s.on_reply(2, Ok(VLLM.as_bytes()), 1);
+    s.on_reply(p(1), Ok(VLLM.as_bytes()), 1);
+    s.on_reply(p(2), Ok(VLLM.as_bytes()), 1);
     s.take_publish();
     s.due(250, &[target(2)]);
     let left = decode(&s.take_publish().unwrap());
-    assert_eq!(left.iter().map(|r| r.slot).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(left.iter().map(|r| r.slot).collect::<Vec<_>>(), vec![p(2)]);
 }
 
 #[test]
 fn a_call_that_could_not_be_sent_frees_the_slot_for_the_next_round() {
     let mut s = Scraper::new(250, names());
     s.due(0, &[target(1)]);
-    assert!(matches!(s.not_sent(1, "no cluster"), Outcome::Fallback(_)));
+    assert!(matches!(
+        s.not_sent(p(1), "no cluster"),
+        Outcome::Fallback(_)
+    ));
     assert_eq!(s.due(250, &[target(1)]).len(), 1);
 }
 
 #[test]
 fn workers_remember_the_most_a_pod_ran_at_once() {
     let rec = |running| Record {
-        slot: 7,
+        slot: p(7),
         at_ms: 1_000,
         signals: PodSignals {
             waiting: 0,
@@ -276,12 +283,12 @@ fn workers_remember_the_most_a_pod_ran_at_once() {
         },
     };
     let mut view = SignalView::default();
-    assert_eq!(view.capacity(7), 0);
+    assert_eq!(view.capacity(p(7)), 0);
     view.update(&encode(&[rec(4)]), 1_000, 500);
     view.update(&encode(&[rec(1)]), 1_000, 500);
-    assert_eq!(view.get(7).unwrap().running, 1);
-    assert_eq!(view.capacity(7), 4);
+    assert_eq!(view.get(p(7)).unwrap().running, 1);
+    assert_eq!(view.capacity(p(7)), 4);
     // A stale record is not current, and teaches nothing.
     view.update(&encode(&[rec(9)]), 5_000, 500);
-    assert_eq!((view.get(7), view.capacity(7)), (None, 4));
+    assert_eq!((view.get(p(7)), view.capacity(p(7))), (None, 4));
 }

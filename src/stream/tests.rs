@@ -536,7 +536,7 @@ fn pod_signals_add_no_hostcall_to_a_request_and_one_read_per_tick() {
         let host = TestHost::default();
         let w = worker_on(&host, extra);
         let record = crate::signals::Record {
-            slot: 0,
+            slot: crate::route::registry::PodSlot::new(0),
             at_ms: host.now.get() / 1_000_000,
             signals: crate::signals::PodSignals {
                 waiting: 1,

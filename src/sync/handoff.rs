@@ -7,6 +7,8 @@
 
 use std::collections::{HashSet, VecDeque};
 
+use crate::route::registry::PodSlot;
+
 /// Name of the shared queue (registered by the singleton, resolved by workers).
 pub(crate) const QUEUE_NAME: &str = "prefix_router.dirty";
 
@@ -14,7 +16,7 @@ pub(crate) const QUEUE_NAME: &str = "prefix_router.dirty";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Touched {
     pub(crate) model: u16,
-    pub(crate) pod: u16,
+    pub(crate) pod: PodSlot,
     pub(crate) time: u32,
     /// (block hash, anchor): the anchor names the block's table bucket
     /// (see [`crate::route::table::Layout`]).
@@ -40,7 +42,7 @@ pub fn decode(bytes: &[u8]) -> Option<Touched> {
     let head = bytes.get(..8)?;
     Some(Touched {
         model: u16::from_le_bytes([head[0], head[1]]),
-        pod: u16::from_le_bytes([head[2], head[3]]),
+        pod: PodSlot::from_le_bytes([head[2], head[3]]),
         time: u32::from_le_bytes([head[4], head[5], head[6], head[7]]),
         blocks: bytes[8..]
             .chunks_exact(ENTRY_LEN)
@@ -129,7 +131,7 @@ mod tests {
     fn message_round_trips() {
         let t = Touched {
             model: 3,
-            pod: 9,
+            pod: PodSlot::new(9),
             time: 1_700_000_000,
             blocks: vec![(1, 1), (u64::MAX, u32::MAX)],
         };

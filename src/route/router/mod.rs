@@ -26,7 +26,7 @@ use crate::route::load::{PodLatency, VmLoad};
 use crate::route::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
 };
-use crate::route::registry::{NameRegistry, SEEN_EVERY_SECS};
+use crate::route::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
 use crate::route::request::PromptRequest;
 use crate::route::store::{ReadOnce, SharedStore, StoreError};
 use crate::route::table::{anchor_of, Layout, PrefixTable, Record, TableConfig, WriteOutcome};
@@ -182,7 +182,7 @@ impl Router {
         self.fleet.borrow_mut().set_members(members);
     }
 
-    pub(crate) fn set_down(&self, down: Vec<(u16, u64)>) {
+    pub(crate) fn set_down(&self, down: Vec<(PodSlot, u64)>) {
         self.fleet.borrow_mut().set_down(down);
     }
 
@@ -318,7 +318,7 @@ impl Router {
         };
         // Other replicas' load exists only when syncing (see refresh_load).
         let load = self.load.borrow().fleet(self.fleet.borrow().bound());
-        let lengths: Vec<(u16, u32)> = matches.iter().map(|m| (m.pod, m.blocks)).collect();
+        let lengths: Vec<(PodSlot, u32)> = matches.iter().map(|m| (m.pod, m.blocks)).collect();
         // Each VM starts its rotation at a random pod, so workers and
         // replicas do not all begin with the first one.
         let turn = self.turn.get().unwrap_or_else(|| rng.next_u64() as usize);
@@ -331,7 +331,7 @@ impl Router {
                 let signals = self.signals.borrow();
                 let mut queue = load.clone();
                 for &pod in pool {
-                    if let Some(q) = queue.get_mut(usize::from(pod)) {
+                    if let Some(q) = queue.get_mut(pod.index()) {
                         *q = effective_load(*q, signals.get(pod), signals.capacity(pod), cfg);
                     }
                 }
@@ -396,7 +396,7 @@ impl Router {
     }
 
     /// Releases one in-flight request on `pod`; returns this VM's new count.
-    pub fn release(&self, pod: u16) -> u32 {
+    pub fn release(&self, pod: PodSlot) -> u32 {
         self.latency.borrow_mut().completed(pod);
         self.load.borrow_mut().add(pod, -1)
     }
@@ -406,8 +406,8 @@ impl Router {
 /// [`crate::route::registry::MAX_SLOTS`] are not counted; every count
 /// halves when one reaches [`PLACED_HALVE_AT`], so they follow recent
 /// traffic).
-fn bump(counts: &RefCell<Vec<u32>>, pod: u16) {
-    let i = usize::from(pod);
+fn bump(counts: &RefCell<Vec<u32>>, pod: PodSlot) {
+    let i = pod.index();
     if i >= crate::route::registry::MAX_SLOTS {
         return;
     }
@@ -465,8 +465,8 @@ const MAX_SLOWNESS: u64 = 8_000;
 /// Per slot: how much longer `pool`'s pods' requests take than the fastest
 /// one's (thousandths, 1000..=[`MAX_SLOWNESS`]); 0 (= 1x) for pods with too
 /// few completions to tell.
-fn slowness(latency: &PodLatency, pool: &[u16]) -> Vec<u32> {
-    let means: Vec<(u16, u64)> = pool
+fn slowness(latency: &PodLatency, pool: &[PodSlot]) -> Vec<u32> {
+    let means: Vec<(PodSlot, u64)> = pool
         .iter()
         .filter_map(|&p| Some((p, latency.mean_ms(p)?)))
         .collect();
@@ -474,11 +474,11 @@ fn slowness(latency: &PodLatency, pool: &[u16]) -> Vec<u32> {
     let Some(fastest) = means.iter().map(|(_, m)| *m).min().filter(|m| *m > 0) else {
         return Vec::new();
     };
-    let bound = pool.iter().map(|&p| usize::from(p) + 1).max().unwrap_or(0);
+    let bound = pool.iter().map(|&p| p.index() + 1).max().unwrap_or(0);
     let mut out = vec![0; bound];
     for (pod, mean) in means {
         let ratio = (mean.saturating_mul(1000) / fastest.max(1)).clamp(1000, MAX_SLOWNESS);
-        out[usize::from(pod)] = ratio as u32;
+        out[pod.index()] = ratio as u32;
     }
     out
 }
@@ -496,7 +496,7 @@ fn touch_interval_secs(s: &Settings) -> u32 {
 /// How far one pod's cached prefix reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PodMatch {
-    pod: u16,
+    pod: PodSlot,
     /// Leading blocks the pod holds.
     blocks: u32,
     /// Oldest last access among the probed blocks it holds.
@@ -530,7 +530,7 @@ struct Probe<'a> {
     /// Per sampled index, the anchor of its block (its bucket).
     anchors: &'a [u32],
     model: u16,
-    pool: &'a [u16],
+    pool: &'a [PodSlot],
     now: u32,
     /// Sampled index where the longest match ended last time for this first
     /// block: probed first, with the index after it. A repeated prefix (a
@@ -561,7 +561,7 @@ fn longest_matches<S: SharedStore + ?Sized>(
         probes: 0,
     };
     // Which pods hold the first sampled block at all.
-    let first: Vec<(u16, u32)> = probe
+    let first: Vec<(PodSlot, u32)> = probe
         .pods_at(0)?
         .map(|held| {
             held.iter()
@@ -647,7 +647,7 @@ struct Prober<'a, 't, S: SharedStore + ?Sized> {
     anchors: &'a [u32],
     model: u16,
     now: u32,
-    memo: Vec<Option<Vec<(u16, u32)>>>,
+    memo: Vec<Option<Vec<(PodSlot, u32)>>>,
     /// The model's live records per anchor read so far.
     segments: Vec<(u32, Vec<Record>)>,
     probes: usize,
@@ -656,7 +656,7 @@ struct Prober<'a, 't, S: SharedStore + ?Sized> {
 impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
     /// Pods (with last access) holding the block at sampled index `idx`;
     /// None once the probe budget is spent.
-    fn pods_at(&mut self, idx: usize) -> Result<Option<&[(u16, u32)]>, StoreError> {
+    fn pods_at(&mut self, idx: usize) -> Result<Option<&[(PodSlot, u32)]>, StoreError> {
         if self.memo[idx].is_none() {
             let anchor = self.anchors[idx];
             let seg = match self.segments.iter().position(|(a, _)| *a == anchor) {
@@ -672,7 +672,7 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
                 }
             };
             let block = self.hashes[self.positions[idx]];
-            let mut pods: Vec<(u16, u32)> = Vec::new();
+            let mut pods: Vec<(PodSlot, u32)> = Vec::new();
             for r in self.segments[seg].1.iter().filter(|r| r.block == block) {
                 if !pods.iter().any(|(p, _)| *p == r.pod) {
                     pods.push((r.pod, r.last_access));
@@ -684,7 +684,7 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
     }
 
     /// Whether `pod` holds the block at sampled index `idx`, and since when.
-    fn held_since(&mut self, idx: usize, pod: u16) -> Result<Held, StoreError> {
+    fn held_since(&mut self, idx: usize, pod: PodSlot) -> Result<Held, StoreError> {
         Ok(match self.pods_at(idx)? {
             None => Held::OutOfBudget,
             Some(p) => match p.iter().find(|(q, _)| *q == pod) {

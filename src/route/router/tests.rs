@@ -312,7 +312,7 @@ fn a_prefix_with_more_traffic_than_one_pod_is_copied_to_a_second_pod() {
         if in_flight.len() > 8 {
             r.release(in_flight.pop_front().unwrap());
         }
-        per_pod[usize::from(x.choice.pod)] += 1;
+        per_pod[x.choice.pod.index()] += 1;
         if prompt == hot {
             hot_on.insert(x.choice.pod);
             spread += u32::from(x.choice.reason == Reason::Spread);

@@ -70,7 +70,7 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
             inflight: fleet
                 .all()
                 .filter_map(|(slot, name, _)| {
-                    let n = local.get(usize::from(slot)).copied().unwrap_or(0);
+                    let n = local.get(slot.index()).copied().unwrap_or(0);
                     (n > 0).then(|| (name.to_string(), n))
                 })
                 .collect(),
@@ -92,7 +92,7 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
         for (name, n) in report.inflight {
             if let Some(c) = fleet
                 .slot_of(&name)
-                .and_then(|pod| counts.get_mut(usize::from(pod)))
+                .and_then(|pod| counts.get_mut(pod.index()))
             {
                 *c = n;
             }
@@ -137,6 +137,7 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
 mod tests {
     use super::super::testutil::{settings, view};
     use super::*;
+    use crate::route::registry::PodSlot;
     use crate::route::store::MemStore;
     use std::cell::Cell;
     use std::rc::Rc;
@@ -159,7 +160,7 @@ mod tests {
         );
         // One worker VM with 2 requests in flight on b:1.
         let mut vm = load::VmLoad::new(1);
-        vm.add(1, 2);
+        vm.add(PodSlot::new(1), 2);
         vm.refresh(&*store, 10_000, false).unwrap();
         let snap = me.snapshot();
         assert_eq!(snap[0].0, "r1");

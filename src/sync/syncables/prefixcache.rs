@@ -320,10 +320,15 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
 mod tests {
     use super::super::testutil::{clock, settings, view};
     use super::*;
+    use crate::route::registry::PodSlot;
     use crate::route::store::MemStore;
     use std::cell::Cell;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn p(n: u16) -> PodSlot {
+        PodSlot::new(n)
+    }
 
     /// A replica's prefixcache sync over a fresh store, its clock at `secs`.
     fn sync_at(secs: u64) -> (Rc<MemStore>, Rc<Settings>, PrefixCacheSync<Rc<MemStore>>) {
@@ -352,7 +357,7 @@ mod tests {
     fn touched(blocks: &[u64]) -> Touched {
         Touched {
             model: 0,
-            pod: 0,
+            pod: p(0),
             time: 1,
             blocks: own(blocks),
         }
@@ -366,10 +371,10 @@ mod tests {
             &*store,
             TableConfig::new(s.table_capacity_blocks, 1200, Layout::Segments),
         );
-        table.record(&own(&[77]), model, 0, 990);
+        table.record(&own(&[77]), model, p(0), 990);
         sync.mark(&Touched {
             model,
-            pod: 0,
+            pod: p(0),
             time: 990,
             blocks: own(&[77]),
         });
@@ -386,9 +391,9 @@ mod tests {
         let mut pods = Vec::new();
         table.pods_holding(77, 77, model, 1000, &mut pods).unwrap();
         pods.sort_unstable();
-        assert_eq!(pods, vec![(0, 990), (1, 995)]);
+        assert_eq!(pods, vec![(p(0), 990), (p(1), 995)]);
         let recs = table.block_records(77, 77, 1000).unwrap();
-        assert!(recs.iter().any(|r| r.pod == 0 && r.last_access == 990));
+        assert!(recs.iter().any(|r| r.pod == p(0) && r.last_access == 990));
     }
 
     #[test]
@@ -397,10 +402,10 @@ mod tests {
         let model = model_slot(&store, "llama");
         let table = PrefixTable::new(&*store, s.table_config());
         // Block 77 anchored at 5 (the start of its segment).
-        table.record(&[(77, 5)], model, 0, 990);
+        table.record(&[(77, 5)], model, p(0), 990);
         sync.mark(&Touched {
             model,
-            pod: 0,
+            pod: p(0),
             time: 990,
             blocks: vec![(77, 5)],
         });
@@ -420,9 +425,9 @@ mod tests {
             .unwrap();
         let mut pods = Vec::new();
         table.pods_holding(88, 5, model, 1000, &mut pods).unwrap();
-        assert_eq!(pods, vec![(1, 995)]);
+        assert_eq!(pods, vec![(p(1), 995)]);
         table.pods_holding(99, 99, model, 1000, &mut pods).unwrap();
-        assert_eq!(pods, vec![(1, 995)]);
+        assert_eq!(pods, vec![(p(1), 995)]);
         // Per block (AIBrix's namespace), a block is its own anchor.
         let store = Rc::new(MemStore::new());
         let compat =
@@ -438,7 +443,7 @@ mod tests {
         .unwrap();
         let table = PrefixTable::new(&*store, compat.table_config());
         table.pods_holding(88, 88, model, 1000, &mut pods).unwrap();
-        assert_eq!(pods, vec![(1, 995)]);
+        assert_eq!(pods, vec![(p(1), 995)]);
     }
 
     /// Records block 77 for `llama` on a:1 at 990 and marks it dirty.
@@ -452,10 +457,10 @@ mod tests {
             &**store,
             TableConfig::new(s.table_capacity_blocks, 1200, Layout::Segments),
         );
-        table.record(&own(&[77]), model, 0, 990);
+        table.record(&own(&[77]), model, p(0), 990);
         sync.mark(&Touched {
             model,
-            pod: 0,
+            pod: p(0),
             time: 990,
             blocks: own(&[77]),
         });
@@ -565,7 +570,7 @@ mod tests {
         );
         let mut pods = Vec::new();
         table.pods_holding(9, 9, model, 1000, &mut pods).unwrap();
-        assert_eq!(pods, vec![(0, 1000)]);
+        assert_eq!(pods, vec![(p(0), 1000)]);
         // So it idles out like any other fact, and a newer local one wins.
         pods.clear();
         table
@@ -609,8 +614,8 @@ mod tests {
             &*store,
             TableConfig::new(s.table_capacity_blocks, 1200, Layout::Segments),
         );
-        table.record(&own(&[1, 2, 3]), model, 0, 990);
-        table.record(&own(&[3]), model, 1, 990);
+        table.record(&own(&[1, 2, 3]), model, p(0), 990);
+        table.record(&own(&[3]), model, p(1), 990);
         assert_eq!(sync.mark_all(), 3);
         let ids: Vec<String> = sync.delta().updated.into_iter().map(|(id, _)| id).collect();
         assert_eq!(ids.len(), 3);
@@ -671,7 +676,7 @@ mod tests {
         PrefixTable::new(&*store, TableConfig::new(64, 1200, Layout::Segments)).record(
             &own(&[1, 2, 3]),
             0,
-            0,
+            p(0),
             100,
         );
         let ids: Vec<String> = sync.snapshot().into_iter().map(|(id, _)| id).collect();
