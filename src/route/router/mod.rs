@@ -10,9 +10,10 @@
 //! longest match per pod is found by galloping then binary search over the
 //! sampled positions. One shared-data read answers every position of a
 //! segment (see [`crate::route::table::Layout`]), so a probe reads at most
-//! one bucket per segment it visits, capped at [`MAX_PROBES`]. Limits: a match is known to the sampled position just
-//! below its true end (within 1/8 of its length past the dense prefix), and an
-//! eviction hole inside a chain can make the search stop early.
+//! one bucket per segment it visits, capped at [`MAX_PROBES`]. Limits: a
+//! match is known to the sampled position just below its true end (within
+//! 1/8 of its length past the dense prefix), and an eviction hole inside a
+//! chain can make the search stop early.
 
 use std::cell::{Cell, Ref, RefCell};
 use std::collections::HashMap;
@@ -77,7 +78,8 @@ pub struct Routed {
     /// Model id in the table, None when the registry is full.
     pub(crate) model: Option<u16>,
     /// The blocks written for the chosen pod, (hash, anchor) (sync pushes
-    /// these): the sampled blocks past its fresh matched prefix.
+    /// these): the sampled blocks past its fresh matched prefix, and the
+    /// held ones of the segment where they start.
     pub(crate) recorded: Vec<(u64, u32)>,
     pub(crate) write: WriteOutcome,
 }

@@ -1,0 +1,374 @@
+//! The routing policies. Pure: loads and matches come in, a choice comes
+//! out; randomness only breaks ties.
+//!
+//! - [`PolicyMode::LoadAware`] ([`choose_load_aware`]): the longest match
+//!   unless its pod's load is clearly above the least loaded pod's, or the
+//!   queueing that extra load costs exceeds the prefill the match saves.
+//!   Loads are in-flight counts, or with pod signals the requests a pod is
+//!   estimated to have queued ([`effective_load`]).
+//! - [`PolicyMode::Aibrix`] ([`choose`]): AIBrix `prefix-cache`, exactly: a
+//!   load guard first, then the longest cached prefix among pods within
+//!   mean + k·σ of in-flight, else the least loaded pod.
+
+use serde::Deserialize;
+
+use crate::rng::SplitMix64;
+use crate::route::registry::PodSlot;
+use crate::signals::PodSignals;
+
+/// Which rules choose the pod.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyMode {
+    /// [`choose_load_aware`].
+    #[default]
+    LoadAware,
+    /// [`choose`]: AIBrix's rules (mixed fleets with AIBrix gateways).
+    Aibrix,
+}
+
+/// Knobs of [`choose_load_aware`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadAwareConfig {
+    /// A pod above the least loaded pod's load `min` + max(`slack_abs`,
+    /// `slack_rel` x `min`) is never chosen.
+    pub slack_abs: u32,
+    pub slack_rel: f64,
+    /// Prefill blocks one request of load above `min` costs in queueing.
+    pub queue_cost_blocks: u32,
+    /// KV-cache usage (thousandths) at which a pod counts `slack_abs + 1`
+    /// busier.
+    pub kv_high_permille: u16,
+}
+
+impl Default for LoadAwareConfig {
+    fn default() -> Self {
+        Self {
+            slack_abs: 8,
+            slack_rel: 1.0,
+            queue_cost_blocks: 16,
+            kv_high_permille: 950,
+        }
+    }
+}
+
+/// A pod's load for [`choose_load_aware`]: the requests it is estimated to
+/// have queued. `E` = its in-flight count, or what it reports (running +
+/// waiting, which includes other replicas' traffic) when that is higher;
+/// the estimate is `E` less `capacity`, the most requests it was seen
+/// running at once (0 without signals: every in-flight request counts). A
+/// pod whose KV cache is at or above `kv_high` counts `slack_abs + 1` more.
+pub fn effective_load(
+    inflight: u32,
+    signals: Option<PodSignals>,
+    capacity: u32,
+    cfg: &LoadAwareConfig,
+) -> u32 {
+    let Some(s) = signals else {
+        return inflight;
+    };
+    let hot = s.kv_permille.is_some_and(|kv| kv >= cfg.kv_high_permille);
+    let penalty = if hot {
+        cfg.slack_abs.saturating_add(1)
+    } else {
+        0
+    };
+    busy_load(inflight, signals)
+        .saturating_sub(capacity)
+        .saturating_add(penalty)
+}
+
+/// `E` of [`effective_load`]: the in-flight count, or running + waiting
+/// as the pod reports them when that is higher.
+pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
+    signals.map_or(inflight, |s| {
+        inflight.max(s.running.saturating_add(s.waiting))
+    })
+}
+
+/// The load-aware rule. Over the pool's loads (`load[pod]`, missing = 0),
+/// `min` the lowest:
+/// 1. a pod above `min + max(slack_abs, ceil(slack_rel x min))` is out;
+/// 2. every other pod scores `matched blocks - (load - min) x
+///    queue_cost_blocks x slowness`: the prefill a match saves, less the
+///    queueing its extra load costs (`slowness`: how much longer this pod's
+///    requests take than the fastest pod's);
+/// 3. the highest score wins; ties go to the longer match, then the lower
+///    load, then fewer in flight (fresh, where reports lag), then the pod
+///    this VM sent fewer requests to recently (`sent`, times `slowness`: a
+///    prefix placed now draws its later requests there), then the pod it
+///    placed fewer new prefixes on (`placed`, so no pod's cache holds more
+///    than its share); remaining
+///    ties among unmatched pods rotate with `turn` (as in [`choose`]),
+///    among matched pods they are shuffled;
+/// 4. a hot prefix is copied. The prompt's prefix group (`share`: its
+///    part of this VM's recent requests) needs `ceil(0.9 x share x pods)`
+///    pods, and two when it is big (at least half a pod's share) and its
+///    one holder carries over 1.15x its share of the traffic (`sent`).
+///    When fewer pods of the pool hold at least half the best match, the
+///    eligible non-holder with the lowest (load, sent) takes the request
+///    if it has fewer requests in flight than the winner (no copies
+///    between idle pods), and carried less traffic than the winner and
+///    less than its share. Later requests of the group tie on the match
+///    and go to the holder with less traffic.
+///
+/// Reason: `PrefixMatch` when the chosen pod holds part of the prompt,
+/// `Spread` when a hot prefix is copied (rule 4), `LoadGuard` when another
+/// pod held some and was passed over, else `NoMatch`. None only for an
+/// empty pool.
+#[allow(clippy::too_many_arguments)]
+pub fn choose_load_aware(
+    cfg: &LoadAwareConfig,
+    pool: &[PodSlot],
+    loads: &PodLoads<'_>,
+    matches: &[(PodSlot, u32)],
+    total_blocks: usize,
+    share: f64,
+    turn: usize,
+    rng: &mut SplitMix64,
+) -> Option<Choice> {
+    let at = |v: &[u32], pod: PodSlot| v.get(pod.index()).copied().unwrap_or(0);
+    let load_of = |pod: PodSlot| at(loads.queue, pod);
+    let matched_of = |pod: PodSlot| -> u32 {
+        matches
+            .iter()
+            .filter(|(p, _)| *p == pod)
+            .map(|(_, m)| *m)
+            .max()
+            .unwrap_or(0)
+    };
+    // Recent requests weighted by slowness: a pod 3x slower carries a
+    // request's traffic three times over.
+    let sent_of = |pod: PodSlot| -> u64 {
+        let slow = match at(loads.slowness, pod) {
+            0 => 1000,
+            s => u64::from(s),
+        };
+        u64::from(at(loads.sent, pod)) * slow / 1000
+    };
+    let min = pool.iter().map(|&p| load_of(p)).min()?;
+    let rel = (cfg.slack_rel * f64::from(min))
+        .ceil()
+        .min(f64::from(u32::MAX)) as u32;
+    let bound = min.saturating_add(cfg.slack_abs.max(rel));
+    let score = |pod: PodSlot| -> i64 {
+        let extra = i64::from(load_of(pod) - min);
+        let slow = match at(loads.slowness, pod) {
+            0 => 1000,
+            s => i64::from(s),
+        };
+        let cost = extra
+            .saturating_mul(i64::from(cfg.queue_cost_blocks))
+            .saturating_mul(slow)
+            / 1000;
+        i64::from(matched_of(pod)) - cost
+    };
+    // (score, match, -load, -in flight, -sent, -placed) decides; equal
+    // keys tie.
+    let key = |pod: PodSlot| {
+        (
+            score(pod),
+            matched_of(pod),
+            std::cmp::Reverse(load_of(pod)),
+            std::cmp::Reverse(at(loads.inflight, pod)),
+            std::cmp::Reverse(sent_of(pod)),
+            std::cmp::Reverse(at(loads.placed, pod)),
+        )
+    };
+    let eligible = pool.iter().copied().filter(|&p| load_of(p) <= bound);
+    let best = eligible.clone().map(key).max()?;
+    let mut tied: Vec<PodSlot> = eligible.clone().filter(|&p| key(p) == best).collect();
+    let mut pod = if best.1 == 0 {
+        tied[turn % tied.len()]
+    } else {
+        rng.shuffle(&mut tied);
+        tied[0]
+    };
+    let mut matched = best.1;
+    let mut spread_now = false;
+    let n = pool.len();
+    let fair = share * n as f64;
+    if matched > 0 && fair >= 0.5 {
+        let holds = |p: PodSlot| u64::from(matched_of(p)) * 2 >= u64::from(matched);
+        // Holders over the whole pool: one briefly above the bound still
+        // holds the prefix, and copying past it would make a third copy.
+        let holders = pool.iter().filter(|&&p| holds(p)).count();
+        let sent = |p: PodSlot| sent_of(p) * n as u64;
+        let total: u64 = pool.iter().map(|&p| sent_of(p)).sum();
+        let mut wanted = ((fair * 0.9).ceil() as usize).clamp(1, n);
+        if holders == 1 && sent(pod) * 20 > total * 23 {
+            wanted = wanted.max(2);
+        }
+        let copy_to = eligible
+            .filter(|&p| !holds(p))
+            .min_by_key(|&p| (load_of(p), sent_of(p), at(loads.placed, p)));
+        // Only under load: on idle pods a copy is a miss that buys nothing.
+        let busier = |c: PodSlot| at(loads.inflight, pod) > at(loads.inflight, c);
+        if let Some(c) = copy_to
+            .filter(|&c| holders < wanted && busier(c) && sent(c) < sent(pod) && sent(c) < total)
+        {
+            pod = c;
+            matched = matched_of(c);
+            spread_now = true;
+        }
+    }
+    let any_match = pool.iter().any(|&p| matched_of(p) > 0);
+    let reason = match (matched > 0, any_match) {
+        _ if spread_now => Reason::Spread,
+        (true, _) => Reason::PrefixMatch,
+        (false, true) => Reason::LoadGuard,
+        (false, false) => Reason::NoMatch,
+    };
+    let match_percent = if total_blocks == 0 {
+        0
+    } else {
+        ((u64::from(matched) * 100) / total_blocks as u64).min(100) as u8
+    };
+    Some(Choice {
+        pod,
+        reason,
+        match_percent,
+    })
+}
+
+/// Per-pod figures [`choose_load_aware`] weighs, indexed by pod slot
+/// (missing = 0).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PodLoads<'a> {
+    /// Estimated queue ([`effective_load`]).
+    pub queue: &'a [u32],
+    /// In-flight requests (this VM exact, the others as last exchanged).
+    pub inflight: &'a [u32],
+    /// New prefixes this VM placed on the pod (recently).
+    pub placed: &'a [u32],
+    /// Requests this VM sent to the pod (recently).
+    pub sent: &'a [u32],
+    /// How much one queued request costs on this pod relative to the
+    /// fastest pod, in thousandths (missing or 0 = 1000): a pod whose
+    /// requests take 3x as long makes each one queued ahead cost 3x.
+    pub slowness: &'a [u32],
+}
+
+/// The policy's two knobs (AIBrix ships 16 and 2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct PolicyConfig {
+    /// Max - min in-flight spread above which only the least loaded pods count.
+    pub(crate) imbalance_abs_count: u32,
+    /// A matched pod is taken only if its in-flight count is within
+    /// mean + factor x standard deviation of the pool's counts.
+    pub(crate) stddev_factor: f64,
+}
+
+/// Why a pod was chosen; each maps to a stat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reason {
+    /// The pod with the longest cached prefix within load bounds.
+    PrefixMatch,
+    /// No pod holds the first block: least loaded pod.
+    NoMatch,
+    /// Load imbalance, or every matching pod above the load bound: least loaded pod.
+    LoadGuard,
+    /// A hot prefix copied to a less busy pod (load-aware rule 4).
+    Spread,
+}
+
+/// The policy's decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    pub pod: PodSlot,
+    pub(crate) reason: Reason,
+    /// Share of the request's blocks the chosen pod already holds, 0..=100.
+    pub(crate) match_percent: u8,
+}
+
+/// Picks a pod from `pool`.
+///
+/// - `load[pod]`: in-flight requests per pod id (missing ids count as 0);
+/// - `matches`: `(pod, matched leading blocks)` for pods holding a prefix;
+/// - `total_blocks`: the request's full block count;
+/// - `turn`: a counter the caller advances after each least-loaded pick.
+///   Ties among the least loaded pods rotate with it instead of being drawn
+///   at random: at concurrency 1 every pod is idle, and a random (or
+///   first-pod) draw places new prefixes unevenly; a rotation spreads them
+///   one per pod. Ties among matched pods are still shuffled (`rng`).
+///
+/// Returns None only for an empty pool.
+pub(crate) fn choose(
+    cfg: &PolicyConfig,
+    pool: &[PodSlot],
+    load: &[u32],
+    matches: &[(PodSlot, u32)],
+    total_blocks: usize,
+    turn: usize,
+    rng: &mut SplitMix64,
+) -> Option<Choice> {
+    let load_of = |pod: PodSlot| load.get(pod.index()).copied().unwrap_or(0);
+    let percent_of = |pod: PodSlot| -> u8 {
+        let matched = matches
+            .iter()
+            .find(|(p, _)| *p == pod)
+            .map_or(0, |(_, m)| *m);
+        if total_blocks == 0 {
+            0
+        } else {
+            ((u64::from(matched) * 100) / total_blocks as u64).min(100) as u8
+        }
+    };
+    let (min, max) = pool
+        .iter()
+        .map(|&p| load_of(p))
+        .fold((u32::MAX, 0), |(lo, hi), l| (lo.min(l), hi.max(l)));
+    if pool.is_empty() {
+        return None;
+    }
+    let least_loaded = || -> PodSlot {
+        let mins: Vec<PodSlot> = pool
+            .iter()
+            .copied()
+            .filter(|&p| load_of(p) == min)
+            .collect();
+        mins[turn % mins.len()]
+    };
+    let pick = |pod: PodSlot, reason: Reason| Choice {
+        pod,
+        reason,
+        match_percent: percent_of(pod),
+    };
+
+    // 1. Load guard: with a wide spread, only the least loaded pods count.
+    if pool.len() > 1 && max - min > cfg.imbalance_abs_count {
+        return Some(pick(least_loaded(), Reason::LoadGuard));
+    }
+
+    // 2-3. Longest match first, then fewer in flight, ties shuffled; take the
+    // first within mean + factor x stddev.
+    let mut matched: Vec<(PodSlot, u32)> = matches
+        .iter()
+        .copied()
+        .filter(|(p, m)| *m > 0 && pool.contains(p))
+        .collect();
+    if matched.is_empty() {
+        return Some(pick(least_loaded(), Reason::NoMatch));
+    }
+    rng.shuffle(&mut matched);
+    matched.sort_by(|a, b| b.1.cmp(&a.1).then(load_of(a.0).cmp(&load_of(b.0))));
+    let n = pool.len() as f64;
+    let mean = pool.iter().map(|&p| f64::from(load_of(p))).sum::<f64>() / n;
+    let var = pool
+        .iter()
+        .map(|&p| (f64::from(load_of(p)) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    let bound = mean + cfg.stddev_factor * var.sqrt();
+    if let Some((pod, _)) = matched
+        .iter()
+        .find(|(p, _)| f64::from(load_of(*p)) <= bound)
+    {
+        return Some(pick(*pod, Reason::PrefixMatch));
+    }
+    // 4. Every matching pod is too busy.
+    Some(pick(least_loaded(), Reason::LoadGuard))
+}
+
+#[cfg(test)]
+mod tests;

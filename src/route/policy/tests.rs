@@ -1,0 +1,491 @@
+//! The policies' rules, one test each.
+
+use super::*;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+/// Pods by number: test pools and matches are written as bare slots.
+fn p(n: u16) -> PodSlot {
+    PodSlot::new(n)
+}
+
+fn pods(ns: &[u16]) -> Vec<PodSlot> {
+    ns.iter().copied().map(p).collect()
+}
+
+fn ms(matches: &[(u16, u32)]) -> Vec<(PodSlot, u32)> {
+    matches.iter().map(|&(n, m)| (p(n), m)).collect()
+}
+
+const CFG: PolicyConfig = PolicyConfig {
+    imbalance_abs_count: 16,
+    stddev_factor: 2.0,
+};
+
+fn run(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, seed: u64) -> Choice {
+    choose(
+        &CFG,
+        &pods(pool),
+        load,
+        &ms(matches),
+        total,
+        seed as usize,
+        &mut SplitMix64::new(seed),
+    )
+    .unwrap()
+}
+
+#[test]
+fn empty_pool_has_no_choice() {
+    assert_eq!(
+        choose(&CFG, &[], &[], &[], 0, 0, &mut SplitMix64::new(1)),
+        None
+    );
+}
+
+#[test]
+fn longest_match_wins() {
+    let c = run(&[0, 1, 2], &[0, 0, 0], &[(0, 2), (1, 5)], 10, 1);
+    assert_eq!(
+        c,
+        Choice {
+            pod: p(1),
+            reason: Reason::PrefixMatch,
+            match_percent: 50
+        }
+    );
+}
+
+#[test]
+fn equal_match_prefers_fewer_in_flight() {
+    let c = run(&[0, 1, 2], &[3, 1, 0], &[(0, 4), (1, 4)], 4, 1);
+    assert_eq!(
+        (c.pod, c.reason, c.match_percent),
+        (p(1), Reason::PrefixMatch, 100)
+    );
+}
+
+#[test]
+fn equal_match_and_load_ties_are_shuffled() {
+    let mut seen = [false; 2];
+    for seed in 0..32 {
+        let c = run(&[0, 1], &[0, 0], &[(0, 4), (1, 4)], 4, seed);
+        seen[c.pod.index()] = true;
+    }
+    assert_eq!(seen, [true, true]);
+}
+
+#[test]
+fn no_match_goes_to_least_loaded_and_ties_rotate_evenly() {
+    let c = run(&[0, 1, 2], &[2, 0, 1], &[], 4, 1);
+    assert_eq!(
+        (c.pod, c.reason, c.match_percent),
+        (p(1), Reason::NoMatch, 0)
+    );
+    // Concurrency 1: every pod idle; consecutive turns place one per pod.
+    let mut seen = [0u32; 3];
+    for turn in 0..60 {
+        seen[run(&[0, 1, 2], &[0, 0, 0], &[], 4, turn).pod.index()] += 1;
+    }
+    assert_eq!(seen, [20, 20, 20]);
+}
+
+#[test]
+fn imbalance_sends_to_least_loaded_even_with_a_match() {
+    let c = run(&[0, 1, 2], &[20, 3, 4], &[(0, 8)], 8, 1);
+    assert_eq!((c.pod, c.reason), (p(1), Reason::LoadGuard));
+}
+
+#[test]
+fn spread_at_threshold_is_not_imbalance() {
+    let c = run(&[0, 1], &[16, 0], &[(0, 8)], 8, 1);
+    // spread 16 is not > 16; but pod 0 is above mean + 2 sd? mean 8, sd 8 -> bound 24: taken.
+    assert_eq!((c.pod, c.reason), (p(0), Reason::PrefixMatch));
+}
+
+#[test]
+fn matched_pod_above_stddev_bound_is_skipped_for_next_match() {
+    let cfg = PolicyConfig {
+        imbalance_abs_count: 100,
+        stddev_factor: 0.5,
+    };
+    // loads 10,0,0,0: mean 2.5, sd 4.33, bound 4.67 -> pod 0 too busy, pod 1 (shorter match) ok.
+    let c = choose(
+        &cfg,
+        &pods(&[0, 1, 2, 3]),
+        &[10, 0, 0, 0],
+        &ms(&[(0, 8), (1, 4)]),
+        8,
+        0,
+        &mut SplitMix64::new(3),
+    )
+    .unwrap();
+    assert_eq!(
+        (c.pod, c.reason, c.match_percent),
+        (p(1), Reason::PrefixMatch, 50)
+    );
+}
+
+#[test]
+fn all_matched_pods_too_busy_falls_back_to_least_loaded() {
+    let cfg = PolicyConfig {
+        imbalance_abs_count: 100,
+        stddev_factor: 0.5,
+    };
+    let c = choose(
+        &cfg,
+        &pods(&[0, 1, 2, 3]),
+        &[10, 0, 1, 1],
+        &ms(&[(0, 8)]),
+        8,
+        0,
+        &mut SplitMix64::new(3),
+    )
+    .unwrap();
+    assert_eq!(
+        (c.pod, c.reason, c.match_percent),
+        (p(1), Reason::LoadGuard, 0)
+    );
+}
+
+#[test]
+fn matches_outside_the_pool_are_ignored() {
+    let c = run(&[1, 2], &[0, 0, 0], &[(0, 8)], 8, 1);
+    assert_eq!(c.reason, Reason::NoMatch);
+    assert_ne!(c.pod, p(0));
+}
+
+#[test]
+fn single_pod_pool_ignores_imbalance() {
+    let c = run(&[0], &[100], &[], 1, 1);
+    assert_eq!((c.pod, c.reason), (p(0), Reason::NoMatch));
+}
+
+const LA: LoadAwareConfig = LoadAwareConfig {
+    slack_abs: 2,
+    slack_rel: 0.5,
+    queue_cost_blocks: 4,
+    kv_high_permille: 900,
+};
+
+fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: usize) -> Choice {
+    let loads = PodLoads {
+        queue: load,
+        inflight: load,
+        placed: &[],
+        sent: &[],
+        slowness: &[],
+    };
+    choose_load_aware(
+        &LA,
+        &pods(pool),
+        &loads,
+        &ms(matches),
+        total,
+        0.0,
+        turn,
+        &mut SplitMix64::new(turn as u64),
+    )
+    .unwrap()
+}
+
+/// [`choose_load_aware`] with `LA`, turn 0 and a fixed seed.
+fn la_with(
+    loads: &PodLoads<'_>,
+    pool: &[u16],
+    matches: &[(u16, u32)],
+    total: usize,
+    share: f64,
+) -> Choice {
+    choose_load_aware(
+        &LA,
+        &pods(pool),
+        loads,
+        &ms(matches),
+        total,
+        share,
+        0,
+        &mut SplitMix64::new(1),
+    )
+    .unwrap()
+}
+
+#[test]
+fn load_aware_empty_pool_has_no_choice() {
+    let none = choose_load_aware(
+        &LA,
+        &[],
+        &PodLoads::default(),
+        &[],
+        0,
+        0.0,
+        0,
+        &mut SplitMix64::new(1),
+    );
+    assert_eq!(none, None);
+}
+
+#[test]
+fn load_aware_longest_match_wins_among_equally_loaded_pods() {
+    let c = la(&[0, 1, 2], &[1, 1, 1], &[(0, 20), (1, 50)], 100, 0);
+    assert_eq!(
+        c,
+        Choice {
+            pod: p(1),
+            reason: Reason::PrefixMatch,
+            match_percent: 50
+        }
+    );
+}
+
+#[test]
+fn load_aware_single_hot_pod_of_four_is_excluded_where_mean_plus_2_sigma_keeps_it() {
+    // Loads k,0,0,0: AIBrix's bound is mean + 2 sigma ~ 1.12k, so the hot
+    // pod always passes it (and k = 12 is under its imbalance guard).
+    let load = [12, 0, 0, 0];
+    let aibrix = run(&[0, 1, 2, 3], &load, &[(0, 100)], 100, 1);
+    assert_eq!((aibrix.pod, aibrix.reason), (p(0), Reason::PrefixMatch));
+    // Load-aware: 12 > 0 + max(2, 0) -> out, whatever the match.
+    let c = la(&[0, 1, 2, 3], &load, &[(0, 1000)], 1000, 0);
+    assert_ne!(c.pod, p(0));
+    assert_eq!((c.reason, c.match_percent), (Reason::LoadGuard, 0));
+}
+
+#[test]
+fn load_aware_works_with_two_pods() {
+    // 3 > 0 + 2: out. 2 is within the slack and the match pays for it.
+    let out = la(&[0, 1], &[3, 0], &[(0, 100)], 100, 0);
+    assert_eq!((out.pod, out.reason), (p(1), Reason::LoadGuard));
+    let kept = la(&[0, 1], &[2, 0], &[(0, 100)], 100, 0);
+    assert_eq!((kept.pod, kept.reason), (p(0), Reason::PrefixMatch));
+}
+
+#[test]
+fn load_aware_slack_grows_with_the_least_loaded_pods_load() {
+    // min 10: bound 10 + max(2, 5) = 15. 15 stays, 16 is out.
+    let pool = [0, 1];
+    assert_eq!(la(&pool, &[15, 10], &[(0, 100)], 100, 0).pod, p(0));
+    assert_eq!(la(&pool, &[16, 10], &[(0, 100)], 100, 0).pod, p(1));
+}
+
+#[test]
+fn load_aware_match_worth_less_than_its_queue_cost_goes_to_least_loaded() {
+    // 2 extra requests cost 8 blocks: a 6-block match does not pay, a
+    // 9-block one does; an 8-block one ties with the idle pod and wins
+    // on its match.
+    let pool = [0, 1];
+    let c = la(&pool, &[2, 0], &[(0, 6)], 100, 0);
+    assert_eq!((c.pod, c.reason), (p(1), Reason::LoadGuard));
+    assert_eq!(la(&pool, &[2, 0], &[(0, 9)], 100, 0).pod, p(0));
+    assert_eq!(la(&pool, &[2, 0], &[(0, 8)], 100, 0).pod, p(0));
+}
+
+#[test]
+fn load_aware_shorter_match_on_an_idle_pod_beats_a_longer_one_on_a_busy_pod() {
+    // Pod 0: 40 blocks at +2 load (score 32); pod 1: 36 blocks at min (36).
+    let c = la(&[0, 1, 2], &[2, 0, 0], &[(0, 40), (1, 36)], 40, 0);
+    assert_eq!(
+        (c.pod, c.reason, c.match_percent),
+        (p(1), Reason::PrefixMatch, 90)
+    );
+}
+
+#[test]
+fn load_aware_no_match_goes_to_least_loaded_and_ties_rotate() {
+    let c = la(&[0, 1, 2], &[2, 0, 1], &[], 4, 0);
+    assert_eq!((c.pod, c.reason), (p(1), Reason::NoMatch));
+    let mut seen = [0u32; 3];
+    for turn in 0..30 {
+        seen[la(&[0, 1, 2], &[0, 0, 0], &[], 4, turn).pod.index()] += 1;
+    }
+    assert_eq!(seen, [10, 10, 10]);
+}
+
+#[test]
+fn load_aware_equal_queues_go_to_fewer_in_flight_before_rotating() {
+    // Both pods queue nothing (under capacity); pod 0 has 3 in flight, pod 1 one.
+    let loads = PodLoads {
+        queue: &[0, 0],
+        inflight: &[3, 1],
+        placed: &[],
+        sent: &[],
+        slowness: &[],
+    };
+    for turn in 0..8 {
+        let c = choose_load_aware(
+            &LA,
+            &pods(&[0, 1]),
+            &loads,
+            &[],
+            4,
+            0.0,
+            turn,
+            &mut SplitMix64::new(1),
+        )
+        .unwrap();
+        assert_eq!(c.pod, p(1));
+    }
+}
+
+#[test]
+fn load_aware_new_prefixes_among_equally_loaded_pods_go_to_the_pod_given_fewest() {
+    let loads = PodLoads {
+        queue: &[0, 0, 0],
+        inflight: &[1, 1, 1],
+        placed: &[5, 2, 3],
+        sent: &[],
+        slowness: &[],
+    };
+    let c = la_with(&loads, &[0, 1, 2], &[], 4, 0.0);
+    assert_eq!((c.pod, c.reason), (p(1), Reason::NoMatch));
+}
+
+#[test]
+fn load_aware_queue_on_a_slow_pod_costs_in_proportion() {
+    // 2 queued on pod 0 cost 8 blocks at 1x: a 10-block match pays. At
+    // 1.5x they cost 12 blocks: it does not.
+    let mut loads = PodLoads {
+        queue: &[2, 0],
+        inflight: &[6, 4],
+        placed: &[],
+        sent: &[],
+        slowness: &[1000, 1000],
+    };
+    let pick = |l: &PodLoads<'_>| la_with(l, &[0, 1], &[(0, 10)], 10, 0.0).pod;
+    assert_eq!(pick(&loads), p(0));
+    loads.slowness = &[1500, 1000];
+    assert_eq!(pick(&loads), p(1));
+}
+
+#[test]
+fn load_aware_equal_matches_and_loads_are_shuffled() {
+    let mut seen = [false; 2];
+    for turn in 0..32 {
+        seen[la(&[0, 1], &[0, 0], &[(0, 4), (1, 4)], 4, turn).pod.index()] = true;
+    }
+    assert_eq!(seen, [true, true]);
+}
+
+#[test]
+fn load_aware_traffic_decides_between_equal_pods_before_placements() {
+    let loads = PodLoads {
+        queue: &[0, 0, 0],
+        inflight: &[0, 0, 0],
+        placed: &[1, 9, 9],
+        sent: &[40, 10, 30],
+        slowness: &[],
+    };
+    assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(1));
+}
+
+#[test]
+fn load_aware_copies_a_hot_prefix_to_the_least_busy_pod_until_enough_hold_it() {
+    let loads = PodLoads {
+        queue: &[0, 0, 0],
+        inflight: &[2, 1, 1],
+        placed: &[],
+        sent: &[50, 20, 10],
+        slowness: &[],
+    };
+    let pick = |loads: &PodLoads<'_>, matches: &[(u16, u32)], share| {
+        la_with(loads, &[0, 1, 2], matches, 40, share)
+    };
+    // A small group stays on its holder, busy or not.
+    assert_eq!(pick(&loads, &[(0, 40)], 0.1).pod, p(0));
+    // More than two pods' worth of traffic on one holder: copied to the
+    // least busy pod.
+    let c = pick(&loads, &[(0, 40), (1, 4)], 0.7);
+    assert_eq!(
+        (c.pod, c.reason, c.match_percent),
+        (p(2), Reason::Spread, 0)
+    );
+    // Two holders (at least half the best match each) are enough.
+    let c = pick(&loads, &[(0, 40), (2, 20)], 0.7);
+    assert_eq!((c.pod, c.reason), (p(0), Reason::PrefixMatch));
+    // A big group (a fifth of 3 pods' traffic) on a pod carrying over
+    // 1.15x its share is copied once; on an even pod it is not.
+    let c = pick(&loads, &[(0, 40)], 0.2);
+    assert_eq!((c.pod, c.reason), (p(2), Reason::Spread));
+    let even = PodLoads {
+        sent: &[30, 25, 25],
+        ..loads
+    };
+    assert_eq!(pick(&even, &[(0, 40)], 0.2).reason, Reason::PrefixMatch);
+    // Idle pods: no copy.
+    let idle = PodLoads {
+        inflight: &[0, 0, 0],
+        ..loads
+    };
+    assert_eq!(pick(&idle, &[(0, 40)], 0.7).reason, Reason::PrefixMatch);
+    // A copy only goes to a pod that carried less traffic than the winner.
+    let quiet = PodLoads {
+        sent: &[5, 20, 10],
+        ..loads
+    };
+    let c = pick(&quiet, &[(0, 40)], 0.9);
+    assert_eq!((c.pod, c.reason), (p(0), Reason::PrefixMatch));
+}
+
+#[test]
+fn load_aware_ignores_matches_outside_the_pool() {
+    let c = la(&[1, 2], &[0, 0, 0], &[(0, 8)], 8, 0);
+    assert_eq!(c.reason, Reason::NoMatch);
+    assert_ne!(c.pod, p(0));
+}
+
+#[test]
+fn load_aware_never_overflows_on_extreme_loads() {
+    let c = la(&[0, 1], &[u32::MAX, u32::MAX - 1], &[(0, u32::MAX)], 1, 0);
+    assert_eq!(c.match_percent, 100);
+    let cfg = LoadAwareConfig {
+        slack_abs: u32::MAX,
+        slack_rel: 100.0,
+        queue_cost_blocks: u32::MAX,
+        kv_high_permille: 0,
+    };
+    let loads = PodLoads {
+        queue: &[u32::MAX, 0],
+        inflight: &[u32::MAX, 0],
+        placed: &[u32::MAX, 0],
+        sent: &[u32::MAX, 0],
+        slowness: &[u32::MAX, 0],
+    };
+    let c = choose_load_aware(
+        &cfg,
+        &pods(&[0, 1]),
+        &loads,
+        &ms(&[(0, 1)]),
+        1,
+        0.0,
+        0,
+        &mut SplitMix64::new(1),
+    )
+    .unwrap();
+    assert_eq!(c.pod, p(1));
+}
+
+#[test]
+fn effective_load_is_the_queue_beyond_what_the_pod_runs_at_once() {
+    // No signals: every in-flight request counts, capacity unknown.
+    assert_eq!(effective_load(3, None, 4, &LA), 3);
+    let s = |waiting, running, kv| PodSignals {
+        waiting,
+        running,
+        kv_permille: kv,
+    };
+    // Other replicas' requests show in what the pod reports: 4 run, 2 wait.
+    assert_eq!(effective_load(1, Some(s(2, 4, None)), 4, &LA), 2);
+    // Requests sent since the scrape show in the in-flight count.
+    assert_eq!(effective_load(7, Some(s(0, 2, Some(100))), 4, &LA), 3);
+    // Under its capacity a pod queues nothing.
+    assert_eq!(effective_load(3, Some(s(0, 3, None)), 4, &LA), 0);
+    // KV at kv_high: slack_abs + 1 more, so it leaves the slack.
+    assert_eq!(effective_load(1, Some(s(0, 1, Some(900))), 4, &LA), 3);
+    assert_eq!(effective_load(1, Some(s(0, 1, Some(899))), 4, &LA), 0);
+}
+
+#[test]
+fn zero_blocks_reports_zero_percent() {
+    let c = run(&[0], &[0], &[(0, 0)], 0, 1);
+    assert_eq!(c.match_percent, 0);
+}
