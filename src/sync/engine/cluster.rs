@@ -23,7 +23,7 @@ use crate::sync::resp::Frame;
 use crate::sync::topology::SlotMap;
 
 use super::runs::Kind;
-use super::sending::{Op, Outstanding, Read, Sent, Write};
+use super::sending::{Op, Outstanding, Read, Work, Write};
 use super::{NsIndex, SyncEngine};
 
 /// Most redirections one piece of work follows before its run fails.
@@ -136,14 +136,14 @@ impl SyncEngine {
             return (Ok(()), Vec::new());
         };
         match out.sent {
-            Sent::Read(Read::Logs(reads)) => {
+            Work::Read(Read::Logs(reads)) => {
                 // Each part's log on its own: the redirected ones again,
                 // the others read now.
                 let mut ops = Vec::new();
                 for ((read, frame), r) in reads.into_iter().zip(frames).zip(&redirects) {
                     match r {
                         Some(r) => ops.push(again(
-                            Op::Read(Read::Log {
+                            Op::read(Read::Log {
                                 ns: read.ns,
                                 part: read.part,
                                 from: read.from,
@@ -163,7 +163,7 @@ impl SyncEngine {
                 }
                 (Ok(()), ops)
             }
-            Sent::Read(Read::Mget {
+            Work::Read(Read::Mget {
                 ns,
                 part,
                 mut ids,
@@ -175,7 +175,7 @@ impl SyncEngine {
                     .drain(..)
                     .map(|id| {
                         again(
-                            Op::Read(Read::Mget {
+                            Op::read(Read::Mget {
                                 ns,
                                 part,
                                 ids: vec![id],
@@ -187,7 +187,7 @@ impl SyncEngine {
                     .collect();
                 (Ok(()), ops)
             }
-            Sent::Write {
+            Work::Write {
                 ns,
                 part,
                 writes,
@@ -217,21 +217,21 @@ impl SyncEngine {
                 } else {
                     first
                 };
-                let op = Op::Write {
+                let op = Op::Work(Work::Write {
                     ns,
                     part,
                     writes: redo,
                     log_ids: if log_again { log_ids } else { Vec::new() },
-                };
+                });
                 (Ok(()), vec![again(op, &how)])
             }
-            Sent::DelStale { ids, .. } => {
+            Work::DelStale { ids, .. } => {
                 // Stale keys leave by TTL anyway: not chased.
                 let done = redirects.iter().filter(|r| r.is_none()).count();
                 self.stats.stale_deleted += done.min(ids.len()) as u64;
                 (Ok(()), Vec::new())
             }
-            sent => (Ok(()), vec![again(sent.into_op(), &first)]),
+            sent => (Ok(()), vec![again(Op::Work(sent), &first)]),
         }
     }
 }

@@ -34,7 +34,7 @@ impl SyncEngine {
         if self.settings.cluster {
             // Who owns which slot first; the reads follow its reply.
             cycle.awaiting_topology = true;
-            cycle.queue.push_back(Op::Read(Read::Slots {
+            cycle.queue.push_back(Op::read(Read::Slots {
                 asked: self.topology_node(),
             }));
         } else {
@@ -82,7 +82,7 @@ impl SyncEngine {
                 match &pos {
                     Some(from) => {
                         self.stats.incremental_pulls += 1;
-                        cycle.queue.push_back(Op::Read(Read::Log {
+                        cycle.queue.push_back(Op::read(Read::Log {
                             ns: NsIndex(i),
                             part: p,
                             from: from.clone(),
@@ -92,7 +92,7 @@ impl SyncEngine {
                         if sliced {
                             self.stats.scan_slices += 1;
                             cycle.ns[i].slice_keys[p] = Some(0);
-                            cycle.queue.push_back(Op::Read(Read::Scan {
+                            cycle.queue.push_back(Op::read(Read::Scan {
                                 ns: NsIndex(i),
                                 part: p,
                                 cursor: part.scan_cursor.clone().unwrap_or_else(|| "0".into()),
@@ -106,7 +106,7 @@ impl SyncEngine {
                         // This scan covers everything: a new pass starts after.
                         part.scan_cursor = None;
                         self.stats.full_scans += 1;
-                        cycle.queue.push_back(Op::Read(Read::Scan {
+                        cycle.queue.push_back(Op::read(Read::Scan {
                             ns: NsIndex(i),
                             part: p,
                             cursor: "0".into(),

@@ -76,14 +76,14 @@ impl SyncEngine {
         }
         for (_, reads) in groups {
             let op = match <[LogRead; 1]>::try_from(reads) {
-                Ok([one]) => Op::Read(Read::Log {
+                Ok([one]) => Op::read(Read::Log {
                     ns: one.ns,
                     part: one.part,
                     from: one.from,
                     count: one.count,
                     attempt: 0,
                 }),
-                Err(reads) => Op::Read(Read::Logs(reads)),
+                Err(reads) => Op::read(Read::Logs(reads)),
             };
             poll.queue.push_back(op);
         }

@@ -10,7 +10,7 @@ use crate::sync::resp::Frame;
 use crate::sync::settings::SyncSettings;
 
 use super::runs::{Kind, Run};
-use super::sending::{Op, Read, Sent};
+use super::sending::{Op, Read, Work};
 use super::{
     NsIndex, Registered, SyncEngine, MAX_OVERSIZED_REMEMBERED, MAX_SCAN_COUNT,
     MAX_TRUNCATION_RETRIES,
@@ -22,18 +22,18 @@ const LOG_START: &str = "0-0";
 impl SyncEngine {
     pub(super) fn on_run_reply(
         &mut self,
-        sent: Sent,
+        sent: Work,
         frames: Vec<Frame>,
         reply_len: usize,
         now_ms: u64,
     ) -> Result<(), SyncError> {
         match sent {
-            Sent::Read(read) => self.on_read(read, frames, reply_len, now_ms),
-            Sent::DelStale { ids, .. } => {
+            Work::Read(read) => self.on_read(read, frames, reply_len, now_ms),
+            Work::DelStale { ids, .. } => {
                 self.stats.stale_deleted += ids.len() as u64;
                 Ok(())
             }
-            Sent::Write { writes, .. } => {
+            Work::Write { writes, .. } => {
                 self.stats.pushed += writes.len() as u64;
                 Ok(())
             }
@@ -173,7 +173,7 @@ impl SyncEngine {
         let reg = &self.regs[ns];
         if cursor != b"0" {
             // Next page first: enumeration overlaps with the MGETs below.
-            cycle.queue.push_front(Op::Read(Read::Scan {
+            cycle.queue.push_front(Op::read(Read::Scan {
                 ns,
                 part,
                 cursor: String::from_utf8_lossy(&cursor).into_owned(),
@@ -224,7 +224,7 @@ impl SyncEngine {
             self.stats.log_fallbacks += 1;
             self.stats.full_scans += 1;
             cycle.ns[ns].new_pos[part] = None;
-            cycle.queue.push_back(Op::Read(Read::Scan {
+            cycle.queue.push_back(Op::read(Read::Scan {
                 ns,
                 part,
                 cursor: "0".into(),
@@ -249,7 +249,7 @@ impl SyncEngine {
         }
         if let Some(last) = last {
             if full_page {
-                cycle.queue.push_front(Op::Read(Read::Log {
+                cycle.queue.push_front(Op::read(Read::Log {
                     ns,
                     part,
                     from: last.clone(),
@@ -347,11 +347,11 @@ impl SyncEngine {
         }
         if !stale.is_empty() {
             if let Some(run) = self.run.as_mut() {
-                run.queue.push_back(Op::DelStale {
+                run.queue.push_back(Op::Work(Work::DelStale {
                     ns,
                     part,
                     ids: stale,
-                });
+                }));
             }
         }
         Ok(())
@@ -370,13 +370,13 @@ impl SyncEngine {
     }
 
     /// A truncated reply is dropped whole; reads are retried smaller.
-    pub(super) fn on_truncated(&mut self, sent: Sent, now_ms: u64) -> Result<(), SyncError> {
+    pub(super) fn on_truncated(&mut self, sent: Work, now_ms: u64) -> Result<(), SyncError> {
         self.stats.truncations += 1;
         let command = sent.command();
         let Some(cycle) = self.run.as_mut() else {
             return Ok(());
         };
-        let Sent::Read(read) = sent else {
+        let Work::Read(read) = sent else {
             return Err(SyncError::Truncated { command });
         };
         match read {
@@ -384,7 +384,7 @@ impl SyncEngine {
                 // Several namespaces' reads did not fit together: each one
                 // alone, then halved on its own if still too large.
                 for read in reads.into_iter().rev() {
-                    cycle.queue.push_front(Op::Read(Read::Log {
+                    cycle.queue.push_front(Op::read(Read::Log {
                         ns: read.ns,
                         part: read.part,
                         from: read.from,
@@ -417,13 +417,13 @@ impl SyncEngine {
                 // replies that fit (`value_reply_bytes`), so one large value
                 // (a hostile writer's) does not shrink every later batch.
                 let tail = ids.split_off(ids.len() / 2);
-                cycle.queue.push_front(Op::Read(Read::Mget {
+                cycle.queue.push_front(Op::read(Read::Mget {
                     ns,
                     part,
                     ids: tail,
                     attempt: attempt + 1,
                 }));
-                cycle.queue.push_front(Op::Read(Read::Mget {
+                cycle.queue.push_front(Op::read(Read::Mget {
                     ns,
                     part,
                     ids,
@@ -441,7 +441,7 @@ impl SyncEngine {
             } if count > 1 && attempt < MAX_TRUNCATION_RETRIES => {
                 let count = count / 2;
                 self.regs[ns].scan_cap = count;
-                cycle.queue.push_front(Op::Read(Read::Scan {
+                cycle.queue.push_front(Op::read(Read::Scan {
                     ns,
                     part,
                     cursor,
@@ -460,7 +460,7 @@ impl SyncEngine {
             } if count > 2 && attempt < MAX_TRUNCATION_RETRIES => {
                 let count = (count / 2).max(2);
                 self.regs[ns].log_cap = count;
-                cycle.queue.push_front(Op::Read(Read::Log {
+                cycle.queue.push_front(Op::read(Read::Log {
                     ns,
                     part,
                     from,
@@ -515,7 +515,7 @@ fn queue_mgets(run: &mut Run, ns: NsIndex, part: usize, ids: Vec<String>, batch:
     let mut it = ids.into_iter().peekable();
     while it.peek().is_some() {
         let ids: Vec<String> = it.by_ref().take(batch).collect();
-        run.queue.push_back(Op::Read(Read::Mget {
+        run.queue.push_back(Op::read(Read::Mget {
             ns,
             part,
             ids,

@@ -24,8 +24,8 @@ impl Write {
     }
 }
 
-/// A read, the same value whether queued (in [`Op`]) or in flight (in
-/// [`Sent`]): its reply and a truncation retry work on it directly.
+/// A read, the same value whether queued or in flight (in [`Work`]): its
+/// reply and a truncation retry work on it directly.
 #[derive(Clone)]
 pub(super) enum Read {
     Scan {
@@ -78,8 +78,10 @@ pub(super) struct LogRead {
     pub(super) count: usize,
 }
 
-/// Work not yet sent.
-pub(super) enum Op {
+/// Work for Redis: queued in a run (as [`Op::Work`]), then in flight (in
+/// [`Outstanding`]), enough to act on its reply and, in cluster mode, to
+/// send it again elsewhere.
+pub(super) enum Work {
     Read(Read),
     DelStale {
         ns: NsIndex,
@@ -91,9 +93,16 @@ pub(super) enum Op {
     Write {
         ns: NsIndex,
         part: usize,
+        /// Written (their count goes to `pushed`); a successful
+        /// write-through clears their dirty marks.
         writes: Vec<Write>,
         log_ids: Vec<String>,
     },
+}
+
+/// Work not yet sent.
+pub(super) enum Op {
+    Work(Work),
     /// Cluster mode: `op` again after a redirection, to `node` (None: the
     /// slot's owner in the map), with `ASKING` before each command after an
     /// `ASK`; `redirects` so far.
@@ -105,57 +114,25 @@ pub(super) enum Op {
     },
 }
 
-/// What a call in flight was for: enough to act on its reply and, in
-/// cluster mode, to send it again elsewhere.
-pub(super) enum Sent {
-    Read(Read),
-    DelStale {
-        ns: NsIndex,
-        part: usize,
-        ids: Vec<String>,
-    },
-    Write {
-        ns: NsIndex,
-        part: usize,
-        /// Written (their count goes to `pushed`); a successful
-        /// write-through clears their dirty marks.
-        writes: Vec<Write>,
-        log_ids: Vec<String>,
-    },
+impl Op {
+    pub(super) fn read(read: Read) -> Self {
+        Op::Work(Work::Read(read))
+    }
 }
 
-impl Sent {
+impl Work {
     pub(super) fn command(&self) -> &'static str {
         match self {
-            Sent::Read(read) => read.command(),
-            Sent::DelStale { .. } => "DEL",
-            Sent::Write { .. } => "SETEX",
-        }
-    }
-
-    /// The work again, as it was queued.
-    pub(super) fn into_op(self) -> Op {
-        match self {
-            Sent::Read(read) => Op::Read(read),
-            Sent::DelStale { ns, part, ids } => Op::DelStale { ns, part, ids },
-            Sent::Write {
-                ns,
-                part,
-                writes,
-                log_ids,
-            } => Op::Write {
-                ns,
-                part,
-                writes,
-                log_ids,
-            },
+            Work::Read(read) => read.command(),
+            Work::DelStale { .. } => "DEL",
+            Work::Write { .. } => "SETEX",
         }
     }
 }
 
 /// A call sent and not answered yet.
 pub(super) struct Outstanding {
-    pub(super) sent: Sent,
+    pub(super) sent: Work,
     pub(super) sent_ms: u64,
     pub(super) expected: usize,
     pub(super) auth: bool,
@@ -223,34 +200,41 @@ impl SyncEngine {
             return None;
         }
         let (ns, part) = match op {
-            Op::Read(Read::Slots { asked }) => return asked.clone(),
-            Op::Read(Read::Logs(reads)) => {
+            Op::Work(Work::Read(Read::Slots { asked })) => return asked.clone(),
+            Op::Work(Work::Read(Read::Logs(reads))) => {
                 let first = reads.first()?;
                 (first.ns, first.part)
             }
-            Op::Read(
-                Read::Scan { ns, part, .. }
-                | Read::Log { ns, part, .. }
-                | Read::Mget { ns, part, .. },
-            )
-            | Op::DelStale { ns, part, .. }
-            | Op::Write { ns, part, .. } => (*ns, *part),
+            Op::Work(
+                Work::Read(
+                    Read::Scan { ns, part, .. }
+                    | Read::Log { ns, part, .. }
+                    | Read::Mget { ns, part, .. },
+                )
+                | Work::DelStale { ns, part, .. }
+                | Work::Write { ns, part, .. },
+            ) => (*ns, *part),
             Op::Redirected { op, .. } => return self.node_for(op),
         };
         self.owner_of(ns, part).map(str::to_owned)
     }
 
-    fn encode(&self, op: Op, p: &mut Pipeline) -> Sent {
-        match op {
-            Op::Read(read) => {
+    fn encode(&self, op: Op, p: &mut Pipeline) -> Work {
+        let work = match op {
+            Op::Work(work) => work,
+            // `dispatch` unwraps redirections before encoding.
+            Op::Redirected { op, .. } => return self.encode(*op, p),
+        };
+        match work {
+            Work::Read(read) => {
                 self.encode_read(&read, p);
-                Sent::Read(read)
+                Work::Read(read)
             }
-            Op::DelStale { ns, part, ids } => {
+            Work::DelStale { ns, part, ids } => {
                 cmd::del(p, &self.entity_keys(ns, part, &ids));
-                Sent::DelStale { ns, part, ids }
+                Work::DelStale { ns, part, ids }
             }
-            Op::Write {
+            Work::Write {
                 ns,
                 part,
                 writes,
@@ -280,15 +264,13 @@ impl SyncEngine {
                         cmd::expire(p, log, ttl);
                     }
                 }
-                Sent::Write {
+                Work::Write {
                     ns,
                     part,
                     writes,
                     log_ids,
                 }
             }
-            // `dispatch` unwraps redirections before encoding.
-            Op::Redirected { op, .. } => self.encode(*op, p),
         }
     }
 
@@ -331,7 +313,7 @@ impl SyncEngine {
         ids.iter().map(|id| keys.entity_key(id)).collect()
     }
 
-    /// Entity writes of namespace `ns` as one `Op::Write` per part and
+    /// Entity writes of namespace `ns` as one [`Work::Write`] per part and
     /// chunk of `chunk`, in the order given within a part (one part: the
     /// writes as given).
     pub(super) fn write_ops(&self, ns: NsIndex, writes: Vec<Write>, chunk: usize) -> Vec<Op> {
@@ -351,12 +333,12 @@ impl SyncEngine {
                 } else {
                     Vec::new()
                 };
-                ops.push(Op::Write {
+                ops.push(Op::Work(Work::Write {
                     ns,
                     part,
                     writes,
                     log_ids,
-                });
+                }));
             }
         }
         ops

@@ -5,7 +5,7 @@
 use crate::sync::error::SyncError;
 use crate::sync::resp::Frame;
 
-use super::sending::Sent;
+use super::sending::Work;
 use super::{Call, NsIndex, Registered, SyncEngine};
 
 impl SyncEngine {
@@ -35,11 +35,11 @@ impl SyncEngine {
 
     pub(super) fn on_write_through_reply(
         &mut self,
-        sent: Sent,
+        sent: Work,
         frames: Result<Vec<Frame>, SyncError>,
     ) {
         match (sent, frames) {
-            (Sent::Write { ns, writes, .. }, Ok(_)) => {
+            (Work::Write { ns, writes, .. }, Ok(_)) => {
                 let ids: Vec<String> = writes.iter().map(|w| w.id().to_owned()).collect();
                 self.stats.pushed += ids.len() as u64;
                 // Written: the periodic push need not send these again.
