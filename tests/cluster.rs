@@ -76,16 +76,9 @@ fn sync_stats(r: &Replica) -> String {
 }
 
 fn complete(r: &Replica, prompt: &str) -> Reply {
-    let url = r.envoy.url("/v1/completions");
-    let body = completion_body(&json!(prompt));
-    send(
-        "POST",
-        &url,
-        &[("content-type", "application/json")],
-        Some(body.as_bytes()),
-        CLIENT_TIMEOUT,
-    )
-    .unwrap_or_else(|e| panic!("replica {}: POST {url}: {e}", r.name))
+    r.envoy
+        .complete(&json!(prompt))
+        .unwrap_or_else(|e| panic!("replica {}: {e}", r.name))
 }
 
 fn match_percent(reply: &Reply) -> u32 {

@@ -115,16 +115,9 @@ fn start_replicas(dir: &TestDir, specs: Vec<EnvoySpec<'_>>) -> Vec<Replica> {
 
 impl Replica {
     fn complete(&self, prompt: &str) -> Reply {
-        let url = self.envoy.url("/v1/completions");
-        let body = completion_body(&json!(prompt));
-        send(
-            "POST",
-            &url,
-            &[("content-type", "application/json")],
-            Some(body.as_bytes()),
-            CLIENT_TIMEOUT,
-        )
-        .unwrap_or_else(|e| panic!("replica {}: POST {url}: {e}", self.name))
+        self.envoy
+            .complete(&json!(prompt))
+            .unwrap_or_else(|e| panic!("replica {}: {e}", self.name))
     }
 
     /// A `prefix_router.sync.<name>` stat (0 while not defined yet).

@@ -662,6 +662,26 @@ impl Envoy {
         format!("http://127.0.0.1:{}{path}", self.listener)
     }
 
+    /// POSTs a JSON body to `path` on a new connection, with `headers`
+    /// after `content-type`; transport failures are errors.
+    pub fn post_json(
+        &self,
+        path: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply, String> {
+        let url = self.url(path);
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        send("POST", &url, &all, Some(body.as_bytes()), CLIENT_TIMEOUT)
+            .map_err(|e| format!("POST {url}: {e}"))
+    }
+
+    /// POSTs an OpenAI completions request for `prompt`.
+    pub fn complete(&self, prompt: &Value) -> Result<Reply, String> {
+        self.post_json("/v1/completions", &completion_body(prompt), &[])
+    }
+
     /// `http://127.0.0.1:<admin><path>`
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.admin)
@@ -1173,11 +1193,9 @@ impl Running {
 
     /// Like [`Running::post`] with extra request headers.
     pub fn post_with(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> Reply {
-        let url = self.envoy.url(path);
-        let mut all = vec![("content-type", "application/json")];
-        all.extend_from_slice(headers);
-        send("POST", &url, &all, Some(body.as_bytes()), CLIENT_TIMEOUT)
-            .unwrap_or_else(|e| panic!("POST {url}: {e}"))
+        self.envoy
+            .post_json(path, body, headers)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// POSTs an OpenAI completions request.
