@@ -146,16 +146,42 @@ fn learn(r: &Replica, seeds: std::ops::Range<u64>) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Waits until `r` has applied `min` remote entities, then one more cycle
-/// (so a push split across two of the writer's calls is in).
-fn synced(r: &Replica, min: i64) {
-    let ok = wait_until(Duration::from_secs(15), || sync_stat(r, "applied") >= min);
-    assert!(ok, "applied stuck below {min}:\n{}", sync_stats(r));
-    let cycles = sync_stat(r, "cycles_ok");
-    let ok = wait_until(Duration::from_secs(10), || {
-        sync_stat(r, "cycles_ok") > cycles
+/// Learns 8 prompts on `writer` and waits until `reader` has them: the
+/// writer pushed their blocks, the reader applied as many entities more,
+/// then completed two more cycles (`applied` alone also counts entities a
+/// migration's rescans apply again, so it can reach the mark early).
+fn learn_synced(
+    writer: &Replica,
+    reader: &Replica,
+    seeds: std::ops::Range<u64>,
+) -> Vec<(String, String)> {
+    let (pushed, applied) = (sync_stat(writer, "pushed"), sync_stat(reader, "applied"));
+    let learned = learn(writer, seeds);
+    let min = 8 * BLOCKS;
+    let ok = wait_until(Duration::from_secs(15), || {
+        sync_stat(writer, "pushed") >= pushed + min
     });
-    assert!(ok, "no cycle:\n{}", sync_stats(r));
+    assert!(
+        ok,
+        "pushed stuck below {}:\n{}",
+        pushed + min,
+        sync_stats(writer)
+    );
+    let ok = wait_until(Duration::from_secs(15), || {
+        sync_stat(reader, "applied") >= applied + min
+    });
+    assert!(
+        ok,
+        "applied stuck below {}:\n{}",
+        applied + min,
+        sync_stats(reader)
+    );
+    let cycles = sync_stat(reader, "cycles_ok");
+    let ok = wait_until(Duration::from_secs(15), || {
+        sync_stat(reader, "cycles_ok") >= cycles + 2
+    });
+    assert!(ok, "no cycle:\n{}", sync_stats(reader));
+    learned
 }
 
 /// Sends every learned prompt to `r`: each must go to the pod it was learned
@@ -190,9 +216,7 @@ fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
     }
 
     // 1. A prefix learned on A routes on B.
-    let applied = sync_stat(b, "applied");
-    let learned = learn(a, 0..8);
-    synced(b, applied + 8 * BLOCKS);
+    let learned = learn_synced(a, b, 0..8);
     let missed = routed_on(b, &learned);
     assert!(missed.is_empty(), "{missed:?}\n{}", sync_stats(b));
     // The namespace is spread: every master holds some of its keys.
@@ -299,9 +323,7 @@ fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
 
     // 3. After the migration, a prefix learned on B routes on A (its blocks
     //    in the moved slot now live on the new master).
-    let applied = sync_stat(a, "applied");
-    let learned = learn(b, 5000..5008);
-    synced(a, applied + 8 * BLOCKS);
+    let learned = learn_synced(b, a, 5000..5008);
     let missed = routed_on(a, &learned);
     assert!(missed.is_empty(), "{missed:?}\n{}", sync_stats(a));
     let moved = node_keys(dst.port, "aibrix:{prefixcache*")
@@ -357,9 +379,7 @@ fn a_master_killed_its_replica_promoted_sync_resumes_and_clients_never_fail() {
         failed.len()
     );
     // A prefix learned on A after the failover routes on B.
-    let applied = sync_stat(b, "applied");
-    let learned = learn(a, 9000..9008);
-    synced(b, applied + 8 * BLOCKS);
+    let learned = learn_synced(a, b, 9000..9008);
     let missed = routed_on(b, &learned);
     assert!(missed.is_empty(), "{missed:?}\n{}", sync_stats(b));
     // The promoted replica holds the namespace's keys of its slots.

@@ -208,7 +208,7 @@ pub const AIBRIX_DENSE_BLOCKS: u32 = 4096;
 /// Table records in AIBrix mode unless `table_capacity_blocks` is stated:
 /// a prompt records up to 4096 blocks there, so the native default (200,000)
 /// holds under 50 prompts and a burst leaves holes that stop AIBrix's
-/// in-order walk. 2,000,000 records are 250,000 shared-data keys, ~32 MB.
+/// in-order walk. 2,000,000 records are 250,000 shared-data keys, ~40 MB (20-byte records).
 pub(crate) const AIBRIX_TABLE_CAPACITY: u32 = 2_000_000;
 /// AIBrix's default block size (`AIBRIX_PREFIX_CACHE_BLOCK_SIZE`).
 pub const AIBRIX_BLOCK_SIZE: usize = 4;
