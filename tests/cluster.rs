@@ -155,30 +155,18 @@ fn learn_synced(
     reader: &Replica,
     seeds: std::ops::Range<u64>,
 ) -> Vec<(String, String)> {
-    let (pushed, applied) = (sync_stat(writer, "pushed"), sync_stat(reader, "applied"));
+    let marks = [
+        (writer, "pushed", sync_stat(writer, "pushed") + 8 * BLOCKS),
+        (reader, "applied", sync_stat(reader, "applied") + 8 * BLOCKS),
+    ];
     let learned = learn(writer, seeds);
-    let min = 8 * BLOCKS;
+    for (r, stat, mark) in marks {
+        let ok = wait_until(Duration::from_secs(15), || sync_stat(r, stat) >= mark);
+        assert!(ok, "{stat} stuck below {mark}:\n{}", sync_stats(r));
+    }
+    let mark = sync_stat(reader, "cycles_ok") + 2;
     let ok = wait_until(Duration::from_secs(15), || {
-        sync_stat(writer, "pushed") >= pushed + min
-    });
-    assert!(
-        ok,
-        "pushed stuck below {}:\n{}",
-        pushed + min,
-        sync_stats(writer)
-    );
-    let ok = wait_until(Duration::from_secs(15), || {
-        sync_stat(reader, "applied") >= applied + min
-    });
-    assert!(
-        ok,
-        "applied stuck below {}:\n{}",
-        applied + min,
-        sync_stats(reader)
-    );
-    let cycles = sync_stat(reader, "cycles_ok");
-    let ok = wait_until(Duration::from_secs(15), || {
-        sync_stat(reader, "cycles_ok") >= cycles + 2
+        sync_stat(reader, "cycles_ok") >= mark
     });
     assert!(ok, "no cycle:\n{}", sync_stats(reader));
     learned

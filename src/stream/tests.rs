@@ -429,7 +429,7 @@ fn stats_reach_envoy_on_the_tick() {
 /// issue's budgets: 12 for a matched 8 KB request, 16 for a new 8 KB prefix,
 /// 24 for a new 400 KiB prompt. The table writes one bucket per segment a
 /// request records (a get and a set, the get saved when the probe read that
-/// bucket): a new 8 KB prefix spans 4 segments, a 400 KiB one 7 (see
+/// bucket): a new 8 KB prefix spans 4 segments, a 400 KiB one 6 (see
 /// [`crate::route::table::Layout`]). The first request of a model also
 /// registers it (one get and one set more).
 #[test]
