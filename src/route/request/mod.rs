@@ -6,12 +6,10 @@
 //! ignores the turns that actually fill the KV cache). Anything we cannot read
 //! is a [`PassReason`]: the request goes on untouched and a stat counts why.
 
-use std::borrow::Cow;
-
 mod aibrix;
+mod scan;
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// How a prompt becomes the bytes that are hashed.
@@ -116,79 +114,10 @@ pub fn parse_body(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, PassReaso
     parse_body_as(kind, body, Render::Native)
 }
 
-// The fast path: the shapes nearly every request has (a string prompt;
-// messages with a string role and string or null content), read from
-// borrowed slices of the body instead of a `Value` tree. Anything else, or
-// anything it cannot read, goes to the `Value` path, which decides. A test
-// holds the two equal on every input it tries, but one: an unknown field of
-// a message nested past 128 levels, which the `Value` tree refuses and the
-// fast path skips (as both skip unknown top-level fields at any depth).
-
-/// A JSON string, borrowed from the body when it has no escapes.
-#[derive(Deserialize)]
-struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
-
-#[derive(Deserialize)]
-struct FastCompletion<'a> {
-    #[serde(default)]
-    model: Option<Value>,
-    #[serde(borrow)]
-    prompt: Text<'a>,
-}
-
-#[derive(Deserialize)]
-struct FastChat<'a> {
-    #[serde(default)]
-    model: Option<Value>,
-    /// Raw, to see each is an object (serde reads a struct from an array too).
-    #[serde(borrow)]
-    messages: Vec<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct FastMessage<'a> {
-    #[serde(borrow)]
-    role: Text<'a>,
-    #[serde(default, borrow)]
-    content: Option<Text<'a>>,
-}
-
-/// The native layout of the common shapes, in one pass over the body, or
-/// None to let the `Value` path decide.
+/// The fast path (see the `scan` module): the common shapes in one pass,
+/// or None to let the `Value` path decide.
 fn fast_native(kind: ApiKind, body: &[u8]) -> Option<PromptRequest> {
-    match kind {
-        ApiKind::Completions => {
-            let b: FastCompletion = serde_json::from_slice(body).ok()?;
-            Some(PromptRequest {
-                model: model_name(b.model),
-                prompt: b.prompt.0.as_bytes().to_vec(),
-            })
-        }
-        ApiKind::ChatCompletions => {
-            let b: FastChat = serde_json::from_slice(body).ok()?;
-            if b.messages.is_empty() {
-                return None;
-            }
-            let mut prompt = Vec::with_capacity(body.len());
-            for raw in &b.messages {
-                if !raw.get().starts_with('{') {
-                    return None;
-                }
-                let m: FastMessage = serde_json::from_str(raw.get()).ok()?;
-                prompt.extend_from_slice(b"<|");
-                prompt.extend_from_slice(m.role.0.as_bytes());
-                prompt.extend_from_slice(b"|>");
-                if let Some(c) = &m.content {
-                    prompt.extend_from_slice(c.0.as_bytes());
-                }
-                prompt.push(b'\n');
-            }
-            Some(PromptRequest {
-                model: model_name(b.model),
-                prompt,
-            })
-        }
-    }
+    scan::scan_native(kind, body)
 }
 
 /// Parses a complete request body of the given kind, rendered as `render`.

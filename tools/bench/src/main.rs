@@ -63,6 +63,16 @@ enum Command {
         big_kib: usize,
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// Another build of the filter (a .wasm), run in place of the
+        /// passing-at-headers diagnostic with the same configuration: an
+        /// A/B of two builds in one run.
+        #[arg(long)]
+        variant: Option<std::path::PathBuf>,
+        /// A JSON object merged into the variant's plugin configuration
+        /// (e.g. '{"signals":{"enabled":false}}'); the variant is this
+        /// build unless --variant names another.
+        #[arg(long, value_parser = parse_json_object)]
+        variant_patch: Option<serde_json::Value>,
     },
     /// Model: fleet-wide Redis load of sync (commands/s, keys/s, bytes/s)
     /// for many replicas and large tables, from the engine's own cost model.
@@ -235,6 +245,8 @@ fn main() {
             big_rounds,
             big_kib,
             seed,
+            variant,
+            variant_patch,
         } => commands::overhead::run(
             &rt,
             &commands::overhead::OverheadArgs {
@@ -245,6 +257,8 @@ fn main() {
                 big_rounds,
                 big_kib,
                 seed,
+                variant,
+                variant_patch,
             },
         ),
         Command::Scale {
@@ -340,5 +354,14 @@ fn main() {
         Command::Compare(c) => commands::compare::main(&rt, c),
         Command::Real(c) => commands::real::main(&rt, c),
         Command::Iperf(c) => commands::iperf::main(c),
+    }
+}
+
+/// A command-line JSON object.
+fn parse_json_object(s: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str::<serde_json::Value>(s) {
+        Ok(v) if v.is_object() => Ok(v),
+        Ok(_) => Err("expected a JSON object".to_string()),
+        Err(e) => Err(e.to_string()),
     }
 }

@@ -9,7 +9,9 @@
 //!   `x-gateway-destination-endpoint` to one pod, continue;
 //! - this filter (`envoy/single.yaml`);
 //! - diagnostic: this filter passing every request at the headers
-//!   (`max_body_bytes: 1`), so no buffering and no routing.
+//!   (`max_body_bytes: 1`), so no buffering and no routing; or, with
+//!   `--variant <module.wasm>`, another build of this filter routing as the
+//!   filter does (an A/B of two builds in one run).
 //!
 //! The headline is *this − reference*: what the router's own work costs above
 //! the floor (V8 per stream, the paused headers, the body copy into the VM,
@@ -68,6 +70,19 @@ pub struct OverheadArgs {
     /// Size of the large prompts, KiB.
     pub big_kib: usize,
     pub seed: u64,
+    /// Another build of this filter, run in place of the passing
+    /// diagnostic with the same configuration.
+    pub variant: Option<std::path::PathBuf>,
+    /// A JSON object merged into the variant's plugin configuration (the
+    /// variant is this build when `variant` is None).
+    pub variant_patch: Option<serde_json::Value>,
+}
+
+impl OverheadArgs {
+    /// Whether the fourth side is a variant (not the passing diagnostic).
+    fn has_variant(&self) -> bool {
+        self.variant.is_some() || self.variant_patch.is_some()
+    }
 }
 
 /// The Envoys, in start order (indices into every per-side array).
@@ -82,6 +97,24 @@ const SIDE_NAMES: [&str; SIDES] = [
     "this filter",
     "diag: passing at headers",
 ];
+
+/// Column names: [`SIDE_NAMES`], the last one `variant` with `--variant`.
+fn side_names(args: &OverheadArgs) -> [&'static str; SIDES] {
+    let mut names = SIDE_NAMES;
+    if args.has_variant() {
+        names[PASSING] = "variant";
+    }
+    names
+}
+
+/// JSON keys: [`SIDE_KEYS`], the last one `variant` with `--variant`.
+fn side_keys(args: &OverheadArgs) -> [&'static str; SIDES] {
+    let mut keys = SIDE_KEYS;
+    if args.has_variant() {
+        keys[PASSING] = "variant";
+    }
+    keys
+}
 const SIDE_KEYS: [&str; SIDES] = [
     "plain",
     "reference",
@@ -248,16 +281,40 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &OverheadArgs) {
     fleet.start_envoy("plain", "plain.yaml", 1, |_| {});
     fleet.start_envoy("reference", "reference.yaml", 1, |_| {});
     fleet.start_envoy("with-filter", "single.yaml", 1, |_| {});
-    fleet.start_envoy("filter-passing", "single.yaml", 1, |c| {
-        c["max_body_bytes"] = json!(1);
-    });
+    if args.has_variant() {
+        let mut spec = fleet.spec("variant", "single.yaml").concurrency(1);
+        if let Some(module) = &args.variant {
+            let from = harness::wasm_module().display().to_string();
+            spec = spec.edit(&from, &module.display().to_string());
+        }
+        if let Some(patch) = &args.variant_patch {
+            spec = spec.merge(patch.clone());
+        }
+        fleet.launch(spec);
+    } else {
+        fleet.start_envoy("filter-passing", "single.yaml", 1, |c| {
+            c["max_body_bytes"] = json!(1);
+        });
+    }
     let urls = fleet.base_urls();
     let pids: Vec<u32> = fleet.replicas.iter().map(|r| r.pid).collect();
     println!(
         "prefix-bench overhead: plain Envoy (plain.yaml), the reference filter (reference.yaml: \
-         pause, read the body, set one header), this filter (single.yaml), and this filter \
-         passing every request at the headers (diagnostic); --concurrency 1 each, 4 podsim pods \
-         at --time-scale 0, rotating rounds"
+         pause, read the body, set one header), this filter (single.yaml), and {}; \
+         --concurrency 1 each, 4 podsim pods at --time-scale 0, rotating rounds",
+        if args.has_variant() {
+            format!(
+                "a variant: {} with {}",
+                args.variant
+                    .as_ref()
+                    .map_or("this build".to_string(), |m| m.display().to_string()),
+                args.variant_patch
+                    .as_ref()
+                    .map_or("single.yaml".to_string(), |p| format!("single.yaml + {p}"))
+            )
+        } else {
+            "this filter passing every request at the headers (diagnostic)".to_string()
+        }
     );
 
     // (a) 8 KB: matched prefixes, then new ones (each workload's rounds

@@ -5,8 +5,8 @@ use serde_json::{json, Value};
 
 use super::native::Native;
 use super::{
-    Measure, OverheadArgs, Phase, Side, Stat, FILTER, PASSING, PLAIN, REFERENCE, SIDES, SIDE_KEYS,
-    SIDE_NAMES, TARGET_BIG_CPU_US, TARGET_MATCHED_US, TARGET_NEW_US,
+    side_keys, side_names, Measure, OverheadArgs, Phase, Side, Stat, FILTER, PASSING, PLAIN,
+    REFERENCE, SIDES, TARGET_BIG_CPU_US, TARGET_MATCHED_US, TARGET_NEW_US,
 };
 use crate::report::{num, verdict, Table};
 
@@ -85,7 +85,7 @@ pub fn report(
         headline_json.push(json!({
             "workload": phase.key, "measure": what, "target_us": target, "met": met,
             "plain": v[PLAIN], "reference": v[REFERENCE], "with_filter": v[FILTER],
-            "filter_passing_at_headers": v[PASSING],
+            (side_keys(args)[PASSING]): v[PASSING],
             "this_minus_reference": d, "this_minus_plain": v[FILTER] - v[PLAIN],
             "reference_minus_plain": v[REFERENCE] - v[PLAIN],
         }));
@@ -96,12 +96,12 @@ pub fn report(
         detail_8kb(args, phase).print();
     }
     detail_big(args, big).print();
-    where_time_goes(phases, route_time, native).print();
+    where_time_goes(phases, route_time, native, args.has_variant()).print();
 
     let phase_json = |p: &Phase| {
         let by_side = |f: &dyn Fn(&Side) -> Value| {
             Value::Object(
-                SIDE_KEYS
+                side_keys(args)
                     .iter()
                     .zip(&p.sides)
                     .map(|(k, s)| (k.to_string(), f(s)))
@@ -124,6 +124,8 @@ pub fn report(
             "requests": args.requests, "rounds": args.rounds, "warmup": args.warmup,
             "big_requests": args.big_requests, "big_rounds": args.big_rounds,
             "big_kib": args.big_kib, "seed": args.seed,
+            "variant": args.variant.as_ref().map(|m| m.display().to_string()),
+            "variant_patch": args.variant_patch,
         },
         "targets_this_minus_reference_us": {
             "matched_8kb_p50_and_cpu": TARGET_MATCHED_US,
@@ -146,9 +148,9 @@ pub fn report(
 }
 
 /// Columns of the detail tables: every side, then the differences.
-fn detail_header(unit: &str) -> Vec<String> {
+fn detail_header(args: &OverheadArgs, unit: &str) -> Vec<String> {
     let mut h = vec![unit.to_string()];
-    h.extend(SIDE_NAMES.iter().map(|s| s.to_string()));
+    h.extend(side_names(args).iter().map(|s| s.to_string()));
     h.extend(["this - reference".to_string(), "this - plain".to_string()]);
     h
 }
@@ -168,7 +170,7 @@ fn detail_8kb(args: &OverheadArgs, p: &Phase) -> Table {
             "(a) {}: {} requests per side in {} rotating rounds (+{} warmup), concurrency 1, keep-alive",
             p.label, args.requests, args.rounds, args.warmup
         ),
-        &detail_header("us"),
+        &detail_header(args, "us"),
     );
     let stats: [(&str, Stat); 5] = [
         ("p50", |s| s.p50),
@@ -225,7 +227,7 @@ fn detail_big(args: &OverheadArgs, p: &Phase) -> Table {
             "(b) {}: {} KiB, {} requests per side in {} rotating rounds",
             p.label, args.big_kib, args.big_requests, args.big_rounds
         ),
-        &detail_header("us per request"),
+        &detail_header(args, "us per request"),
     );
     t.row(&detail_row(
         "Envoy CPU (schedstat, ns clock)",
@@ -259,7 +261,12 @@ fn p50_p99(quantiles: &[(f64, f64)]) -> String {
     format!("{} / {}", q(50.0), q(99.0))
 }
 
-fn where_time_goes(phases: [&Phase; 3], route_time: RouteTime, native: &[Native; 3]) -> Table {
+fn where_time_goes(
+    phases: [&Phase; 3],
+    route_time: RouteTime,
+    native: &[Native; 3],
+    variant: bool,
+) -> Table {
     let mut t = Table::new(
         "Where the time goes: the filter's logic natively (host build, in-memory store, same bodies) and in Envoy",
         &["us", "8 KB matched", "8 KB new", "400 KiB new"],
@@ -292,7 +299,12 @@ fn where_time_goes(phases: [&Phase; 3], route_time: RouteTime, native: &[Native;
     t.row(&row("in Envoy: CPU, reference - plain", &|i| {
         num(phases[i].cpu_us(REFERENCE) - phases[i].cpu_us(PLAIN), 1)
     }));
-    t.row(&row("in Envoy: CPU, passing at headers - plain", &|i| {
+    let last = if variant {
+        "variant"
+    } else {
+        "passing at headers"
+    };
+    t.row(&row(&format!("in Envoy: CPU, {last} - plain"), &|i| {
         num(phases[i].cpu_us(PASSING) - phases[i].cpu_us(PLAIN), 1)
     }));
     t.row(&row("in Envoy: CPU, this - reference", &|i| {
