@@ -13,7 +13,7 @@ ENVOY_BIN   ?= $(CURDIR)/.venv/bin/envoy
 TEST_RUNNER := $(CURDIR)/.tools/bin/wasm-bindgen-test-runner
 CONFIGS     := $(wildcard envoy/*.yaml)
 
-.PHONY: help setup build lint unit-test wasm-test integration-test validate test run bench bench-iperf bench-real fuzz clean distclean
+.PHONY: help setup build lint unit-test wasm-test integration-test validate test run bench bench-compute bench-iperf bench-real fuzz clean distclean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -64,6 +64,7 @@ run: setup build ## demo: 2 Envoy replicas syncing via Redis, 4 simulated pods, 
 bench: setup build ## benchmarks: filter overhead, sync cost, compat aibrix cost, sync convergence, memory, routers side by side, inference-perf (tables; JSON/SVG in results/)
 	cargo build --release -p prefix-bench
 	$(BENCH) overhead
+	$(MAKE) --no-print-directory bench-compute
 	$(BENCH) sync-cost
 	$(BENCH) compat-cost
 	$(BENCH) convergence
@@ -72,6 +73,10 @@ bench: setup build ## benchmarks: filter overhead, sync cost, compat aibrix cost
 	$(BENCH) compare
 	$(MAKE) --no-print-directory bench-iperf
 	@echo "bench: results in $(CURDIR)/results/"
+
+bench-compute: setup ## the filter's request-path compute (parse, hash, route) compiled to wasm, timed under node's V8: no Envoy, no hostcalls
+	cargo build --release --target wasm32-unknown-unknown -p vm-bench
+	node scripts/bench/vm-compute.js target/wasm32-unknown-unknown/release/vm_bench.wasm
 
 bench-iperf: setup build ## kubernetes-sigs inference-perf against the filter and round robin over simulated pods
 	scripts/bench/setup-inference-perf.sh

@@ -96,6 +96,9 @@ impl SharedStore for TestHost {
     }
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
         self.call("set_shared_data");
+        if std::env::var("SHOW_KEYS").is_ok() {
+            eprintln!("set {key} ({} bytes, cas {cas:?})", value.len());
+        }
         self.store.set(key, value, cas)
     }
 }
