@@ -120,6 +120,26 @@ impl Frame {
         }
     }
 
+    /// Length of this frame's wire form (what [`parse`] consumed for it).
+    pub fn wire_len(&self) -> usize {
+        // `tag`, the line, CRLF.
+        fn line(body: usize) -> usize {
+            body + 3
+        }
+        fn digits(n: usize) -> usize {
+            n.checked_ilog10().map_or(1, |d| d as usize + 1)
+        }
+        match self {
+            Frame::Simple(s) | Frame::Error(s) => line(s.len()),
+            Frame::Integer(n) => line(n.to_string().len()),
+            Frame::Bulk(b) => line(digits(b.len())) + b.len() + 2,
+            Frame::Null | Frame::NullArray => 5,
+            Frame::Array(items) => {
+                line(digits(items.len())) + items.iter().map(Frame::wire_len).sum::<usize>()
+            }
+        }
+    }
+
     /// The frame as bytes when it is a bulk or simple string.
     pub fn as_bytes(&self) -> Option<&[u8]> {
         match self {
@@ -179,7 +199,6 @@ impl Pipeline {
     }
 
     /// Commands so far (without the final `QUIT`).
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.commands
     }
@@ -374,6 +393,13 @@ mod tests {
                 ]),
             ]),
         ]
+    }
+
+    #[test]
+    fn wire_len_is_the_encoded_length() {
+        for frame in sample_frames() {
+            assert_eq!(frame.wire_len(), enc(&frame).len(), "{frame:?}");
+        }
     }
 
     #[test]

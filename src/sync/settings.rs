@@ -117,10 +117,12 @@ pub struct SyncSettings {
     /// slots, each with its own change log (see [`crate::sync::keys`]).
     /// Refused above 1 with `compat: aibrix` (AIBrix reads one tag).
     pub(crate) hash_tags: usize,
-    /// Redis Cluster mode: each cycle starts by reading `CLUSTER SLOTS`,
-    /// every pipeline goes to the master owning its part's slot (named in
-    /// `node_header` on the bridge call), and `MOVED`/`ASK`/`TRYAGAIN`
-    /// replies are followed (bounded). Needs a bridge whose upstream is an
+    /// Redis Cluster mode: each cycle reads `CLUSTER SLOTS` (with its
+    /// reads while sync is healthy, before them otherwise), every pipeline
+    /// goes to the master owning its parts' slots (named in `node_header`
+    /// on the bridge call; with `hash_tags` > 1 the work of one kind for
+    /// the parts a master holds goes as one pipeline), and
+    /// `MOVED`/`ASK`/`TRYAGAIN` replies are followed per command (bounded). Needs a bridge whose upstream is an
     /// `ORIGINAL_DST` cluster reading `node_header` (see docs/deploy.md).
     pub(crate) cluster: bool,
     /// Header naming the Redis node (`ip:port`) of a bridge call in cluster

@@ -1,5 +1,5 @@
 //! Redis Cluster topology: which master owns which slot, read from
-//! `CLUSTER SLOTS` at the start of every cycle (cluster mode) and patched by
+//! `CLUSTER SLOTS` in every cycle (cluster mode) and patched by
 //! `MOVED` replies in between.
 
 use crate::sync::keys::SLOTS;

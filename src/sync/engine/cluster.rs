@@ -1,9 +1,16 @@
 //! Redis Cluster mode (`sync.cluster`): the slot map every cycle starts by
 //! reading, which node each call goes to, and what a redirection does.
 //!
-//! - Every cycle first reads `CLUSTER SLOTS` (from a known master, turning
-//!   to the next one after a failed cycle, and to the bridge's default
-//!   route when none is known); its reads are queued once the reply is in.
+//! - Every cycle reads `CLUSTER SLOTS` (from a known master, turning to
+//!   the next one after a failed cycle, and to the bridge's default route
+//!   when none is known). While sync is healthy (the last run succeeded)
+//!   and a map is known, the cycle's reads go out with it, routed by the
+//!   map as last known; otherwise (first cycle, after a failure: a master
+//!   may be gone) they are queued once its reply is in.
+//! - With K > 1 hash tags, queued work of one kind for the parts one master
+//!   holds goes as one pipeline ([`super::sending::Work::Batch`]); each
+//!   piece's replies are handled as if it had been sent alone, so a
+//!   redirection of one piece sends only that piece again.
 //! - `MOVED slot node`: the map is patched and the command goes again to
 //!   that node. `ASK slot node` (a slot being migrated, the key already
 //!   moved): the command goes again to that node after `ASKING`, only that
@@ -23,7 +30,7 @@ use crate::sync::resp::Frame;
 use crate::sync::topology::SlotMap;
 
 use super::runs::Kind;
-use super::sending::{Op, Outstanding, Read, Work, Write};
+use super::sending::{Op, Read, Work, Write};
 use super::{NsIndex, SyncEngine};
 
 /// Most redirections one piece of work follows before its run fails.
@@ -49,7 +56,8 @@ impl SyncEngine {
             .map(|n| (*n).to_owned())
     }
 
-    /// A `CLUSTER SLOTS` reply: the new map, then the cycle's reads.
+    /// A `CLUSTER SLOTS` reply: the new map, then the cycle's reads if they
+    /// waited for it.
     pub(super) fn on_slots(
         &mut self,
         asked: Option<&str>,
@@ -71,13 +79,15 @@ impl SyncEngine {
         Ok(())
     }
 
-    /// A reply with at least one redirection among its commands' replies:
-    /// what succeeded counts, what was redirected is returned as work to
-    /// send again (the caller queues it in the run, or dispatches it for
-    /// write-through). Any other error reply fails the call.
+    /// The replies to one piece of work (`sent`, a call's or its share of
+    /// a batch; `so_far` redirections led to it) with at least one
+    /// redirection among them: what succeeded counts, what was redirected
+    /// is returned as work to send again (the caller queues it in the run,
+    /// or dispatches it for write-through). Any other error reply fails it.
     pub(super) fn on_redirect(
         &mut self,
-        out: Outstanding,
+        sent: Work,
+        so_far: u32,
         frames: Vec<Frame>,
     ) -> (Result<(), SyncError>, Vec<Op>) {
         let redirects: Vec<Option<Redirect>> = frames.iter().map(redirect).collect();
@@ -88,7 +98,7 @@ impl SyncEngine {
         if let Some((Frame::Error(msg), _)) = other_error {
             return (Err(SyncError::Redis(msg.clone())), Vec::new());
         }
-        if out.redirects >= MAX_REDIRECTS {
+        if so_far >= MAX_REDIRECTS {
             self.stats.redirects_exhausted += 1;
             let msg = frames.iter().find_map(|f| match f {
                 Frame::Error(msg) => Some(msg.clone()),
@@ -110,7 +120,7 @@ impl SyncEngine {
                 Redirect::TryAgain => self.stats.tryagain_retries += 1,
             }
         }
-        let next = out.redirects + 1;
+        let next = so_far + 1;
         let again = |op: Op, r: &Redirect| match r {
             Redirect::Moved { node, .. } => Op::Redirected {
                 op: Box::new(op),
@@ -135,7 +145,7 @@ impl SyncEngine {
         let Some(first) = first else {
             return (Ok(()), Vec::new());
         };
-        match out.sent {
+        match sent {
             Work::Read(Read::Logs(reads)) => {
                 // Each part's log on its own: the redirected ones again,
                 // the others read now.
@@ -231,6 +241,11 @@ impl SyncEngine {
                 self.stats.stale_deleted += done.min(ids.len()) as u64;
                 (Ok(()), Vec::new())
             }
+            // `on_response` gives every piece of a batch its own replies.
+            Work::Batch(_) => (
+                Err(SyncError::Protocol("a batch's replies not split".into())),
+                Vec::new(),
+            ),
             sent => (Ok(()), vec![again(Op::Work(sent), &first)]),
         }
     }

@@ -32,11 +32,20 @@ impl SyncEngine {
             });
         }
         if self.settings.cluster {
-            // Who owns which slot first; the reads follow its reply.
-            cycle.awaiting_topology = true;
             cycle.queue.push_back(Op::read(Read::Slots {
                 asked: self.topology_node(),
             }));
+            if self.topology.is_some() && self.polls_allowed {
+                // Healthy, with a map: the reads go out with `CLUSTER
+                // SLOTS`, to the owners as last known (a `MOVED` corrects
+                // any that changed); its reply replaces the map for the
+                // rest of the cycle. Not a round trip before every cycle.
+                self.queue_pulls(&mut cycle);
+            } else {
+                // First cycle, or after a failure (a master may be gone):
+                // who owns which slot first; the reads follow its reply.
+                cycle.awaiting_topology = true;
+            }
         } else {
             self.queue_pulls(&mut cycle);
         }

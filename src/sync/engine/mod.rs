@@ -28,8 +28,11 @@
 //! A namespace is read and written in *parts*, one per hash tag
 //! (`sync.hash_tags`, 1 by default: the whole namespace is one part): every
 //! key, change log, scan cursor and log position belongs to one part, and
-//! every call touches one part's slot (a poll's change-log read may cover
-//! several parts of one node).
+//! every piece of work touches one part's slot. A call carries one piece,
+//! except in cluster mode with K > 1 parts, where pieces of one kind whose
+//! slots one master owns share a call (one pipeline per master: a poll's or
+//! a cycle's change-log reads, MGETs, a push's writes, write-through); a
+//! poll's change-log read covers several parts of one node in every mode.
 
 mod cluster;
 mod cycle;
@@ -46,6 +49,7 @@ use std::ops::{Index, IndexMut};
 use super::error::{CallFailed, SyncError};
 use super::keys::{key_slot, namespace_tags, KeyLayout};
 use super::reply::{check_errors, decode_raw, redirect};
+use super::resp::Frame;
 use super::schedule::Schedule;
 use super::settings::{key_part, SyncSettings};
 use super::stats::SyncStats;
@@ -54,7 +58,7 @@ use super::topology::SlotMap;
 use crate::rng::SplitMix64;
 
 use runs::{Kind, Run};
-use sending::{Outstanding, Write};
+use sending::{Op, Outstanding, Write};
 
 /// Identifies one call between [`SyncEngine::tick`]/[`SyncEngine::on_response`].
 pub(crate) type CallId = u64;
@@ -117,7 +121,8 @@ pub(super) struct Part {
     /// Where the rotating anti-entropy scan (`scan_keys_per_cycle`) goes on
     /// next cycle; None = a new pass starts.
     scan_cursor: Option<String>,
-    /// Cluster mode: the node `scan_cursor` is a cursor of (a SCAN cursor
+    /// Cluster mode: the node `scan_cursor` is a cursor of, noted when a
+    /// pass's first page is sent; its later pages go there (a SCAN cursor
     /// means nothing on another node: the pass restarts when the slot
     /// moved).
     scan_node: Option<String>,
@@ -407,26 +412,9 @@ impl SyncEngine {
         if let Err(SyncError::EmptyReply { command }) = &frames {
             self.note_empty_reply(command);
         }
-        // Cluster mode: a MOVED/ASK/TRYAGAIN among the replies is followed
-        // (bounded by MAX_REDIRECTS) instead of failing the call.
-        let redirected = self.settings.cluster
-            && frames
-                .as_ref()
-                .is_ok_and(|f| f.iter().any(|f| redirect(f).is_some()));
-        let frames = if redirected {
-            frames
-        } else {
-            frames.and_then(check_errors)
-        };
         let Some(seq) = out.run else {
-            match frames {
-                Ok(frames) if redirected => {
-                    let (_, again) = self.on_redirect(out, frames);
-                    for op in again {
-                        calls.push(self.dispatch(op, None, now_ms));
-                    }
-                }
-                frames => self.on_write_through_reply(out.sent, frames),
+            for op in self.on_write_through_response(out, frames, reply_len) {
+                calls.push(self.dispatch(op, None, now_ms));
             }
             return calls;
         };
@@ -438,8 +426,8 @@ impl SyncEngine {
             }
         }
         let outcome = match frames {
-            Ok(frames) if redirected => {
-                let (outcome, again) = self.on_redirect(out, frames);
+            Ok(frames) => {
+                let (outcome, again) = self.on_run_frames(out, frames, reply_len, now_ms);
                 if let Some(run) = self.run.as_mut() {
                     for op in again.into_iter().rev() {
                         run.queue.push_front(op);
@@ -447,7 +435,6 @@ impl SyncEngine {
                 }
                 outcome
             }
-            Ok(frames) => self.on_run_reply(out.sent, frames, reply_len, now_ms),
             Err(SyncError::Truncated { .. }) => self.on_truncated(out.sent, now_ms),
             Err(e) => Err(e),
         };
@@ -457,6 +444,83 @@ impl SyncEngine {
         }
         self.pump(now_ms, &mut calls);
         calls
+    }
+
+    /// A run's call answered in full: each piece of work (the call's, or
+    /// each of a batch's) acted on with its own replies. Returns the first
+    /// failure, if any, and the redirected work to send again.
+    fn on_run_frames(
+        &mut self,
+        out: Outstanding,
+        frames: Vec<Frame>,
+        reply_len: usize,
+        now_ms: u64,
+    ) -> (Result<(), SyncError>, Vec<Op>) {
+        let pieces = match split_replies(out.sent, &out.replies, frames, reply_len) {
+            Ok(pieces) => pieces,
+            Err(e) => return (Err(e), Vec::new()),
+        };
+        let mut again = Vec::new();
+        for (work, frames, len) in pieces {
+            // Cluster mode: a MOVED/ASK/TRYAGAIN among the replies is
+            // followed (bounded by MAX_REDIRECTS) instead of failing.
+            let (outcome, ops) = if self.redirected(&frames) {
+                self.on_redirect(work, out.redirects, frames)
+            } else {
+                let outcome = check_errors(frames)
+                    .and_then(|frames| self.on_run_reply(work, frames, len, now_ms));
+                (outcome, Vec::new())
+            };
+            again.extend(ops);
+            if outcome.is_err() {
+                return (outcome, again);
+            }
+        }
+        (Ok(()), again)
+    }
+
+    /// A write-through call's outcome: each piece acted on with its own
+    /// replies; returns the redirected work to send again. A failure
+    /// (transport, error reply, redirections exhausted) counts once per
+    /// call and is not retried.
+    fn on_write_through_response(
+        &mut self,
+        out: Outstanding,
+        frames: Result<Vec<Frame>, SyncError>,
+        reply_len: usize,
+    ) -> Vec<Op> {
+        let pieces =
+            frames.and_then(|frames| split_replies(out.sent, &out.replies, frames, reply_len));
+        let mut again = Vec::new();
+        let mut failed = None;
+        match pieces {
+            Ok(pieces) => {
+                for (work, frames, _) in pieces {
+                    if self.redirected(&frames) {
+                        let (outcome, ops) = self.on_redirect(work, out.redirects, frames);
+                        again.extend(ops);
+                        if let Err(e) = outcome {
+                            failed = Some(e);
+                        }
+                    } else {
+                        match check_errors(frames) {
+                            Ok(_) => self.on_written_through(work),
+                            Err(e) => failed = Some(e),
+                        }
+                    }
+                }
+            }
+            Err(e) => failed = Some(e),
+        }
+        if let Some(e) = failed {
+            self.on_write_through_failed(&e);
+        }
+        again
+    }
+
+    /// Cluster mode: whether one piece's replies hold a redirection.
+    fn redirected(&self, frames: &[Frame]) -> bool {
+        self.settings.cluster && frames.iter().any(|f| redirect(f).is_some())
     }
 
     /// Counts an empty reply and says, at error level, what usually causes
@@ -515,6 +579,37 @@ impl SyncEngine {
     pub(crate) fn namespaces(&self) -> Vec<&str> {
         self.regs.iter().map(|r| r.ns.as_str()).collect()
     }
+}
+
+/// A call's work with its replies: one piece (the work, its replies, the
+/// reply's length), or one per piece of a [`sending::Work::Batch`] (each
+/// with its share of the replies, by the counts noted when it was encoded,
+/// and their encoded length).
+fn split_replies(
+    sent: sending::Work,
+    replies: &[usize],
+    frames: Vec<Frame>,
+    reply_len: usize,
+) -> Result<Vec<(sending::Work, Vec<Frame>, usize)>, SyncError> {
+    let works = match sent {
+        sending::Work::Batch(works) => works,
+        sent => return Ok(vec![(sent, frames, reply_len)]),
+    };
+    if works.len() != replies.len() || replies.iter().sum::<usize>() != frames.len() {
+        return Err(SyncError::Protocol(format!(
+            "{} replies for a batch of {} pieces",
+            frames.len(),
+            works.len()
+        )));
+    }
+    let mut frames = frames.into_iter();
+    let mut pieces = Vec::with_capacity(works.len());
+    for (work, n) in works.into_iter().zip(replies) {
+        let mine: Vec<Frame> = frames.by_ref().take(*n).collect();
+        let len = mine.iter().map(Frame::wire_len).sum();
+        pieces.push((work, mine, len));
+    }
+    Ok(pieces)
 }
 
 /// Read-only views of the schedule and the run in progress, for unit tests

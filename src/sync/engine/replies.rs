@@ -37,6 +37,8 @@ impl SyncEngine {
                 self.stats.pushed += writes.len() as u64;
                 Ok(())
             }
+            // `on_response` gives every piece of a batch its own replies.
+            Work::Batch(_) => Err(proto("a batch's replies not split")),
         }
     }
 
@@ -376,8 +378,26 @@ impl SyncEngine {
         let Some(cycle) = self.run.as_mut() else {
             return Ok(());
         };
-        let Work::Read(read) = sent else {
-            return Err(SyncError::Truncated { command });
+        let read = match sent {
+            Work::Read(read) => read,
+            Work::Batch(works) => {
+                // Pieces that fit alone did not fit together: each read goes
+                // again on its own (a retry is never batched again), then
+                // shrinks on its own if still too large. Writes' replies are
+                // a few bytes: a truncated one is a failure, as alone.
+                let mut reads = Vec::with_capacity(works.len());
+                for work in works {
+                    match work {
+                        Work::Read(read) => reads.push(read),
+                        _ => return Err(SyncError::Truncated { command }),
+                    }
+                }
+                for read in reads.into_iter().rev() {
+                    cycle.queue.push_front(Op::read(retry_alone(read)));
+                }
+                return Ok(());
+            }
+            _ => return Err(SyncError::Truncated { command }),
         };
         match read {
             Read::Logs(reads) => {
@@ -474,6 +494,38 @@ impl SyncEngine {
     }
 }
 
+/// A read of a truncated batch, to send alone: marked as a retry (attempt
+/// at least 1), which [`SyncEngine::coalesce`] never batches.
+fn retry_alone(read: Read) -> Read {
+    match read {
+        Read::Log {
+            ns,
+            part,
+            from,
+            count,
+            attempt,
+        } => Read::Log {
+            ns,
+            part,
+            from,
+            count,
+            attempt: attempt.max(1),
+        },
+        Read::Mget {
+            ns,
+            part,
+            ids,
+            attempt,
+        } => Read::Mget {
+            ns,
+            part,
+            ids,
+            attempt: attempt.max(1),
+        },
+        other => other,
+    }
+}
+
 /// How long full scans skip an oversized value: four full-scan intervals,
 /// and at least [`OVERSIZED_MEMORY_MIN_MS`], so a value that stays too large
 /// is fetched again at most that often.
@@ -499,6 +551,15 @@ fn remember_oversized(memory: &mut BTreeMap<String, u64>, id: String, until: u64
         }
     }
     memory.insert(id, until);
+}
+
+impl SyncEngine {
+    /// MGET keys per call for namespace `ns` (see [`mget_batch_size`]).
+    pub(super) fn mget_batch(&self, ns: NsIndex) -> usize {
+        self.regs
+            .get(ns.0)
+            .map_or(1, |reg| mget_batch_size(reg, &self.settings))
+    }
 }
 
 /// MGET keys per call: configured batch, shrunk by the observed value size

@@ -98,6 +98,8 @@ impl SyncEngine {
                 let Some(op) = run.queue.pop_front() else {
                     break;
                 };
+                // Cluster mode with K > 1 tags: one pipeline per master.
+                let op = self.coalesce(op, &mut run.queue);
                 calls.push(self.dispatch(op, Some(run.seq), now_ms));
                 run.inflight += 1;
             }

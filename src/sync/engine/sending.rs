@@ -2,12 +2,24 @@
 //! flight was for, and how work becomes a RESP pipeline (AUTH first, QUIT
 //! last; the commands themselves are in [`crate::sync::cmd`]) and a
 //! [`Call`] for one Redis node (cluster mode) or the bridge's default route.
+//!
+//! Cluster mode with K > 1 hash tags: queued work of one kind whose slots
+//! one master owns goes out as one pipeline ([`Work::Batch`], see
+//! [`SyncEngine::coalesce`]), so a push or a poll costs one call per master
+//! instead of one per part.
+
+use std::collections::VecDeque;
 
 use crate::sync::cmd;
 use crate::sync::keys::part_of;
 use crate::sync::resp::Pipeline;
 
 use super::{Call, NsIndex, SyncEngine};
+
+/// Most pieces of work in one [`Work::Batch`].
+pub(super) const MAX_BATCH_WORKS: usize = 64;
+/// Queued ops [`SyncEngine::coalesce`] looks through for work to join.
+const MAX_BATCH_LOOKAHEAD: usize = 256;
 
 /// One entity write: SETEX of a payload, or DEL.
 #[derive(Clone)]
@@ -98,6 +110,12 @@ pub(super) enum Work {
         writes: Vec<Write>,
         log_ids: Vec<String>,
     },
+    /// Cluster mode: pieces of work of one kind, each on one slot, all of
+    /// them owned by one master, in one pipeline (one after another). Each
+    /// piece's replies are acted on as if it had been sent alone: a
+    /// redirection of one piece sends only that piece again. Never nested,
+    /// never redirected as a whole.
+    Batch(Vec<Work>),
 }
 
 /// Work not yet sent.
@@ -126,6 +144,38 @@ impl Work {
             Work::Read(read) => read.command(),
             Work::DelStale { .. } => "DEL",
             Work::Write { .. } => "SETEX",
+            Work::Batch(works) => works.first().map_or("QUIT", Work::command),
+        }
+    }
+}
+
+/// What [`SyncEngine::coalesce`] may put in one pipeline: work of one kind,
+/// within what one call of that kind carries alone.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BatchKind {
+    /// Change-log reads (XRANGE), up to [`MAX_BATCH_WORKS`].
+    Logs,
+    /// MGETs of one namespace, up to one MGET's keys in all.
+    Mgets(NsIndex),
+    /// Entity writes (with their XADD), up to `setex_chunk` writes in all.
+    Writes,
+}
+
+impl BatchKind {
+    /// The kind of `work` and its size in the kind's unit; None = goes
+    /// alone (scans, stale deletes, `CLUSTER SLOTS`, a retry after a
+    /// truncated reply, work already batched).
+    fn of(work: &Work) -> Option<(Self, usize)> {
+        match work {
+            Work::Read(Read::Log { attempt: 0, .. }) => Some((BatchKind::Logs, 1)),
+            Work::Read(Read::Mget {
+                ns,
+                ids,
+                attempt: 0,
+                ..
+            }) => Some((BatchKind::Mgets(*ns), ids.len())),
+            Work::Write { writes, .. } => Some((BatchKind::Writes, writes.len().max(1))),
+            _ => None,
         }
     }
 }
@@ -140,6 +190,9 @@ pub(super) struct Outstanding {
     pub(super) asking: bool,
     /// Redirections that led to this call (cluster mode).
     pub(super) redirects: u32,
+    /// A [`Work::Batch`]: the replies each piece expects, in order (AUTH
+    /// and QUIT not counted); empty otherwise.
+    pub(super) replies: Vec<usize>,
     /// Sequence number of the run (cycle or poll) the call belongs to;
     /// None for write-through calls, which live outside runs.
     pub(super) run: Option<u64>,
@@ -162,6 +215,17 @@ impl SyncEngine {
                 (op, node, false, 0)
             }
         };
+        if let Op::Work(Work::Read(Read::Scan {
+            ns, part, cursor, ..
+        })) = &op
+        {
+            // A pass starts here: its later pages go to the same node.
+            if cursor == "0" && self.settings.cluster {
+                if let Some(p) = self.regs.get_mut(ns.0).and_then(|r| r.parts.get_mut(*part)) {
+                    p.scan_node.clone_from(&node);
+                }
+            }
+        }
         let mut p = Pipeline::new();
         let auth = match &self.settings.auth_password {
             Some(pw) => {
@@ -171,7 +235,19 @@ impl SyncEngine {
             None => false,
         };
         p.set_asking(asking);
-        let sent = self.encode(op, &mut p);
+        let mut replies = Vec::new();
+        let sent = match op {
+            Op::Work(Work::Batch(works)) => {
+                let mut sent = Vec::with_capacity(works.len());
+                for work in works {
+                    let before = p.len();
+                    sent.push(self.encode(Op::Work(work), &mut p));
+                    replies.push(p.len() - before);
+                }
+                Work::Batch(sent)
+            }
+            op => self.encode(op, &mut p),
+        };
         let (body, expected) = p.finish();
         let id = self.next_call_id;
         self.next_call_id += 1;
@@ -188,9 +264,101 @@ impl SyncEngine {
                 asking,
                 redirects,
                 run,
+                replies,
             },
         );
         Call { id, body, node }
+    }
+
+    /// Whether queued work is grouped into one pipeline per master
+    /// (cluster mode with K > 1 hash tags; one tag, or one Redis, sends
+    /// every piece of work on its own as before).
+    pub(super) fn batching(&self) -> bool {
+        self.settings.cluster && self.settings.hash_tags > 1
+    }
+
+    /// Cluster mode with K > 1 tags: `first` together with the queued work
+    /// (among the next [`MAX_BATCH_LOOKAHEAD`] ops) that is of its kind and
+    /// goes to the same master, as one [`Work::Batch`], within what one
+    /// call of that kind carries alone: `setex_chunk` entity writes, one
+    /// MGET's keys, [`MAX_BATCH_WORKS`] change-log reads. Redirected work,
+    /// work whose master is unknown and retries after a truncated reply go
+    /// alone. Returns `first` unchanged when nothing joins it (and always
+    /// when [`Self::batching`] is off).
+    pub(super) fn coalesce(&self, first: Op, queue: &mut VecDeque<Op>) -> Op {
+        if !self.batching() {
+            return first;
+        }
+        let Op::Work(first) = first else {
+            return first;
+        };
+        let Some((kind, mut size)) = BatchKind::of(&first) else {
+            return Op::Work(first);
+        };
+        let limit = match kind {
+            BatchKind::Logs => MAX_BATCH_WORKS,
+            BatchKind::Mgets(ns) => self.mget_batch(ns),
+            BatchKind::Writes => self.settings.setex_chunk,
+        };
+        let Some(node) = self.work_node(&first) else {
+            return Op::Work(first);
+        };
+        let mut works = vec![first];
+        let mut i = 0;
+        let mut looked = 0;
+        while i < queue.len() && looked < MAX_BATCH_LOOKAHEAD && works.len() < MAX_BATCH_WORKS {
+            looked += 1;
+            let joins = match &queue[i] {
+                Op::Work(work) => BatchKind::of(work).is_some_and(|(k, n)| {
+                    k == kind
+                        && size + n <= limit
+                        && self.work_node(work).is_some_and(|w| w == node)
+                }),
+                Op::Redirected { .. } => false,
+            };
+            if !joins {
+                i += 1;
+                continue;
+            }
+            if let Some(Op::Work(work)) = queue.remove(i) {
+                size += BatchKind::of(&work).map_or(0, |(_, n)| n);
+                works.push(work);
+            }
+        }
+        if works.len() == 1 {
+            if let Some(work) = works.pop() {
+                return Op::Work(work);
+            }
+        }
+        Op::Work(Work::Batch(works))
+    }
+
+    /// The master owning the slot one (unbatched) piece of work touches.
+    fn work_node(&self, work: &Work) -> Option<&str> {
+        match work {
+            // A SCAN cursor is a cursor of one node's keyspace: the pages
+            // after the first go where the pass started (`dispatch` notes
+            // it), even if a newer map names another owner (the next cycle
+            // then starts a new pass on the new owner).
+            Work::Read(Read::Scan {
+                ns, part, cursor, ..
+            }) if cursor != "0" => {
+                let p = self.regs.get(ns.0)?.parts.get(*part)?;
+                p.scan_node.as_deref().or_else(|| self.owner_of(*ns, *part))
+            }
+            Work::Read(
+                Read::Scan { ns, part, .. }
+                | Read::Log { ns, part, .. }
+                | Read::Mget { ns, part, .. },
+            )
+            | Work::DelStale { ns, part, .. }
+            | Work::Write { ns, part, .. } => self.owner_of(*ns, *part),
+            Work::Read(Read::Logs(reads)) => {
+                let first = reads.first()?;
+                self.owner_of(first.ns, first.part)
+            }
+            Work::Read(Read::Slots { .. }) | Work::Batch(_) => None,
+        }
     }
 
     /// Cluster mode: the node owning the slot `op` touches, if known (None
@@ -199,24 +367,16 @@ impl SyncEngine {
         if !self.settings.cluster {
             return None;
         }
-        let (ns, part) = match op {
-            Op::Work(Work::Read(Read::Slots { asked })) => return asked.clone(),
-            Op::Work(Work::Read(Read::Logs(reads))) => {
-                let first = reads.first()?;
-                (first.ns, first.part)
-            }
-            Op::Work(
-                Work::Read(
-                    Read::Scan { ns, part, .. }
-                    | Read::Log { ns, part, .. }
-                    | Read::Mget { ns, part, .. },
-                )
-                | Work::DelStale { ns, part, .. }
-                | Work::Write { ns, part, .. },
-            ) => (*ns, *part),
-            Op::Redirected { op, .. } => return self.node_for(op),
-        };
-        self.owner_of(ns, part).map(str::to_owned)
+        match op {
+            Op::Work(Work::Read(Read::Slots { asked })) => asked.clone(),
+            // Every piece of a batch goes to the same master.
+            Op::Work(Work::Batch(works)) => works
+                .first()
+                .and_then(|w| self.work_node(w))
+                .map(str::to_owned),
+            Op::Work(work) => self.work_node(work).map(str::to_owned),
+            Op::Redirected { op, .. } => self.node_for(op),
+        }
     }
 
     fn encode(&self, op: Op, p: &mut Pipeline) -> Work {
@@ -226,6 +386,14 @@ impl SyncEngine {
             Op::Redirected { op, .. } => return self.encode(*op, p),
         };
         match work {
+            // `dispatch` encodes a batch's pieces one by one; a nested one
+            // (never built) is flattened the same way.
+            Work::Batch(works) => Work::Batch(
+                works
+                    .into_iter()
+                    .map(|w| self.encode(Op::Work(w), p))
+                    .collect(),
+            ),
             Work::Read(read) => {
                 self.encode_read(&read, p);
                 Work::Read(read)

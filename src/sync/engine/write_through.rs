@@ -2,10 +2,11 @@
 //! the next tick outside any run, never retried (the entity stays dirty
 //! for the periodic push).
 
-use crate::sync::error::SyncError;
-use crate::sync::resp::Frame;
+use std::collections::VecDeque;
 
-use super::sending::Work;
+use crate::sync::error::SyncError;
+
+use super::sending::{Op, Work};
 use super::{Call, NsIndex, Registered, SyncEngine};
 
 impl SyncEngine {
@@ -26,38 +27,37 @@ impl SyncEngine {
             if pending.is_empty() {
                 continue;
             }
-            for op in self.write_ops(NsIndex(ns), pending, chunk) {
+            // Cluster mode with K > 1 tags: one pipeline per master.
+            let mut ops: VecDeque<Op> = self.write_ops(NsIndex(ns), pending, chunk).into();
+            while let Some(op) = ops.pop_front() {
+                let op = self.coalesce(op, &mut ops);
                 self.stats.write_through_calls += 1;
                 calls.push(self.dispatch(op, None, now_ms));
             }
         }
     }
 
-    pub(super) fn on_write_through_reply(
-        &mut self,
-        sent: Work,
-        frames: Result<Vec<Frame>, SyncError>,
-    ) {
-        match (sent, frames) {
-            (Work::Write { ns, writes, .. }, Ok(_)) => {
-                let ids: Vec<String> = writes.iter().map(|w| w.id().to_owned()).collect();
-                self.stats.pushed += ids.len() as u64;
-                // Written: the periodic push need not send these again.
-                if let Some(reg) = self.regs.get_mut(ns.0) {
-                    if reg.caps.delta {
-                        reg.comp.clear_dirty(&ids);
-                    }
-                }
+    /// One written-through piece confirmed: counted, its dirty marks
+    /// cleared (the periodic push need not send these again).
+    pub(super) fn on_written_through(&mut self, sent: Work) {
+        let Work::Write { ns, writes, .. } = sent else {
+            return;
+        };
+        let ids: Vec<String> = writes.iter().map(|w| w.id().to_owned()).collect();
+        self.stats.pushed += ids.len() as u64;
+        if let Some(reg) = self.regs.get_mut(ns.0) {
+            if reg.caps.delta {
+                reg.comp.clear_dirty(&ids);
             }
-            (_, Err(e)) => {
-                // Not retried: the entity stays dirty, the periodic push
-                // (or its TTL) covers it.
-                self.stats.write_through_failed += 1;
-                self.stats.calls_failed += 1;
-                log::warn!("sync: write-through failed: {e}");
-            }
-            _ => {}
         }
+    }
+
+    /// A write-through call failed (or a piece of it): not retried, the
+    /// entities stay dirty, the periodic push (or their TTL) covers them.
+    pub(super) fn on_write_through_failed(&mut self, e: &SyncError) {
+        self.stats.write_through_failed += 1;
+        self.stats.calls_failed += 1;
+        log::warn!("sync: write-through failed: {e}");
     }
 
     pub(super) fn expire_write_through(&mut self, now_ms: u64) {
