@@ -31,8 +31,13 @@ fn start(feedback: bool) -> Running {
             )
         })
         .collect();
-    let envoy = Envoy::start(&path, &ports, dir.join("envoy.log"), &EnvoyOptions::default())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let envoy = Envoy::start(
+        &path,
+        &ports,
+        dir.join("envoy.log"),
+        &EnvoyOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     Running {
         envoy,
         pods,
