@@ -6,6 +6,9 @@
 //!
 //! Every failure passes the request on untouched and is counted by reason.
 
+use crate::route::feedback::{
+    streams_without_usage, Plan, UsageScanner, MAX_CHUNK_READS, MAX_SCAN_BYTES,
+};
 use crate::route::meter::Count;
 use crate::route::registry::PodSlot;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
@@ -91,6 +94,18 @@ pub(crate) struct Stream {
     /// Where the request was sent, for the passive health check at the end.
     sent_to: Option<(PodSlot, String)>,
     match_percent: Option<u8>,
+    /// With `feedback.cached_tokens`, a request routed on a predicted match:
+    /// its answer is scanned for `cached_tokens` as it passes.
+    feedback: Option<Box<Check>>,
+}
+
+/// One answer being checked against its routing prediction.
+#[derive(Debug)]
+struct Check {
+    plan: Plan,
+    scanner: UsageScanner,
+    reads: u32,
+    scanned: usize,
 }
 
 impl Stream {
@@ -174,6 +189,49 @@ impl Stream {
         }
     }
 
+    /// A chunk of the answer passes (never held). Only a request routed on
+    /// a predicted match with `feedback.cached_tokens` on reads it (one
+    /// hostcall per chunk until `cached_tokens` is found, bounded by
+    /// [`MAX_CHUNK_READS`]); every other stream returns here at once.
+    pub(crate) fn on_response_body<H: Host>(
+        &mut self,
+        w: &Worker,
+        host: &H,
+        body_size: usize,
+        end_of_stream: bool,
+    ) {
+        let Some(check) = self.feedback.as_mut() else {
+            return;
+        };
+        if body_size > 0 {
+            let over = check.reads >= MAX_CHUNK_READS
+                || check.scanned.saturating_add(body_size) > MAX_SCAN_BYTES;
+            let chunk = if over {
+                None
+            } else {
+                check.reads += 1;
+                check.scanned += body_size;
+                host.response_body(body_size)
+            };
+            let Some(chunk) = chunk else {
+                self.feedback = None;
+                w.meter.inc(Count::FeedbackUnchecked);
+                return;
+            };
+            check.scanner.feed(&chunk);
+            if let Some((prompt, cached)) = check.scanner.found() {
+                if let Some(check) = self.feedback.take() {
+                    w.learn(host, &check.plan, prompt, cached);
+                }
+                return;
+            }
+        }
+        if end_of_stream {
+            self.feedback = None;
+            w.meter.inc(Count::FeedbackUnchecked);
+        }
+    }
+
     /// The stream is done (Envoy calls this before the access log).
     pub(crate) fn on_done(&mut self, w: &Worker) {
         self.release(w);
@@ -191,6 +249,10 @@ impl Stream {
     fn release(&mut self, w: &Worker) {
         if let Some(pod) = self.inflight_pod.take() {
             w.release(pod);
+        }
+        // An answer cut short or never read to its usage.
+        if self.feedback.take().is_some() {
+            w.meter.inc(Count::FeedbackUnchecked);
         }
     }
 
@@ -256,6 +318,17 @@ impl Stream {
             && !host.set_request_header(ORIGINAL_DST_HEADER, &endpoint)
         {
             return Err(PassReason::InternalError);
+        }
+        if let Some(plan) = routed.feedback {
+            // A streamed answer without a usage chunk has nothing to read.
+            if !streams_without_usage(body) {
+                self.feedback = Some(Box::new(Check {
+                    plan,
+                    scanner: UsageScanner::default(),
+                    reads: 0,
+                    scanned: 0,
+                }));
+            }
         }
         if w.meter.sample_this() {
             let us = host.now_nanos().saturating_sub(started) / 1_000;

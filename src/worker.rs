@@ -9,11 +9,13 @@ use std::cell::{Cell, RefCell};
 use crate::config::Settings;
 use crate::fleet::{self, Members};
 use crate::rng::SplitMix64;
+use crate::route::feedback::{clearly_less, learned_blocks, Plan, MAX_FORGET_BUCKETS};
 use crate::route::meter::{Count, Meter, MetricSink};
 use crate::route::registry::PodSlot;
 use crate::route::request::PromptRequest;
 use crate::route::router::{RouteError, Routed, Router};
 use crate::route::store::SharedStore;
+use crate::route::table::PrefixTable;
 use crate::sync::handoff::{self, Touched};
 use crate::sync::liveness::{self, Heartbeat};
 
@@ -39,6 +41,9 @@ pub(crate) trait Host: SharedStore + MetricSink {
     /// The buffered request body, up to `max` bytes: `Some(empty)` when
     /// there is none, None when the host failed.
     fn request_body(&self, max: usize) -> Option<Vec<u8>>;
+    /// The response body chunk passing now, up to `max` bytes (the filter
+    /// never buffers an answer); None when the host failed.
+    fn response_body(&self, max: usize) -> Option<Vec<u8>>;
     /// A stream property (`["upstream", "address"]`) as bytes.
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
     /// The id of a shared queue another VM registered.
@@ -162,6 +167,45 @@ impl Worker {
             }
         }
         routed
+    }
+
+    /// A pod's answer to a request routed on a predicted match said how many
+    /// prompt tokens it found cached: if clearly fewer than predicted, its
+    /// records of the prompt's sampled blocks past that point are removed
+    /// (see [`crate::route::feedback`]); the probe hint is dropped with them.
+    /// Absurd values change nothing and are counted.
+    pub(crate) fn learn<H: Host>(
+        &self,
+        host: &H,
+        plan: &Plan,
+        prompt_tokens: u64,
+        cached_tokens: u64,
+    ) {
+        let m = &self.meter;
+        let learned = learned_blocks(
+            cached_tokens,
+            prompt_tokens,
+            plan.prompt_bytes,
+            self.settings().block_size,
+        );
+        let Some(learned) = learned else {
+            m.inc(Count::FeedbackUnchecked);
+            return;
+        };
+        m.inc(Count::FeedbackChecked);
+        if !clearly_less(learned, plan.predicted) {
+            return;
+        }
+        let gone = plan.past(learned);
+        let table = PrefixTable::new(host, self.router.table_config());
+        let o = table.forget(&gone, plan.model, plan.pod, MAX_FORGET_BUCKETS);
+        m.inc(Count::FeedbackEvictionsLearned);
+        m.add(Count::FeedbackRecordsRemoved, u64::from(o.removed));
+        m.add(Count::CasRetries, u64::from(o.cas_retries));
+        m.add(Count::CasExhausted, u64::from(o.failed_buckets));
+        if let Some(first) = plan.first_block() {
+            self.router.drop_hint(plan.model, first);
+        }
     }
 
     /// Releases one in-flight request on `pod` (in VM memory: no hostcall).

@@ -43,6 +43,7 @@ pub(crate) struct RawConfig {
     pub(crate) max_body_bytes: usize,
     pub(crate) policy: PolicySettings,
     pub(crate) signals: SignalSettings,
+    pub(crate) feedback: FeedbackSettings,
     pub(crate) sync: SyncSettings,
 }
 
@@ -71,9 +72,21 @@ impl Default for RawConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             policy: PolicySettings::default(),
             signals: SignalSettings::default(),
+            feedback: FeedbackSettings::default(),
             sync: SyncSettings::default(),
         }
     }
+}
+
+/// Learning from the pods' answers (`"feedback": {...}`; see
+/// [`crate::route::feedback`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct FeedbackSettings {
+    /// Read `usage.prompt_tokens_details.cached_tokens` from the answers of
+    /// requests routed on a predicted match, and remove the pod's records
+    /// past what it really cached when it cached clearly less.
+    pub(crate) cached_tokens: bool,
 }
 
 /// The routing policy (`"policy": {...}`): which rules, and the knobs of
@@ -278,6 +291,7 @@ pub struct Settings {
     pub(crate) policy: PolicyMode,
     pub(crate) load_aware: LoadAwareConfig,
     pub(crate) signals: SignalSettings,
+    pub(crate) feedback: FeedbackSettings,
     pub(crate) sync: SyncSettings,
 }
 
@@ -428,6 +442,7 @@ impl Settings {
                 kv_high_permille: (raw.policy.kv_high * 1000.0).round() as u16,
             },
             signals: raw.signals,
+            feedback: raw.feedback,
             sync: raw.sync,
             pools,
             membership: raw.membership,

@@ -261,3 +261,28 @@ fn bad_policy_and_signal_settings_are_refused_by_field() {
         assert_eq!(e.field, field, "{json}: {e}");
     }
 }
+
+#[test]
+fn feedback_is_off_by_default_and_refused_by_field_when_malformed() {
+    let base = r#""endpoints":["a:1"]"#;
+    assert!(
+        !parse(&format!("{{{base}}}"))
+            .unwrap()
+            .feedback
+            .cached_tokens
+    );
+    let on = parse(&format!(
+        r#"{{{base},"feedback":{{"cached_tokens":true}}}}"#
+    ))
+    .unwrap();
+    assert!(on.feedback.cached_tokens);
+    for bad in [
+        r#""feedback":{"cached_tokens":"yes"}"#,
+        r#""feedback":{"cached_tokens":1}"#,
+        r#""feedback":{"margin":2}"#,
+        r#""feedback":true"#,
+    ] {
+        let e = parse(&format!("{{{base},{bad}}}")).unwrap_err();
+        assert_eq!(e.field, "feedback", "{bad}: {e}");
+    }
+}

@@ -77,6 +77,13 @@ impl HttpContext for PrefixFilter {
         Action::Continue
     }
 
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.stream
+            .on_response_body(&self.worker, &EnvoyHost, body_size, end_of_stream);
+        // Never held: the answer streams through as it comes.
+        Action::Continue
+    }
+
     fn on_log(&mut self) {
         self.stream.on_log(&self.worker, &EnvoyHost);
     }

@@ -58,6 +58,15 @@ pub(crate) enum Count {
     SlotsUsed,
     /// Blocks the table could not store (see `WriteOutcome::refused`).
     TableRefused,
+    /// Answers whose `cached_tokens` was read (`feedback.cached_tokens`).
+    FeedbackChecked,
+    /// Answers that showed the pod held clearly less than predicted.
+    FeedbackEvictionsLearned,
+    /// Table records removed after such answers.
+    FeedbackRecordsRemoved,
+    /// Answers to check that carried no usable usage (error answers,
+    /// malformed or absurd values, over the read budget, unreadable).
+    FeedbackUnchecked,
 }
 
 const ROUTED: [Reason; 4] = [
@@ -66,7 +75,7 @@ const ROUTED: [Reason; 4] = [
     Reason::LoadGuard,
     Reason::Spread,
 ];
-const FIXED: usize = 8;
+const FIXED: usize = 12;
 const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
 
 impl Count {
@@ -80,6 +89,10 @@ impl Count {
             Count::PassiveCooldowns => 5,
             Count::SlotsUsed => 6,
             Count::TableRefused => 7,
+            Count::FeedbackChecked => 8,
+            Count::FeedbackEvictionsLearned => 9,
+            Count::FeedbackRecordsRemoved => 10,
+            Count::FeedbackUnchecked => 11,
             Count::Routed(r) => FIXED + ROUTED.iter().position(|x| *x == r).unwrap_or(0),
             Count::Pass(p) => {
                 FIXED + ROUTED.len() + PassReason::ALL.iter().position(|x| *x == p).unwrap_or(0)
@@ -97,6 +110,10 @@ impl Count {
             5 => "fleet.passive_cooldowns",
             6 => "table.slots_used",
             7 => "table.refused",
+            8 => "feedback.checked",
+            9 => "feedback.evictions_learned",
+            10 => "feedback.records_removed",
+            11 => "feedback.unchecked",
             i if i < FIXED + ROUTED.len() => match ROUTED[i - FIXED] {
                 Reason::PrefixMatch => "routed.prefix_match",
                 Reason::NoMatch => "routed.no_match",

@@ -4,11 +4,13 @@
 //! them into chained block hashes, [`table`] (the prefix table in shared
 //! data) answers which pods hold how much of the chain, `policy` picks a pod
 //! under the load guard from the in-flight counts of [`load`], and
-//! [`router`] ties the steps together. All of it runs over the
+//! [`router`] ties the steps together; [`feedback`] corrects the table from
+//! the pods' answers (`cached_tokens`). All of it runs over the
 //! [`store::SharedStore`] trait; [`registry`] names pods and models by small
 //! slots in that store, and [`meter`] keeps the path's stats in VM memory
 //! until the worker's tick flushes them.
 
+pub(crate) mod feedback;
 pub mod hashing;
 pub mod load;
 pub mod meter;

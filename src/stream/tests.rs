@@ -20,6 +20,8 @@ struct TestHost {
     headers: RefCell<Vec<(String, Vec<u8>)>>,
     response_headers: RefCell<Vec<(String, String)>>,
     body: RefCell<Vec<u8>>,
+    /// The answer chunk passing now.
+    answer: RefCell<Vec<u8>>,
     properties: RefCell<BTreeMap<String, Vec<u8>>>,
     now: Cell<u64>,
     calls: RefCell<BTreeMap<&'static str, u32>>,
@@ -154,6 +156,11 @@ impl Host for TestHost {
     fn request_body(&self, max: usize) -> Option<Vec<u8>> {
         self.call("get_buffer_bytes");
         let b = self.body.borrow();
+        Some(b[..b.len().min(max)].to_vec())
+    }
+    fn response_body(&self, max: usize) -> Option<Vec<u8>> {
+        self.call("get_buffer_bytes");
+        let b = self.answer.borrow();
         Some(b[..b.len().min(max)].to_vec())
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
@@ -570,4 +577,226 @@ fn pod_signals_add_no_hostcall_to_a_request_and_one_read_per_tick() {
         counts[0].0.unwrap_or(0) + 1,
         "the tick reads the signals once"
     );
+}
+
+// ---- feedback.cached_tokens ----
+
+const FEEDBACK_ON: &str = r#","feedback":{"cached_tokens":true}"#;
+
+/// A non-streamed answer's JSON with this usage.
+fn answer(prompt_tokens: &str, cached_tokens: &str) -> Vec<u8> {
+    format!(
+        r#"{{"id":"cmpl-1","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok"}}}}],"usage":{{"prompt_tokens":{prompt_tokens},"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":{{"cached_tokens":{cached_tokens}}}}}}}"#
+    )
+    .into_bytes()
+}
+
+/// Runs one whole stream whose answer comes in `chunks`; returns the pod
+/// it went to, its match percent and the hostcalls of the answer's chunks.
+fn run_answered(
+    w: &Worker,
+    host: &TestHost,
+    body: &[u8],
+    chunks: &[&[u8]],
+) -> (String, u8, BTreeMap<&'static str, u32>) {
+    host.request("POST", CHAT, body);
+    let mut s = Stream::default();
+    s.on_request_headers(w, host, false);
+    s.on_request_body(w, host, body.len(), true);
+    s.on_response_headers(w, host);
+    let pod = host.header(DESTINATION_HEADER).unwrap_or_default();
+    let pct = host
+        .response_headers
+        .borrow()
+        .iter()
+        .find(|(n, _)| n == "x-prefix-match")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    host.reset_calls();
+    for (i, c) in chunks.iter().enumerate() {
+        *host.answer.borrow_mut() = c.to_vec();
+        s.on_response_body(w, host, c.len(), i + 1 == chunks.len());
+    }
+    let calls = host.calls.borrow().clone();
+    s.on_done(w);
+    s.on_log(w, host);
+    (pod, pct, calls)
+}
+
+const SYS: &str = "You are a careful assistant. Answer briefly and cite sources. ";
+
+/// Routes the 8 KB system prompt once (recorded on a pod), then again
+/// (matched there); returns that pod and the matched request's percent.
+fn primed(w: &Worker, host: &TestHost) -> (String, u8) {
+    let (first, pct, _) = run_answered(w, host, &chat(SYS, 8 * 1024, "one"), &[]);
+    assert_eq!(pct, 0);
+    let (again, pct, _) = run_answered(w, host, &chat(SYS, 8 * 1024, "two"), &[]);
+    assert_eq!(first, again);
+    assert!(pct > 90, "{pct}");
+    (first, pct)
+}
+
+/// The prompt's tokens at podsim's 4 bytes per token.
+fn tokens_of(body: &[u8]) -> u64 {
+    let req = crate::route::request::parse_body_as(
+        crate::route::request::ApiKind::ChatCompletions,
+        body,
+        crate::route::request::Render::Native,
+    )
+    .unwrap();
+    req.prompt.len() as u64 / 4
+}
+
+#[test]
+fn an_answer_caching_less_than_predicted_removes_the_pods_records_past_it() {
+    let host = TestHost::default();
+    let w = worker_on(&host, FEEDBACK_ON);
+    let (pod, _) = primed(&w, &host);
+    // The pod answers that it held only 10 blocks (10 x 128 bytes = 320
+    // tokens at 4 bytes per token) of the ~66-block prompt.
+    let body = chat(SYS, 8 * 1024, "three");
+    let usage = answer(&tokens_of(&body).to_string(), "320");
+    let (to, pct, calls) = run_answered(&w, &host, &body, &[&usage]);
+    assert_eq!(to, pod);
+    assert!(pct > 90, "routed on the prediction: {pct}");
+    assert_eq!(w.meter.pending(Count::FeedbackChecked), 1);
+    assert_eq!(w.meter.pending(Count::FeedbackEvictionsLearned), 1);
+    let removed = w.meter.pending(Count::FeedbackRecordsRemoved);
+    assert!(removed >= 20, "{removed}");
+    // One read of the chunk, a get and a set per segment past block 10.
+    assert_eq!(calls.get("get_buffer_bytes"), Some(&1));
+    let writes = calls.get("set_shared_data").copied().unwrap_or(0);
+    assert!((1..=4).contains(&writes), "{calls:?}");
+    // The next request with that prefix matches that pod only up to what
+    // it really held.
+    let (_, pct, _) = run_answered(&w, &host, &chat(SYS, 8 * 1024, "four"), &[]);
+    assert!(pct <= 16, "10 of ~66 blocks at most: {pct}");
+}
+
+#[test]
+fn a_usage_split_across_chunks_anywhere_is_read() {
+    let body = chat(SYS, 8 * 1024, "three");
+    let usage = answer(&tokens_of(&body).to_string(), "320");
+    let at = usage
+        .windows(b"cached_tokens\":3".len())
+        .position(|w| w == b"cached_tokens\":3")
+        .unwrap();
+    // Inside the key, between the colon and the value, inside the value.
+    for cut in [at + 4, at + 15, at + 17] {
+        let host = TestHost::default();
+        let w = worker_on(&host, FEEDBACK_ON);
+        primed(&w, &host);
+        let (a, b) = usage.split_at(cut);
+        let (_, _, calls) = run_answered(&w, &host, &body, &[a, b, b""]);
+        assert_eq!(calls.get("get_buffer_bytes"), Some(&2), "cut {cut}");
+        assert_eq!(w.meter.pending(Count::FeedbackEvictionsLearned), 1);
+        let (_, pct, _) = run_answered(&w, &host, &chat(SYS, 8 * 1024, "four"), &[]);
+        assert!(pct <= 16, "cut {cut}: {pct}");
+    }
+}
+
+#[test]
+fn malformed_or_hostile_usage_never_panics_and_changes_nothing() {
+    let body = chat(SYS, 8 * 1024, "three");
+    let t = tokens_of(&body).to_string();
+    let big = "9".repeat(40);
+    let cases: Vec<Vec<u8>> = vec![
+        answer(&t, "-1"),
+        answer(&t, "1e3"),
+        answer(&t, "\"10\""),
+        answer(&t, "null"),
+        answer(&t, &big),
+        answer("0", "0"),
+        answer("10", "11"),
+        answer(&big, "0"),
+        answer(&t, &t),
+        b"{\"error\":{\"message\":\"overloaded\"}}".to_vec(),
+        b"\xff\xfe not json at all".to_vec(),
+        Vec::new(),
+    ];
+    for case in cases {
+        let host = TestHost::default();
+        let w = worker_on(&host, FEEDBACK_ON);
+        primed(&w, &host);
+        let (_, _, calls) = run_answered(&w, &host, &body, &[&case]);
+        let shown = String::from_utf8_lossy(&case).into_owned();
+        assert_eq!(calls.get("set_shared_data"), None, "{shown}");
+        assert_eq!(w.meter.pending(Count::FeedbackEvictionsLearned), 0);
+        assert_eq!(w.meter.pending(Count::FeedbackRecordsRemoved), 0);
+        let (_, pct, _) = run_answered(&w, &host, &chat(SYS, 8 * 1024, "four"), &[]);
+        assert!(pct > 90, "{shown}: {pct}");
+    }
+    // Random bytes around a usage, in random chunks.
+    let host = TestHost::default();
+    let w = worker_on(&host, FEEDBACK_ON);
+    primed(&w, &host);
+    let mut rng = crate::rng::SplitMix64::new(5);
+    for _ in 0..200 {
+        let mut bytes = answer(&t, &t);
+        for _ in 0..6 {
+            let i = rng.below(bytes.len());
+            bytes[i] = rng.next_u64() as u8;
+        }
+        let cut = rng.below(bytes.len());
+        let (a, b) = bytes.split_at(cut);
+        run_answered(&w, &host, &body, &[a, b]);
+    }
+}
+
+#[test]
+fn a_stream_without_a_usage_chunk_is_not_read() {
+    let host = TestHost::default();
+    let w = worker_on(&host, FEEDBACK_ON);
+    primed(&w, &host);
+    let mut v: serde_json::Value = serde_json::from_slice(&chat(SYS, 8 * 1024, "s")).unwrap();
+    v["stream"] = serde_json::json!(true);
+    let body = serde_json::to_vec(&v).unwrap();
+    let (_, _, calls) = run_answered(&w, &host, &body, &[b"data: {}\n\n", b"data: [DONE]\n\n"]);
+    assert!(calls.is_empty(), "{calls:?}");
+    // With include_usage, the final usage chunk is read.
+    v["stream_options"] = serde_json::json!({"include_usage": true});
+    let body = serde_json::to_vec(&v).unwrap();
+    let usage = format!(
+        "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{},\"prompt_tokens_details\":{{\"cached_tokens\":0}}}}}}\n\n",
+        tokens_of(&body)
+    );
+    let chunks: [&[u8]; 3] = [
+        b"data: {\"choices\":[{\"delta\":{}}]}\n\n",
+        usage.as_bytes(),
+        b"data: [DONE]\n\n",
+    ];
+    let (_, _, calls) = run_answered(&w, &host, &body, &chunks);
+    assert_eq!(calls.get("get_buffer_bytes"), Some(&2), "stops once found");
+    assert_eq!(w.meter.pending(Count::FeedbackEvictionsLearned), 1);
+}
+
+/// The answer path's hostcalls: none for an unmatched request or with the
+/// setting off; with it on, one read per chunk of a matched request's answer
+/// until its usage, and a get and a set per segment bucket corrected.
+#[test]
+fn feedback_hostcalls_only_on_matched_requests_with_the_setting_on() {
+    for (extra, on) in [("", false), (FEEDBACK_ON, true)] {
+        let host = TestHost::default();
+        let w = worker_on(&host, extra);
+        let body = chat("never seen before ", 8 * 1024, "q");
+        let usage = answer(&tokens_of(&body).to_string(), "0");
+        // Unmatched: the answer is never read, on or off.
+        let (_, pct, calls) = run_answered(&w, &host, &body, &[&usage, b""]);
+        assert_eq!(pct, 0);
+        assert!(calls.is_empty(), "unmatched, on={on}: {calls:?}");
+        // Matched, the pod held it all: one read with the setting on.
+        let full = chat("never seen before ", 8 * 1024, "r");
+        let all = tokens_of(&full).to_string();
+        let (_, pct, calls) = run_answered(&w, &host, &full, &[&answer(&all, &all)]);
+        assert!(pct > 90);
+        let expect: BTreeMap<&'static str, u32> = if on {
+            [("get_buffer_bytes", 1)].into_iter().collect()
+        } else {
+            BTreeMap::new()
+        };
+        assert_eq!(calls, expect, "matched, on={on}");
+        // The request path itself is unchanged by the setting.
+        let (n, _) = calls_of(&w, &host, &chat("never seen before ", 8 * 1024, "s"));
+        assert!(n <= MATCHED_8K_BUDGET, "{n}");
+    }
 }

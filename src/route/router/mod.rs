@@ -22,6 +22,7 @@ use std::fmt;
 use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
 use crate::rng::SplitMix64;
+use crate::route::feedback::Plan;
 use crate::route::hashing::BlockHasher;
 use crate::route::load::{PodLatency, VmLoad};
 use crate::route::policy::{
@@ -82,6 +83,9 @@ pub struct Routed {
     /// held ones of the segment where they start.
     pub(crate) recorded: Vec<(u64, u32)>,
     pub(crate) write: WriteOutcome,
+    /// With `feedback.cached_tokens` and a predicted match on the chosen
+    /// pod: what its answer is checked against.
+    pub(crate) feedback: Option<Plan>,
 }
 
 /// Routing state of one VM: settings-derived helpers, the VM's view of the
@@ -164,6 +168,11 @@ impl Router {
 
     pub(crate) fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// The prefix table's sizing.
+    pub(crate) fn table_config(&self) -> TableConfig {
+        self.table
     }
 
     /// Replaces the pods' signals with the value the singleton published
@@ -387,6 +396,24 @@ impl Router {
             None => WriteOutcome::default(),
         };
         self.load.borrow_mut().add(choice.pod, 1);
+        let predicted = matches
+            .iter()
+            .find(|m| m.pod == choice.pod)
+            .map_or(0, |m| m.blocks);
+        let feedback = match model {
+            Some(model) if self.settings.feedback.cached_tokens && predicted > 0 => Some(Plan {
+                model,
+                pod: choice.pod,
+                predicted,
+                prompt_bytes: req.prompt.len(),
+                sampled: positions
+                    .iter()
+                    .zip(&anchors)
+                    .map(|(&i, &a)| (i, hashes[i], a))
+                    .collect(),
+            }),
+            _ => None,
+        };
         Ok(Routed {
             choice,
             total_blocks: hashes.len(),
@@ -394,7 +421,14 @@ impl Router {
             model,
             recorded,
             write,
+            feedback,
         })
+    }
+
+    /// Forgets where the longest match of (model, first block) ended: the
+    /// pod's answer showed it shorter (see [`crate::route::feedback`]).
+    pub(crate) fn drop_hint(&self, model: u16, first_block: u64) {
+        self.hints.borrow_mut().remove(&(model, first_block));
     }
 
     /// Releases one in-flight request on `pod`; returns this VM's new count.

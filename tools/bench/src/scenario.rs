@@ -188,6 +188,9 @@ pub struct GatewayOptions {
     /// (`plain-eds.yaml`, `eds.yaml`); the gateway starts once Envoy (and the
     /// filter's membership) sees every backend healthy.
     pub eds: bool,
+    /// Merged into the `filter` router's plugin configuration (compare's
+    /// `--filter-patch`), e.g. `{"feedback":{"cached_tokens":true}}`.
+    pub filter_patch: Option<serde_json::Value>,
 }
 
 impl Default for GatewayOptions {
@@ -198,6 +201,7 @@ impl Default for GatewayOptions {
             replica_concurrency: 1,
             warm_sync: true,
             eds: false,
+            filter_patch: None,
         }
     }
 }
@@ -247,8 +251,11 @@ impl Gateway {
             }
             Router::Filter => {
                 let template = if opts.eds { "eds.yaml" } else { "single.yaml" };
-                gw.envoys
-                    .push(launch(dir, spec("filter", template, single))?.envoy);
+                let mut filter = spec("filter", template, single);
+                if let Some(patch) = &opts.filter_patch {
+                    filter = filter.merge(patch.clone());
+                }
+                gw.envoys.push(launch(dir, filter)?.envoy);
             }
             Router::FilterAibrix => {
                 let aibrix = spec("filter-aibrix", "single.yaml", single).patch(|c| {

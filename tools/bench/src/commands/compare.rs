@@ -173,6 +173,8 @@ pub struct CompareArgs {
     pub warm_sync: bool,
     /// Where the JSON/SVG/TXT go (default `results/`).
     pub results_dir: Option<PathBuf>,
+    /// Merged into the `filter` router's plugin configuration.
+    pub filter_patch: Option<serde_json::Value>,
 }
 
 impl CompareArgs {
@@ -318,6 +320,18 @@ pub struct CompareCli {
     /// Output directory (default results/).
     #[arg(long)]
     pub results_dir: Option<PathBuf>,
+    /// JSON merged into the `filter` router's plugin configuration, e.g.
+    /// '{"feedback":{"cached_tokens":true}}' (the other routers unchanged).
+    #[arg(long, value_parser = parse_json_patch)]
+    pub filter_patch: Option<serde_json::Value>,
+}
+
+fn parse_json_patch(s: &str) -> Result<serde_json::Value, String> {
+    match serde_json::from_str(s) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(_) => Err("must be a JSON object".into()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 impl CompareCli {
@@ -358,6 +372,7 @@ impl CompareCli {
             sync_period_ms: self.sync_period_ms,
             fresh_connections: !self.keep_alive,
             warm_sync: !self.cold_sync,
+            filter_patch: self.filter_patch,
             results_dir: self.results_dir,
         })
     }
@@ -1479,7 +1494,7 @@ fn setup_lines(args: &CompareArgs, opts: &GatewayOptions) -> Vec<String> {
     let m = args.pod_model();
     let kv_tokens = m.kv_capacity_blocks * m.kv_block_tokens;
     let distinct = args.groups * args.system_tokens;
-    vec![
+    let mut lines = vec![
         format!(
             "pods: {} x podsim --slots {} --prefill-us-per-token {} --decode-us-per-token {} \
              --kv-block-tokens {} --kv-capacity-blocks {} ({} tokens each) --time-scale {}; fresh \
@@ -1528,7 +1543,11 @@ fn setup_lines(args: &CompareArgs, opts: &GatewayOptions) -> Vec<String> {
                 "keep-alive connections (pooled)"
             }
         ),
-    ]
+    ];
+    if let Some(patch) = &opts.filter_patch {
+        lines.push(format!("filter router's plugin configuration + {patch}"));
+    }
+    lines
 }
 
 pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
@@ -1536,6 +1555,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
     let opts = GatewayOptions {
         sync_period_ms: args.sync_period_ms,
         warm_sync: args.warm_sync,
+        filter_patch: args.filter_patch.clone(),
         ..GatewayOptions::default()
     };
     let mut text = String::from("prefix-bench compare\n");
