@@ -369,8 +369,11 @@ fn fast_path_agrees_with_the_value_path() {
             }
         }
     }
+    // Most generated bodies hold a piece the fast path declines (numbers,
+    // arrays, bad escapes); enough must remain for the comparison to mean
+    // something (`common_shapes_take_the_fast_path` pins the usual shapes).
     assert!(
-        fast > bodies.len() / 10,
+        fast > raw.len() / 20,
         "the fast path took {fast} of {}",
         raw.len()
     );
