@@ -6,44 +6,17 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use harness::{
-    completion_body, send, text, Envoy, EnvoyOptions, Pod, Running, Setup, CLIENT_TIMEOUT,
-};
+use harness::{completion_body, send, text, Running, Setup, CLIENT_TIMEOUT};
 use serde_json::json;
 
 /// podsim KV blocks of 16 tokens (64 bytes of text): 64 blocks hold 4 KiB.
 const KV_BLOCKS: &str = "64";
 
 fn start(feedback: bool) -> Running {
-    let (dir, ports, path) = Setup::new("single.yaml")
+    Setup::new("single.yaml")
         .plugin_field("feedback", json!({ "cached_tokens": feedback }))
-        .render();
-    let pods = ports
-        .pods
-        .iter()
-        .enumerate()
-        .map(|(i, &port)| {
-            Pod::start_with(
-                &dir,
-                &format!("pod-{}", i + 1),
-                port,
-                &["--time-scale", "0", "--kv-capacity-blocks", KV_BLOCKS],
-            )
-        })
-        .collect();
-    let envoy = Envoy::start(
-        &path,
-        &ports,
-        dir.join("envoy.log"),
-        &EnvoyOptions::default(),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    Running {
-        envoy,
-        pods,
-        ports,
-        dir,
-    }
+        .pod_args(&["--time-scale", "0", "--kv-capacity-blocks", KV_BLOCKS])
+        .start()
 }
 
 /// Fills `pod`'s KV cache with other prompts, sent to it directly (the

@@ -1066,6 +1066,8 @@ pub struct Setup {
     options: EnvoyOptions,
     patches: Vec<PluginPatch>,
     edits: Vec<Box<dyn FnOnce(String) -> String>>,
+    /// Extra podsim arguments for every pod.
+    pod_args: Vec<&'static str>,
 }
 
 /// A running setup. Fields drop in order: Envoy first, then the pods.
@@ -1084,7 +1086,15 @@ impl Setup {
             options: EnvoyOptions::default(),
             patches: Vec::new(),
             edits: Vec::new(),
+            pod_args: Vec::new(),
         }
+    }
+
+    /// podsim arguments for every pod, in place of [`Pod::start`]'s
+    /// (`--time-scale 0`), e.g. a small KV cache.
+    pub fn pod_args(mut self, args: &[&'static str]) -> Setup {
+        self.pod_args.extend_from_slice(args);
+        self
     }
 
     /// Envoy worker threads (`--concurrency`).
@@ -1159,12 +1169,20 @@ impl Setup {
     /// Starts the four pods, then Envoy; panics (with Envoy's log) on failure.
     pub fn start(self) -> Running {
         let options = self.options.clone();
+        let pod_args = self.pod_args.clone();
         let (dir, ports, path) = self.render();
         let pods = ports
             .pods
             .iter()
             .enumerate()
-            .map(|(i, &port)| Pod::start(&dir, &format!("pod-{}", i + 1), port))
+            .map(|(i, &port)| {
+                let name = format!("pod-{}", i + 1);
+                if pod_args.is_empty() {
+                    Pod::start(&dir, &name, port)
+                } else {
+                    Pod::start_with(&dir, &name, port, &pod_args)
+                }
+            })
             .collect();
         let envoy = Envoy::start(&path, &ports, dir.join("envoy.log"), &options)
             .unwrap_or_else(|e| panic!("{e}"));
