@@ -371,9 +371,8 @@ impl Router {
         // only blocks past the match are new. Refreshing at most every
         // `touch_interval_secs` keeps hot prefixes alive (idle expiry, Redis
         // TTL) at a fraction of the shared-data writes.
-        let fresh = matches
-            .iter()
-            .find(|m| m.pod == choice.pod)
+        let chosen = matches.iter().find(|m| m.pod == choice.pod);
+        let fresh = chosen
             .filter(|m| now_secs.saturating_sub(m.oldest_access) < self.touch_interval_secs)
             .map_or(0, |m| m.blocks as usize);
         // The held blocks of the segment the new ones start in are written
@@ -396,10 +395,7 @@ impl Router {
             None => WriteOutcome::default(),
         };
         self.load.borrow_mut().add(choice.pod, 1);
-        let predicted = matches
-            .iter()
-            .find(|m| m.pod == choice.pod)
-            .map_or(0, |m| m.blocks);
+        let predicted = chosen.map_or(0, |m| m.blocks);
         let feedback = match model {
             Some(model) if self.settings.feedback.cached_tokens && predicted > 0 => Some(Plan {
                 model,

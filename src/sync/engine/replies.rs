@@ -496,34 +496,11 @@ impl SyncEngine {
 
 /// A read of a truncated batch, to send alone: marked as a retry (attempt
 /// at least 1), which [`SyncEngine::coalesce`] never batches.
-fn retry_alone(read: Read) -> Read {
-    match read {
-        Read::Log {
-            ns,
-            part,
-            from,
-            count,
-            attempt,
-        } => Read::Log {
-            ns,
-            part,
-            from,
-            count,
-            attempt: attempt.max(1),
-        },
-        Read::Mget {
-            ns,
-            part,
-            ids,
-            attempt,
-        } => Read::Mget {
-            ns,
-            part,
-            ids,
-            attempt: attempt.max(1),
-        },
-        other => other,
+fn retry_alone(mut read: Read) -> Read {
+    if let Read::Log { attempt, .. } | Read::Mget { attempt, .. } = &mut read {
+        *attempt = (*attempt).max(1);
     }
+    read
 }
 
 /// How long full scans skip an oversized value: four full-scan intervals,
