@@ -251,39 +251,73 @@ pub fn decode(bytes: &[u8]) -> Vec<Record> {
         .collect()
 }
 
+/// What a worker makes of one pod's report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub signals: PodSignals,
+    /// Requests the pod reported (running + waiting) beyond the most this
+    /// replica had in flight on it since the report was taken: traffic
+    /// someone else sent (other replicas, clients that bypass the
+    /// filter). A report lags by up to an interval and a tick, so the
+    /// pod's count of this replica's own requests is stale; those are
+    /// counted fresh from the in-flight counts instead.
+    pub foreign: u32,
+}
+
 /// A worker's view of the published signals: fresh records by slot, and
 /// each pod's concurrency as seen so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SignalView {
-    by_slot: BTreeMap<PodSlot, PodSignals>,
+    by_slot: BTreeMap<PodSlot, Seen>,
     /// The most requests each pod was seen running at once (since this VM
     /// started): what it serves without queueing. At most [`MAX_SLOTS`].
     capacity: BTreeMap<PodSlot, u32>,
 }
 
 impl SignalView {
-    /// The records of `bytes` younger than `stale_ms` at `now_ms`.
+    /// The records of `bytes` younger than `stale_ms` at `now_ms`, with no
+    /// requests of this replica's own on any pod.
     pub fn from_published(bytes: &[u8], now_ms: u64, stale_ms: u64) -> Self {
         let mut view = Self::default();
-        view.update(bytes, now_ms, stale_ms);
+        view.update(bytes, now_ms, stale_ms, |_, _| 0);
         view
     }
 
     /// Replaces the records by those of `bytes` younger than `stale_ms`;
-    /// raises each pod's capacity to its running count.
-    pub fn update(&mut self, bytes: &[u8], now_ms: u64, stale_ms: u64) {
+    /// raises each pod's capacity to its running count. `own_since(pod,
+    /// at_ms)`: the most requests this replica had in flight on `pod` since
+    /// `at_ms`.
+    pub fn update(
+        &mut self,
+        bytes: &[u8],
+        now_ms: u64,
+        stale_ms: u64,
+        own_since: impl Fn(PodSlot, u64) -> u32,
+    ) {
         self.by_slot = decode(bytes)
             .into_iter()
             .filter(|r| now_ms.saturating_sub(r.at_ms) <= stale_ms)
-            .map(|r| (r.slot, r.signals))
+            .map(|r| {
+                let busy = r.signals.running.saturating_add(r.signals.waiting);
+                let foreign = busy.saturating_sub(own_since(r.slot, r.at_ms));
+                let seen = Seen {
+                    signals: r.signals,
+                    foreign,
+                };
+                (r.slot, seen)
+            })
             .collect();
         for (slot, s) in &self.by_slot {
             let cap = self.capacity.entry(*slot).or_default();
-            *cap = (*cap).max(s.running);
+            *cap = (*cap).max(s.signals.running);
         }
     }
 
     pub fn get(&self, slot: PodSlot) -> Option<PodSignals> {
+        self.by_slot.get(&slot).map(|s| s.signals)
+    }
+
+    pub fn seen(&self, slot: PodSlot) -> Option<Seen> {
         self.by_slot.get(&slot).copied()
     }
 

@@ -30,6 +30,10 @@ pub(crate) const MAX_VMS: usize = 64;
 pub const VM_STALE_MS: u64 = 5_000;
 /// Token and time before the counts.
 const HEADER: usize = 16;
+/// Ticks of this replica's peak in-flight counts a VM remembers (2 s at
+/// 250 ms): how far back a pod's report can be set against what this
+/// replica had sent it (see [`VmLoad::peak_since`]).
+const PEAK_TICKS: usize = 8;
 
 fn vm_key(i: usize) -> String {
     format!("{VM_KEY_PREFIX}{i}")
@@ -79,6 +83,13 @@ pub(crate) struct VmLoad {
     others: Vec<u32>,
     /// Other replicas (sync), as of the last refresh.
     remote: Vec<u32>,
+    /// The most requests this VM had in flight per slot since the last
+    /// refresh.
+    own_peak: Vec<u32>,
+    /// Per tick (ending at the time given), this replica's peak in-flight
+    /// counts: this VM's peak plus the other VMs' published counts. At
+    /// most [`PEAK_TICKS`], oldest first.
+    peaks: std::collections::VecDeque<(u64, Vec<u32>)>,
 }
 
 impl VmLoad {
@@ -91,6 +102,8 @@ impl VmLoad {
             own: Vec::new(),
             others: Vec::new(),
             remote: Vec::new(),
+            own_peak: Vec::new(),
+            peaks: std::collections::VecDeque::new(),
         }
     }
 
@@ -105,7 +118,32 @@ impl VmLoad {
             self.own.resize(i + 1, 0);
         }
         self.own[i] = self.own[i].saturating_add_signed(delta);
+        if self.own_peak.len() <= i {
+            self.own_peak.resize(i + 1, 0);
+        }
+        self.own_peak[i] = self.own_peak[i].max(self.own[i]);
         self.own[i]
+    }
+
+    /// The most requests this replica had in flight on `pod` at any time
+    /// since `since_ms`, as far as this VM can tell: its own peak per tick
+    /// plus the other VMs' counts as published, over the ticks that
+    /// overlap `since_ms..now` (all that are remembered, [`PEAK_TICKS`],
+    /// when `since_ms` is older). A pod's report taken at `since_ms` counts
+    /// at most this many of this replica's requests; the rest were sent by
+    /// someone else.
+    pub(crate) fn peak_since(&self, pod: PodSlot, since_ms: u64) -> u32 {
+        let i = pod.index();
+        let at = |v: &[u32]| v.get(i).copied().unwrap_or(0);
+        let current = at(&self.own_peak).saturating_add(at(&self.others));
+        // A tick's peak covers the time since the previous tick (its own
+        // count at the start included): the ticks ending at or after
+        // `since_ms` cover it.
+        self.peaks
+            .iter()
+            .filter(|(end, _)| *end >= since_ms)
+            .map(|(_, v)| at(v))
+            .fold(current, u32::max)
     }
 
     /// This replica's in-flight count per slot (this VM exactly, the other
@@ -128,6 +166,9 @@ impl VmLoad {
         now_ms: u64,
         with_remote: bool,
     ) -> Result<(), StoreError> {
+        // The tick that ends: this VM's peak and the other VMs' counts, the
+        // higher of their last two reads.
+        let mut tick_peak = self.own_peak.clone();
         let mut others = Vec::new();
         let mut mine: Option<(usize, Option<u32>)> = None;
         let mut free: Option<(usize, Option<u32>)> = None;
@@ -143,6 +184,14 @@ impl VmLoad {
                 _ => free = free.or(Some((i, cas))),
             }
         }
+        let mut others_high = others.clone();
+        max_into(&mut others_high, &self.others);
+        add_into(&mut tick_peak, &others_high);
+        if self.peaks.len() >= PEAK_TICKS {
+            self.peaks.pop_front();
+        }
+        self.peaks.push_back((now_ms, tick_peak));
+        self.own_peak.clone_from(&self.own);
         self.others = others;
         self.remote = if with_remote {
             read_counts(store, REMOTE_KEY)?
@@ -302,6 +351,15 @@ fn add_into(total: &mut Vec<u32>, counts: &[u32]) {
     }
 }
 
+fn max_into(high: &mut Vec<u32>, counts: &[u32]) {
+    if high.len() < counts.len() {
+        high.resize(counts.len(), 0);
+    }
+    for (h, c) in high.iter_mut().zip(counts) {
+        *h = (*h).max(*c);
+    }
+}
+
 fn sum(parts: &[&[u32]], n: usize) -> Vec<u32> {
     let mut total = vec![0; n.min(MAX_SLOTS)];
     for p in parts {
@@ -331,6 +389,38 @@ mod tests {
 
     fn p(n: u16) -> PodSlot {
         PodSlot::new(n)
+    }
+
+    #[test]
+    fn the_replica_peak_since_a_time_covers_every_tick_after_it() {
+        let store = MemStore::default();
+        let mut a = VmLoad::new(1);
+        let mut b = VmLoad::new(2);
+        // Tick ending at 250: a had 3 in flight at once, then 1.
+        for _ in 0..3 {
+            a.add(p(0), 1);
+        }
+        a.add(p(0), -2);
+        b.add(p(0), 2);
+        b.refresh(&store, 250, false).unwrap();
+        a.refresh(&store, 250, false).unwrap();
+        // Tick ending at 500: a ends its last one; b's 2 are published.
+        a.add(p(0), -1);
+        a.refresh(&store, 500, false).unwrap();
+        // Now (after 500): nothing of a's.
+        assert_eq!(a.replica(1), vec![2]);
+        // Since 600: this tick only (a 0, b 2).
+        assert_eq!(a.peak_since(p(0), 600), 2);
+        // Since 400: the tick ending at 500 (a's 1 at its start, b's 2).
+        assert_eq!(a.peak_since(p(0), 400), 3);
+        // Since 100: the tick ending at 250 too (a's 3, b's 2).
+        assert_eq!(a.peak_since(p(0), 100), 5);
+        assert_eq!(a.peak_since(p(1), 100), 0);
+        // Only PEAK_TICKS ticks are remembered.
+        for t in 1..=PEAK_TICKS as u64 {
+            a.refresh(&store, 500 + t * 250, false).unwrap();
+        }
+        assert_eq!(a.peak_since(p(0), 0), 2, "b's 2 only");
     }
 
     #[test]

@@ -284,11 +284,35 @@ fn workers_remember_the_most_a_pod_ran_at_once() {
     };
     let mut view = SignalView::default();
     assert_eq!(view.capacity(p(7)), 0);
-    view.update(&encode(&[rec(4)]), 1_000, 500);
-    view.update(&encode(&[rec(1)]), 1_000, 500);
+    view.update(&encode(&[rec(4)]), 1_000, 500, |_, _| 0);
+    view.update(&encode(&[rec(1)]), 1_000, 500, |_, _| 0);
     assert_eq!(view.get(p(7)).unwrap().running, 1);
     assert_eq!(view.capacity(p(7)), 4);
     // A stale record is not current, and teaches nothing.
-    view.update(&encode(&[rec(9)]), 5_000, 500);
+    view.update(&encode(&[rec(9)]), 5_000, 500, |_, _| 0);
     assert_eq!((view.get(p(7)), view.capacity(p(7))), (None, 4));
+}
+
+#[test]
+fn a_report_counts_as_foreign_only_what_this_replica_did_not_send() {
+    let rec = |at_ms, waiting, running| Record {
+        slot: p(3),
+        at_ms,
+        signals: PodSignals {
+            waiting,
+            running,
+            kv_permille: None,
+        },
+    };
+    let mut view = SignalView::default();
+    // The pod ran 4 and queued 2; this replica had at most 5 on it since
+    // the report (taken at 900): one is someone else's.
+    view.update(&encode(&[rec(900, 2, 4)]), 1_000, 500, |pod, at| {
+        assert_eq!((pod, at), (p(3), 900));
+        5
+    });
+    assert_eq!(view.seen(p(3)).unwrap().foreign, 1);
+    // Fewer than this replica had: nothing foreign (never below 0).
+    view.update(&encode(&[rec(900, 0, 2)]), 1_000, 500, |_, _| 5);
+    assert_eq!(view.seen(p(3)).unwrap().foreign, 0);
 }

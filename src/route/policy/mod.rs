@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use crate::rng::SplitMix64;
 use crate::route::registry::PodSlot;
-use crate::signals::PodSignals;
+use crate::signals::Seen;
 
 /// Which rules choose the pod.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -53,37 +53,40 @@ impl Default for LoadAwareConfig {
 }
 
 /// A pod's load for [`choose_load_aware`]: the requests it is estimated to
-/// have queued. `E` = its in-flight count, or what it reports (running +
-/// waiting, which includes other replicas' traffic) when that is higher;
-/// the estimate is `E` less `capacity`, the most requests it was seen
-/// running at once (0 without signals: every in-flight request counts). A
-/// pod whose KV cache is at or above `kv_high` counts `slack_abs + 1` more.
+/// have queued. Without a report, `E` is `fleet`, the in-flight count
+/// this VM knows of (this replica's, plus the other replicas' with sync).
+/// With one, `E` is `replica`, this replica's in-flight count now, plus
+/// what the pod reported beyond this replica's own requests
+/// ([`Seen::foreign`]): its own requests fresh, everyone else's as of the
+/// report. (Taking the report whole would count this replica's requests
+/// as they were up to an interval and a tick ago: a pod that has just
+/// finished a burst would look busy, and one that has just been sent one
+/// idle.) The estimate is `E` less `capacity`, the most requests the pod
+/// was seen running at once. A pod whose KV cache is at or above
+/// `kv_high` counts `slack_abs + 1` more.
 pub fn effective_load(
-    inflight: u32,
-    signals: Option<PodSignals>,
+    replica: u32,
+    fleet: u32,
+    seen: Option<Seen>,
     capacity: u32,
     cfg: &LoadAwareConfig,
 ) -> u32 {
-    let Some(s) = signals else {
-        return inflight;
+    let Some(seen) = seen else {
+        return fleet;
     };
-    let hot = s.kv_permille.is_some_and(|kv| kv >= cfg.kv_high_permille);
+    let hot = seen
+        .signals
+        .kv_permille
+        .is_some_and(|kv| kv >= cfg.kv_high_permille);
     let penalty = if hot {
         cfg.slack_abs.saturating_add(1)
     } else {
         0
     };
-    busy_load(inflight, signals)
+    replica
+        .saturating_add(seen.foreign)
         .saturating_sub(capacity)
         .saturating_add(penalty)
-}
-
-/// `E` of [`effective_load`]: the in-flight count, or running + waiting
-/// as the pod reports them when that is higher.
-pub fn busy_load(inflight: u32, signals: Option<PodSignals>) -> u32 {
-    signals.map_or(inflight, |s| {
-        inflight.max(s.running.saturating_add(s.waiting))
-    })
 }
 
 /// The load-aware rule. Over the pool's loads (`load[pod]`, missing = 0),

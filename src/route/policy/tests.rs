@@ -1,6 +1,7 @@
 //! The policies' rules, one test each.
 
 use super::*;
+use crate::signals::PodSignals;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -466,22 +467,41 @@ fn load_aware_never_overflows_on_extreme_loads() {
 
 #[test]
 fn effective_load_is_the_queue_beyond_what_the_pod_runs_at_once() {
-    // No signals: every in-flight request counts, capacity unknown.
-    assert_eq!(effective_load(3, None, 4, &LA), 3);
-    let s = |waiting, running, kv| PodSignals {
-        waiting,
-        running,
-        kv_permille: kv,
+    // No report: every in-flight request this VM knows of counts (the
+    // other replicas' too), capacity unknown.
+    assert_eq!(effective_load(1, 3, None, 4, &LA), 3);
+    let seen = |waiting, running, kv, foreign| Seen {
+        signals: PodSignals {
+            waiting,
+            running,
+            kv_permille: kv,
+        },
+        foreign,
     };
-    // Other replicas' requests show in what the pod reports: 4 run, 2 wait.
-    assert_eq!(effective_load(1, Some(s(2, 4, None)), 4, &LA), 2);
-    // Requests sent since the scrape show in the in-flight count.
-    assert_eq!(effective_load(7, Some(s(0, 2, Some(100))), 4, &LA), 3);
+    // Someone else's requests show in the report: 4 run, 2 wait, 5 of
+    // them not this replica's.
+    assert_eq!(effective_load(1, 1, Some(seen(2, 4, None, 5)), 4, &LA), 2);
+    // Requests sent since the report show in the in-flight count.
+    assert_eq!(
+        effective_load(7, 7, Some(seen(0, 2, Some(100), 0)), 4, &LA),
+        3
+    );
+    // This replica's requests that ended since the report do not count:
+    // the pod reported 6, all ours, and we have 1 left.
+    assert_eq!(effective_load(1, 1, Some(seen(2, 4, None, 0)), 4, &LA), 0);
+    // The report replaces the other replicas' synced counts (fleet).
+    assert_eq!(effective_load(2, 9, Some(seen(0, 3, None, 1)), 4, &LA), 0);
     // Under its capacity a pod queues nothing.
-    assert_eq!(effective_load(3, Some(s(0, 3, None)), 4, &LA), 0);
+    assert_eq!(effective_load(3, 3, Some(seen(0, 3, None, 0)), 4, &LA), 0);
     // KV at kv_high: slack_abs + 1 more, so it leaves the slack.
-    assert_eq!(effective_load(1, Some(s(0, 1, Some(900))), 4, &LA), 3);
-    assert_eq!(effective_load(1, Some(s(0, 1, Some(899))), 4, &LA), 0);
+    assert_eq!(
+        effective_load(1, 1, Some(seen(0, 1, Some(900), 0)), 4, &LA),
+        3
+    );
+    assert_eq!(
+        effective_load(1, 1, Some(seen(0, 1, Some(899), 0)), 4, &LA),
+        0
+    );
 }
 
 #[test]

@@ -179,7 +179,10 @@ impl Router {
     /// (read on the tick; see [`crate::signals`]), keeping what was learned
     /// of each pod's capacity.
     pub fn set_signals(&self, bytes: &[u8], now_ms: u64, stale_ms: u64) {
-        self.signals.borrow_mut().update(bytes, now_ms, stale_ms);
+        let load = self.load.borrow();
+        self.signals
+            .borrow_mut()
+            .update(bytes, now_ms, stale_ms, |pod, at| load.peak_since(pod, at));
     }
 
     /// This VM's view of the fleet (members, health, cooldowns).
@@ -340,10 +343,18 @@ impl Router {
             PolicyMode::LoadAware => {
                 let cfg = &self.settings.load_aware;
                 let signals = self.signals.borrow();
+                let replica = if signals.is_empty() {
+                    Vec::new()
+                } else {
+                    self.load.borrow().replica(load.len())
+                };
                 let mut queue = load.clone();
                 for &pod in pool {
-                    if let Some(q) = queue.get_mut(pod.index()) {
-                        *q = effective_load(*q, signals.get(pod), signals.capacity(pod), cfg);
+                    let i = pod.index();
+                    if let Some(q) = queue.get_mut(i) {
+                        let mine = replica.get(i).copied().unwrap_or(0);
+                        let seen = signals.seen(pod);
+                        *q = effective_load(mine, *q, seen, signals.capacity(pod), cfg);
                     }
                 }
                 let placed = self.placed.borrow();

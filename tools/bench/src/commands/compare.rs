@@ -175,6 +175,8 @@ pub struct CompareArgs {
     pub results_dir: Option<PathBuf>,
     /// Merged into the `filter` router's plugin configuration.
     pub filter_patch: Option<serde_json::Value>,
+    /// Worker threads of a lone Envoy (plain, filter, filter-aibrix).
+    pub single_concurrency: u32,
 }
 
 impl CompareArgs {
@@ -324,6 +326,10 @@ pub struct CompareCli {
     /// '{"feedback":{"cached_tokens":true}}' (the other routers unchanged).
     #[arg(long, value_parser = parse_json_patch)]
     pub filter_patch: Option<serde_json::Value>,
+    /// Worker threads (`--concurrency`) of a lone Envoy: round robin, filter,
+    /// filter-aibrix (the 3-replica fleets run 1 each).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub envoy_concurrency: u32,
 }
 
 fn parse_json_patch(s: &str) -> Result<serde_json::Value, String> {
@@ -373,6 +379,7 @@ impl CompareCli {
             fresh_connections: !self.keep_alive,
             warm_sync: !self.cold_sync,
             filter_patch: self.filter_patch,
+            single_concurrency: self.envoy_concurrency,
             results_dir: self.results_dir,
         })
     }
@@ -1556,6 +1563,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
         sync_period_ms: args.sync_period_ms,
         warm_sync: args.warm_sync,
         filter_patch: args.filter_patch.clone(),
+        single_concurrency: args.single_concurrency,
         ..GatewayOptions::default()
     };
     let mut text = String::from("prefix-bench compare\n");
