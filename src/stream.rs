@@ -248,7 +248,7 @@ impl Stream {
 
     fn release(&mut self, w: &Worker) {
         if let Some(pod) = self.inflight_pod.take() {
-            w.release(pod);
+            w.release(pod, self.match_percent.unwrap_or(0));
         }
         // An answer cut short or never read to its usage.
         if self.feedback.take().is_some() {

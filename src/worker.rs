@@ -209,8 +209,8 @@ impl Worker {
     }
 
     /// Releases one in-flight request on `pod` (in VM memory: no hostcall).
-    pub(crate) fn release(&self, pod: PodSlot) {
-        self.router.release(pod);
+    pub(crate) fn release(&self, pod: PodSlot, match_percent: u8) {
+        self.router.release(pod, match_percent);
     }
 
     /// A pod for a request the filter does not route (pass-through), chosen

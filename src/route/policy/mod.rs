@@ -92,11 +92,14 @@ pub fn effective_load(
 /// The load-aware rule. Over the pool's loads (`load[pod]`, missing = 0),
 /// `min` the lowest:
 /// 1. a pod above `min + max(slack_abs, ceil(slack_rel x min))` is out;
-/// 2. every other pod scores `matched blocks - (load - min) x
-///    queue_cost_blocks x slowness`: the prefill a match saves, less the
-///    queueing its extra load costs (`slowness`: how much longer this pod's
-///    requests take than the fastest pod's);
-/// 3. the highest score wins; ties go to the longer match, then the lower
+/// 2. every other pod costs `uncached blocks x slowness' + (load - min) x
+///    queue_cost_blocks x slowness`: the prefill the request still needs
+///    there plus the queueing its extra load costs (`slowness`: how much
+///    longer this pod's hits take than the fastest pod's; `slowness'` the
+///    same from [`SLOW_PREFILL`] up, else 1x). On pods alike this is the
+///    prefill a match saves less its queue cost; a pod clearly slower
+///    keeps the prefixes it holds, but misses go to faster pods;
+/// 3. the lowest cost wins; ties go to the longer match, then the lower
 ///    load, then fewer in flight (fresh, where reports lag), then the pod
 ///    this VM sent fewer requests to recently (`sent`, times `slowness`: a
 ///    prefix placed now draws its later requests there), then the pod it
@@ -154,19 +157,23 @@ pub fn choose_load_aware(
         .ceil()
         .min(f64::from(u32::MAX)) as u32;
     let bound = min.saturating_add(cfg.slack_abs.max(rel));
+    // Minus the time to the first token, in a fast pod's prefill blocks.
     let score = |pod: PodSlot| -> i64 {
-        let extra = i64::from(load_of(pod) - min);
+        let extra = i128::from(load_of(pod) - min);
         let slow = match at(loads.slowness, pod) {
             0 => 1000,
-            s => i64::from(s),
+            s => i128::from(s),
         };
-        let cost = extra
-            .saturating_mul(i64::from(cfg.queue_cost_blocks))
-            .saturating_mul(slow)
-            / 1000;
-        i64::from(matched_of(pod)) - cost
+        // Pods within 1.5x of the fastest prefill alike: that close,
+        // measured slowness is mostly queueing and noise, and weighing a
+        // miss's whole prefill by it would place new prefixes by noise.
+        let prefill_slow = if slow >= SLOW_PREFILL { slow } else { 1000 };
+        let uncached = (total_blocks as i128 - i128::from(matched_of(pod))).max(0);
+        let queue = extra * i128::from(cfg.queue_cost_blocks) * slow;
+        let cost = (uncached * prefill_slow + queue) / 1000;
+        -(cost.min(i128::from(i64::MAX)) as i64)
     };
-    // (score, match, -load, -in flight, -sent, -placed) decides; equal
+    // (-cost, match, -load, -in flight, -sent, -placed) decides; equal
     // keys tie.
     let key = |pod: PodSlot| {
         (
@@ -234,6 +241,10 @@ pub fn choose_load_aware(
     })
 }
 
+/// Slowness (thousandths) from which [`choose_load_aware`] stretches a
+/// request's uncached prefill on a pod.
+pub const SLOW_PREFILL: i128 = 1500;
+
 /// Per-pod figures [`choose_load_aware`] weighs, indexed by pod slot
 /// (missing = 0).
 #[derive(Debug, Clone, Copy, Default)]
@@ -281,7 +292,7 @@ pub struct Choice {
     pub pod: PodSlot,
     pub(crate) reason: Reason,
     /// Share of the request's blocks the chosen pod already holds, 0..=100.
-    pub(crate) match_percent: u8,
+    pub match_percent: u8,
 }
 
 /// Picks a pod from `pool`.

@@ -359,6 +359,48 @@ fn load_aware_queue_on_a_slow_pod_costs_in_proportion() {
 }
 
 #[test]
+fn load_aware_misses_go_to_fast_pods_and_slow_pods_keep_what_they_hold() {
+    // Pod 0's hits take 3x as long. A miss there costs 3x the prefill: a
+    // fast pod takes it, even one given more requests... unless the fast
+    // pod's queue costs more than the difference.
+    let mut loads = PodLoads {
+        queue: &[0, 0],
+        inflight: &[0, 0],
+        placed: &[0, 5],
+        sent: &[0, 5],
+        slowness: &[3000, 1000],
+    };
+    // A slack wide enough that the bound never decides here.
+    let cfg = LoadAwareConfig {
+        slack_abs: 20,
+        ..LA
+    };
+    let pick = |l: &PodLoads<'_>, m: &[(u16, u32)]| {
+        let mut rng = SplitMix64::new(1);
+        choose_load_aware(&cfg, &pods(&[0, 1]), l, &ms(m), 20, 0.0, 0, &mut rng)
+            .unwrap()
+            .pod
+    };
+    assert_eq!(pick(&loads, &[]), p(1));
+    // 20 uncached blocks: 60 on pod 0; on pod 1 20 + 4 x 4 = 36 with 4
+    // queued, 20 + 11 x 4 = 64 with 11.
+    loads.queue = &[0, 4];
+    assert_eq!(pick(&loads, &[]), p(1));
+    loads.queue = &[0, 11];
+    assert_eq!(pick(&loads, &[]), p(0));
+    // A prefix the slow pod holds (19 of 20 blocks: 3 to finish there
+    // against 20 on an idle fast pod) stays there; a short one (10 of 20:
+    // 30 against 20) does not.
+    loads.queue = &[0, 0];
+    assert_eq!(pick(&loads, &[(0, 19)]), p(0));
+    assert_eq!(pick(&loads, &[(0, 10)]), p(1));
+    // Below 1.5x, pods prefill alike: the miss goes by traffic (pod 0,
+    // given fewer), not by the measured 1.4x.
+    loads.slowness = &[1400, 1000];
+    assert_eq!(pick(&loads, &[]), p(0));
+}
+
+#[test]
 fn load_aware_equal_matches_and_loads_are_shuffled() {
     let mut seen = [false; 2];
     for turn in 0..32 {
@@ -436,7 +478,8 @@ fn load_aware_ignores_matches_outside_the_pool() {
 
 #[test]
 fn load_aware_never_overflows_on_extreme_loads() {
-    let c = la(&[0, 1], &[u32::MAX, u32::MAX - 1], &[(0, u32::MAX)], 1, 0);
+    let all = u32::MAX as usize;
+    let c = la(&[0, 1], &[u32::MAX, u32::MAX - 1], &[(0, u32::MAX)], all, 0);
     assert_eq!(c.match_percent, 100);
     let cfg = LoadAwareConfig {
         slack_abs: u32::MAX,

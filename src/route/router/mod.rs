@@ -406,6 +406,9 @@ impl Router {
             None => WriteOutcome::default(),
         };
         self.load.borrow_mut().add(choice.pod, 1);
+        if choice.match_percent >= HIT_PERCENT {
+            self.latency.borrow_mut().started_hit(choice.pod);
+        }
         let predicted = chosen.map_or(0, |m| m.blocks);
         let feedback = match model {
             Some(model) if self.settings.feedback.cached_tokens && predicted > 0 => Some(Plan {
@@ -438,9 +441,13 @@ impl Router {
         self.hints.borrow_mut().remove(&(model, first_block));
     }
 
-    /// Releases one in-flight request on `pod`; returns this VM's new count.
-    pub fn release(&self, pod: PodSlot) -> u32 {
-        self.latency.borrow_mut().completed(pod);
+    /// Releases one in-flight request on `pod`, routed with
+    /// `match_percent` of its prompt held there; returns this VM's new
+    /// count.
+    pub fn release(&self, pod: PodSlot, match_percent: u8) -> u32 {
+        self.latency
+            .borrow_mut()
+            .completed(pod, match_percent >= HIT_PERCENT);
         self.load.borrow_mut().add(pod, -1)
     }
 }
@@ -505,13 +512,19 @@ impl Demand {
 /// Most a pod's queue cost is scaled by its slowness (thousandths).
 const MAX_SLOWNESS: u64 = 8_000;
 
-/// Per slot: how much longer `pool`'s pods' requests take than the fastest
+/// A request routed to a pod holding at least this share of its prompt is
+/// a hit, timed apart for [`slowness`].
+pub(crate) const HIT_PERCENT: u8 = 50;
+
+/// Per slot: how much longer `pool`'s pods' hits take than the fastest
 /// one's (thousandths, 1000..=[`MAX_SLOWNESS`]); 0 (= 1x) for pods with too
-/// few completions to tell.
+/// few hits completed to tell. Hits, not all requests: a pod's mean over
+/// all of them grows with its share of misses (their prefill), which says
+/// nothing of its speed.
 fn slowness(latency: &PodLatency, pool: &[PodSlot]) -> Vec<u32> {
     let means: Vec<(PodSlot, u64)> = pool
         .iter()
-        .filter_map(|&p| Some((p, latency.mean_ms(p)?)))
+        .filter_map(|&p| Some((p, latency.mean_hit_ms(p)?)))
         .collect();
     // 0 ms: requests shorter than a tick were never sampled yet.
     let Some(fastest) = means.iter().map(|(_, m)| *m).min().filter(|m| *m > 0) else {

@@ -43,7 +43,7 @@ fn repeat_request_matches_fully_on_same_pod() {
     let p = "abcd".repeat(300);
     let first = r.route(&s, &req(&p), 100, &mut rng).unwrap();
     assert_eq!(first.choice.reason, Reason::NoMatch);
-    r.release(first.choice.pod);
+    r.release(first.choice.pod, first.choice.match_percent);
     let second = r.route(&s, &req(&p), 101, &mut rng).unwrap();
     assert_eq!(second.choice.reason, Reason::PrefixMatch);
     assert_eq!(second.choice.pod, first.choice.pod);
@@ -59,7 +59,7 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
     let a = r
         .route(&s, &req(&format!("{prefix}aaaa")), 1000, &mut rng)
         .unwrap();
-    r.release(a.choice.pod);
+    r.release(a.choice.pod, a.choice.match_percent);
     assert_eq!(a.recorded.len(), sampled_positions(101, 32).len());
     // Same prefix, new tail, 30 s later: only the new last block is new;
     // the held blocks of its segment (positions 63..=100) are written with
@@ -67,7 +67,7 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
     let b = r
         .route(&s, &req(&format!("{prefix}bbbb")), 1030, &mut rng)
         .unwrap();
-    r.release(b.choice.pod);
+    r.release(b.choice.pod, b.choice.match_percent);
     assert_eq!(b.choice.pod, a.choice.pod);
     let hashes = r.hasher.hash(format!("{prefix}bbbb").as_bytes());
     let segment = crate::route::table::Layout::Segments.anchor_position(100, 32);
@@ -115,7 +115,7 @@ fn unique_tails_do_not_evict_the_shared_prefix_they_follow() {
                 &mut rng,
             )
             .unwrap();
-        r.release(x.choice.pod);
+        r.release(x.choice.pod, x.choice.match_percent);
         if q > 0 && x.choice.match_percent < 90 {
             short.push((q, x.choice.match_percent));
         }
@@ -137,7 +137,7 @@ fn shared_prefix_matches_partially_and_sticks() {
             &mut rng,
         )
         .unwrap();
-    r.release(a.choice.pod);
+    r.release(a.choice.pod, a.choice.match_percent);
     let b = r
         .route(
             &s,
@@ -164,7 +164,7 @@ fn reads_grow_logarithmically_with_prompt_length() {
     for blocks in [100usize, 10_000] {
         let p = "q".repeat(4 * blocks);
         let a = r.route(&s, &req(&p), 100, &mut rng).unwrap();
-        r.release(a.choice.pod);
+        r.release(a.choice.pod, a.choice.match_percent);
         let b = r.route(&s, &req(&p), 100, &mut rng).unwrap();
         assert!(b.probes <= 20, "{blocks} blocks took {} probes", b.probes);
         assert!(
@@ -182,7 +182,7 @@ fn in_flight_is_counted_and_released() {
     let mut rng = SplitMix64::new(1);
     let a = r.route(&s, &req("hello world!"), 100, &mut rng).unwrap();
     assert_eq!(r.refresh_load(&s, 1000).unwrap().iter().sum::<u32>(), 1);
-    assert_eq!(r.release(a.choice.pod), 0);
+    assert_eq!(r.release(a.choice.pod, a.choice.match_percent), 0);
     assert_eq!(r.refresh_load(&s, 1250).unwrap().iter().sum::<u32>(), 0);
 }
 
@@ -310,7 +310,7 @@ fn a_prefix_with_more_traffic_than_one_pod_is_copied_to_a_second_pod() {
         // Under load: the last 8 requests are still in flight.
         in_flight.push_back(x.choice.pod);
         if in_flight.len() > 8 {
-            r.release(in_flight.pop_front().unwrap());
+            r.release(in_flight.pop_front().unwrap(), 0);
         }
         per_pod[x.choice.pod.index()] += 1;
         if prompt == hot {

@@ -42,7 +42,7 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
     let route = |r: &Request, rng: &mut SplitMix64| {
         let req = parse_body(kind(r), r.body.as_bytes()).expect("parse body");
         if let Ok(routed) = router.route(&store, &req, 1_000_000, rng) {
-            router.release(routed.choice.pod);
+            router.release(routed.choice.pod, routed.choice.match_percent);
         }
     };
     for r in primed {
@@ -60,7 +60,7 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
         let (g0, s0) = store.op_counts();
         let t = Instant::now();
         if let Ok(routed) = router.route(&store, &req, 1_000_000, &mut rng) {
-            router.release(routed.choice.pod);
+            router.release(routed.choice.pod, routed.choice.match_percent);
         }
         n.route_us += t.elapsed().as_secs_f64();
         let (g1, s1) = store.op_counts();
