@@ -267,7 +267,7 @@ impl Stream {
     fn count_pass<H: Host>(&self, w: &Worker, host: &H, reason: PassReason) {
         w.meter.inc(Count::Pass(reason));
         if w.settings().original_dst_header {
-            if let Some(endpoint) = w.fallback_endpoint(host.now_nanos() / 1_000_000) {
+            if let Some(endpoint) = w.fallback_endpoint(w.clock_nanos(host) / 1_000_000) {
                 host.set_request_header(ORIGINAL_DST_HEADER, &endpoint);
             }
         }
@@ -287,8 +287,14 @@ impl Stream {
         kind: ApiKind,
         body: &[u8],
     ) -> Result<(), PassReason> {
-        // The one clock read of a request (a second one when it is timed).
-        let started = host.now_nanos();
+        // The tick's clock; a timed request (1 in 8) reads the host's, and
+        // again at the end.
+        let timed = w.meter.sample_this();
+        let started = if timed {
+            host.now_nanos()
+        } else {
+            w.clock_nanos(host)
+        };
         let req = parse_body_as(kind, body, w.settings().render())?;
         let routed = w.route(host, &req, started).map_err(|e| {
             log::warn!("prefix_router: routing failed, passing through: {e}");
@@ -330,7 +336,7 @@ impl Stream {
                 }));
             }
         }
-        if w.meter.sample_this() {
+        if timed {
             let us = host.now_nanos().saturating_sub(started) / 1_000;
             w.meter.route_time(us);
         }

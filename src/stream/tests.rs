@@ -481,6 +481,32 @@ fn hostcall_budget_of_one_routed_request() {
     assert!(!matched_calls.contains_key("record_metric"));
 }
 
+/// The request path reads the clock only for the 1 request in 8 it times
+/// (at its start and end); the others take the last tick's, at most a tick
+/// old (the table keeps whole seconds). Before the first tick, the host's.
+#[test]
+fn only_timed_requests_read_the_clock() {
+    let host = TestHost::default();
+    let w = worker_on(&host, "");
+    let mut reads = 0;
+    for i in 0..16 {
+        let (_, calls) = calls_of(&w, &host, &chat("sys ", 2048, &format!("q{i}")));
+        reads += calls.get("get_current_time").copied().unwrap_or(0);
+    }
+    assert_eq!(reads, 2 * 2, "2 of 16 requests timed, 2 reads each");
+
+    let json = format!(r#"{{"endpoints":["{}"]}}"#, PODS[0]);
+    let settings = Settings::from_json(json.as_bytes()).unwrap();
+    let fresh = Worker::new(settings, &host, "vm".into(), 7);
+    host.now.set(5_000_000_000);
+    assert_eq!(fresh.clock_nanos(&host), 5_000_000_000, "no tick yet");
+    fresh.on_tick(&host);
+    host.now.set(5_200_000_000);
+    host.reset_calls();
+    assert_eq!(fresh.clock_nanos(&host), 5_000_000_000, "the tick's");
+    assert_eq!(host.total_calls(), 0);
+}
+
 const MATCHED_8K_BUDGET: u32 = 12;
 const QUESTION_BUDGET: u32 = 14;
 const NEW_8K_BUDGET: u32 = 16;
