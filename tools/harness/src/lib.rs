@@ -395,7 +395,6 @@ pub fn child_with_args(args: &[&str]) -> Option<u32> {
     })
 }
 
-/// Waits until `ready` returns true, or `deadline` passes (then false).
 /// One endpoint of an EDS file: its hostname (the pod name), its port on
 /// 127.0.0.1 and Envoy's health status for it (`HEALTHY`, `UNHEALTHY`, ...).
 pub type EdsHost = (String, u16, &'static str);
@@ -1400,7 +1399,13 @@ mod tests {
             .arg("5.123")
             .spawn()
             .unwrap();
-        let found = child_with_args(&["5.123"]);
+        // The child is ours from spawn, but its command line is the
+        // parent's until it has exec'd: look until it shows.
+        let mut found = None;
+        wait_until(Duration::from_secs(3), || {
+            found = child_with_args(&["5.123"]);
+            found.is_some()
+        });
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(found, Some(child.id()));
