@@ -330,6 +330,11 @@ pub struct CompareCli {
     /// filter-aibrix (the 3-replica fleets run 1 each).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub envoy_concurrency: u32,
+    /// Runs the whole comparison this many times (same seed: the pods' and
+    /// Envoys' timing differs from run to run) and ends with each target's
+    /// passes out of the runs, with every run's figures.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub repeat: u32,
 }
 
 fn parse_json_patch(s: &str) -> Result<serde_json::Value, String> {
@@ -387,13 +392,55 @@ impl CompareCli {
 
 /// Entry point from the command line.
 pub fn main(rt: &tokio::runtime::Runtime, cli: CompareCli) {
-    match cli.into_args() {
-        Ok(args) => run(rt, &args),
+    let repeat = cli.repeat;
+    let args = match cli.into_args() {
+        Ok(args) => args,
         Err(e) => {
             eprintln!("prefix-bench compare: {e}");
             std::process::exit(2);
         }
+    };
+    let wall = Instant::now();
+    let runs: Vec<Vec<Target>> = (0..repeat).map(|_| run(rt, &args)).collect();
+    if runs.len() > 1 {
+        let summary = repeat_summary(&runs);
+        let mut text = format!("prefix-bench compare --repeat {repeat}: targets over the runs\n");
+        text.push_str(&summary.render());
+        print!("{text}");
+        let json = json!({ "command": "compare --repeat", "seed": args.seed, "runs": runs });
+        let wall_s = wall.elapsed().as_secs_f64();
+        write_outputs(
+            args.results_dir.as_ref(),
+            "compare-repeat",
+            &json,
+            None,
+            &text,
+        )
+        .print(wall_s);
     }
+}
+
+/// Each target's passes out of the runs (in the first run's order), and
+/// every run's figures.
+fn repeat_summary(runs: &[Vec<Target>]) -> Table {
+    let mut t = Table::new("", &["target", "passes", "measured, run by run"]);
+    let Some(first) = runs.first() else {
+        return t;
+    };
+    for target in first {
+        let same: Vec<&Target> = runs
+            .iter()
+            .filter_map(|r| r.iter().find(|x| x.name == target.name))
+            .collect();
+        let passes = same.iter().filter(|x| x.verdict == "PASS").count();
+        let details: Vec<&str> = same.iter().map(|x| x.detail.as_str()).collect();
+        t.row(&[
+            target.name.clone(),
+            format!("{passes}/{}", runs.len()),
+            details.join(" | "),
+        ]);
+    }
+    t
 }
 
 /// A workload ready to send.
@@ -1557,7 +1604,9 @@ fn setup_lines(args: &CompareArgs, opts: &GatewayOptions) -> Vec<String> {
     lines
 }
 
-pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
+/// One comparison: every workload with every router; prints and writes
+/// its tables, returns its target checks.
+pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) -> Vec<Target> {
     let wall = Instant::now();
     let opts = GatewayOptions {
         sync_period_ms: args.sync_period_ms,
@@ -1645,6 +1694,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) {
         &text,
     );
     files.print(wall_s);
+    checks
 }
 
 /// Facts worth a line under the tables: errors, noisy runs, pods' view.
@@ -1730,6 +1780,31 @@ mod tests {
             mean_prompt_tokens: 0.0,
             results,
         }
+    }
+
+    #[test]
+    fn repeated_runs_count_each_targets_passes() {
+        let t = |name: &str, detail: &str, verdict: &str| Target {
+            name: name.into(),
+            detail: detail.into(),
+            verdict: verdict.into(),
+        };
+        let runs = vec![
+            vec![t("a", "1 vs 2", "PASS"), t("b", "3 vs 2", "MISS")],
+            vec![t("a", "2 vs 1", "MISS"), t("b", "1 vs 2", "PASS")],
+            vec![t("a", "1 vs 1", "PASS")],
+        ];
+        let out = repeat_summary(&runs).render();
+        let line = |name: &str| {
+            out.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(line("a ").contains("2/3"), "{out}");
+        assert!(line("a ").contains("1 vs 2 | 2 vs 1 | 1 vs 1"), "{out}");
+        // A target a run lacks counts as not passed there.
+        assert!(line("b ").contains("1/3"), "{out}");
     }
 
     #[test]
