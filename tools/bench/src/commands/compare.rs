@@ -403,9 +403,7 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: CompareCli) {
     let wall = Instant::now();
     let runs: Vec<Vec<Target>> = (0..repeat).map(|_| run(rt, &args)).collect();
     if runs.len() > 1 {
-        let summary = repeat_summary(&runs);
-        let mut text = format!("prefix-bench compare --repeat {repeat}: targets over the runs\n");
-        text.push_str(&summary.render());
+        let text = repeat_summary(&runs).render();
         print!("{text}");
         let json = json!({ "command": "compare --repeat", "seed": args.seed, "runs": runs });
         let wall_s = wall.elapsed().as_secs_f64();
@@ -420,23 +418,34 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: CompareCli) {
     }
 }
 
-/// Each target's passes out of the runs (in the first run's order), and
-/// every run's figures.
+/// Each target's passes out of the runs (in the order they first appear),
+/// and every run's figures.
 fn repeat_summary(runs: &[Vec<Target>]) -> Table {
-    let mut t = Table::new("", &["target", "passes", "measured, run by run"]);
-    let Some(first) = runs.first() else {
-        return t;
-    };
-    for target in first {
+    let title = format!("Targets over {} runs", runs.len());
+    let mut t = Table::new(&title, &["target", "passes", "measured, run by run"]);
+    let mut names: Vec<&str> = Vec::new();
+    for target in runs.iter().flatten() {
+        if !names.contains(&target.name.as_str()) {
+            names.push(&target.name);
+        }
+    }
+    for name in names {
         let same: Vec<&Target> = runs
             .iter()
-            .filter_map(|r| r.iter().find(|x| x.name == target.name))
+            .filter_map(|r| r.iter().find(|x| x.name == name))
             .collect();
         let passes = same.iter().filter(|x| x.verdict == "PASS").count();
+        let judged = same
+            .iter()
+            .any(|x| x.verdict == "PASS" || x.verdict == "MISS");
         let details: Vec<&str> = same.iter().map(|x| x.detail.as_str()).collect();
         t.row(&[
-            target.name.clone(),
-            format!("{passes}/{}", runs.len()),
+            name.to_string(),
+            if judged {
+                format!("{passes}/{}", runs.len())
+            } else {
+                "n/a".into()
+            },
             details.join(" | "),
         ]);
     }
@@ -1792,7 +1801,7 @@ mod tests {
         let runs = vec![
             vec![t("a", "1 vs 2", "PASS"), t("b", "3 vs 2", "MISS")],
             vec![t("a", "2 vs 1", "MISS"), t("b", "1 vs 2", "PASS")],
-            vec![t("a", "1 vs 1", "PASS")],
+            vec![t("a", "1 vs 1", "PASS"), t("c", "1 vs -", "n/a")],
         ];
         let out = repeat_summary(&runs).render();
         let line = |name: &str| {
@@ -1805,6 +1814,8 @@ mod tests {
         assert!(line("a ").contains("1 vs 2 | 2 vs 1 | 1 vs 1"), "{out}");
         // A target a run lacks counts as not passed there.
         assert!(line("b ").contains("1/3"), "{out}");
+        // One that no run could judge (a peer row missing) is n/a.
+        assert!(line("c ").contains("n/a"), "{out}");
     }
 
     #[test]
