@@ -117,10 +117,11 @@ impl Worker {
         }
     }
 
-    /// The clock as the request path needs it: the last tick's (at most a
-    /// tick old: the table keeps whole seconds and cooldowns are seconds
-    /// long), read from the host only before the first tick. Saves a
-    /// hostcall per request.
+    /// The clock as the request path needs it: the last tick's, read from
+    /// the host only before the first tick. Saves a hostcall per request.
+    /// At most a tick old: the router already works in whole seconds; a
+    /// pass-through's fallback pod may see a cooldown end up to a tick
+    /// late.
     pub(crate) fn clock_nanos<H: Host>(&self, host: &H) -> u64 {
         match self.tick_nanos.get() {
             0 => host.now_nanos(),

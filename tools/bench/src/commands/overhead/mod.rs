@@ -270,7 +270,7 @@ fn route_time(fleet: &Fleet) -> Vec<(f64, f64)> {
 /// rotations, so each side follows each other side equally often. (Rotation
 /// alone kept the variant right after this filter in 3 rounds of 4: run on
 /// the same module, the variant read ~7 us less Envoy CPU per 8 KB request
-/// than this filter, warm from the same code paths just before it.)
+/// than this filter, likely warm from the same code paths just before it.)
 fn order(round: usize) -> [usize; SIDES] {
     let mut o = [PLAIN, REFERENCE, FILTER, PASSING];
     o.rotate_left(round % SIDES);
