@@ -152,6 +152,12 @@ impl VmLoad {
         sum(&[&self.own, &self.others], n)
     }
 
+    /// [`Self::replica`] for one slot, without building the vector.
+    pub(crate) fn replica_at(&self, slot: usize) -> u32 {
+        let at = |v: &[u32]| v.get(slot).copied().unwrap_or(0);
+        at(&self.own).saturating_add(at(&self.others))
+    }
+
     /// [`Self::replica`] plus the other replicas' counts.
     pub(crate) fn fleet(&self, n: usize) -> Vec<u32> {
         sum(&[&self.own, &self.others, &self.remote], n)
@@ -494,6 +500,10 @@ mod tests {
         assert_eq!((a.key(), b.key()), (Some(0), Some(1)));
         assert_eq!(a.replica(2), vec![3, 2]);
         assert_eq!(b.replica(2), vec![3, 2]);
+        assert_eq!(
+            (b.replica_at(0), b.replica_at(1), b.replica_at(9)),
+            (3, 2, 0)
+        );
         assert_eq!(replica_total(&s, 1250).unwrap(), vec![3, 2]);
         // Released on A: exact on A at once, on B after A's next tick.
         a.add(p(0), -3);

@@ -343,16 +343,17 @@ impl Router {
             PolicyMode::LoadAware => {
                 let cfg = &self.settings.load_aware;
                 let signals = self.signals.borrow();
-                let replica = if signals.is_empty() {
-                    Vec::new()
-                } else {
-                    self.load.borrow().replica(load.len())
-                };
+                let vm_load = self.load.borrow();
                 let mut queue = load.clone();
                 for &pod in pool {
                     let i = pod.index();
                     if let Some(q) = queue.get_mut(i) {
-                        let mine = replica.get(i).copied().unwrap_or(0);
+                        // This replica's own count matters only beside a report.
+                        let mine = if signals.is_empty() {
+                            0
+                        } else {
+                            vm_load.replica_at(i)
+                        };
                         let seen = signals.seen(pod);
                         *q = effective_load(mine, *q, seen, signals.capacity(pod), cfg);
                     }
