@@ -71,6 +71,26 @@ pub(crate) fn vm_number<S: SharedStore + ?Sized>(store: &S) -> Option<u64> {
     got
 }
 
+/// An integer stream property (Envoy gives them as 8 little-endian bytes).
+fn int_property<H: Host>(host: &H, path: &[&str]) -> Option<i64> {
+    host.property(path)
+        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+        .map(i64::from_le_bytes)
+}
+
+/// Whether the pod named `chosen` failed the stream that just ended (see
+/// [`Worker::observe_outcome`]).
+fn failed_at<H: Host>(host: &H, chosen: &str) -> bool {
+    if int_property(host, &["response", "code"]).is_some_and(|c| c == 502 || c == 503) {
+        return true;
+    }
+    if !int_property(host, &["upstream", "request_attempt_count"]).is_some_and(|n| n > 1) {
+        return false;
+    }
+    host.property(&["upstream", "address"])
+        .is_some_and(|addr| addr != chosen.as_bytes())
+}
+
 /// Seconds of a unix-nanos time, as the table keeps them.
 pub(crate) fn secs(nanos: u64) -> u32 {
     u32::try_from(nanos / 1_000_000_000).unwrap_or(u32::MAX)
@@ -241,26 +261,24 @@ impl Worker {
             .map(str::to_string)
     }
 
-    /// After a request ends: if the pod it was sent to failed it (Envoy sent
-    /// it elsewhere on retry or could not reach it, or it answered 502/503),
-    /// every VM skips that pod for `passive_cooldown_ms`. It comes back by
-    /// itself when the cooldown ends.
+    /// After a request ends: if the pod it was sent to failed it (it
+    /// answered 502/503, or Envoy could not reach it, or Envoy retried the
+    /// request and another host answered), every VM skips that pod for
+    /// `passive_cooldown_ms`. It comes back by itself when the cooldown ends.
+    ///
+    /// Two integer properties decide (about 3 us each in Envoy 1.40):
+    /// `response.code`, then `upstream.request_attempt_count`. Only a retried
+    /// request reads `upstream.address` (about 8 us: Envoy formats it), to
+    /// tell a retry on another host from one on the same host. Not seen: a
+    /// request that `override_host` sent elsewhere at the first attempt
+    /// because Envoy no longer knew the pod; membership drops that pod within
+    /// `membership.refresh_ms` + a tick.
     pub(crate) fn observe_outcome<H: Host>(&self, host: &H, pod: PodSlot, chosen: &str) {
         let cooldown = u64::from(self.settings().passive_cooldown_ms);
         if cooldown == 0 {
             return;
         }
-        let upstream = host.property(&["upstream", "address"]);
-        let failed = match upstream.as_deref() {
-            Some(addr) if addr != chosen.as_bytes() => true,
-            // Envoy gives integer properties as 8 little-endian bytes.
-            _ => host
-                .property(&["response", "code"])
-                .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-                .map(i64::from_le_bytes)
-                .is_some_and(|code| code == 502 || code == 503),
-        };
-        if !failed {
+        if !failed_at(host, chosen) {
             return;
         }
         let now = host.now_nanos() / 1_000_000;

@@ -295,7 +295,8 @@ fn eds_add_unhealthy_and_remove_are_followed_within_two_seconds() {
 
 /// A pod process killed under steady load (about 20 req/s, shared prefixes).
 /// Returns the client failures and the number of requests sent.
-fn kill_under_load(retry: bool) -> (usize, usize) {
+/// Returns (failed, sent, passive cooldowns after the kill).
+fn kill_under_load(retry: bool) -> (usize, usize, i64) {
     let f = EdsFleet::start(
         &["pod-1", "pod-2", "pod-3", "pod-4"],
         &["pod-1", "pod-2", "pod-3", "pod-4"],
@@ -342,6 +343,9 @@ fn kill_under_load(retry: bool) -> (usize, usize) {
         Duration::from_millis(50),
     );
     let failures = outage.iter().filter(|s| s.status != 200).count();
+    // The dead pod is noticed at the end of the requests it fails (a 503,
+    // or a retry another pod answered), before membership's own read.
+    let cooled = f.envoy.router_stat("prefix_router.fleet.passive_cooldowns");
     for s in outage.iter().filter(|s| s.status != 200) {
         assert!(
             s.at < FOLLOW,
@@ -384,22 +388,27 @@ fn kill_under_load(retry: bool) -> (usize, usize) {
     });
     assert!(idle, "in-flight counts stuck after the outage: {stuck:?}");
     let sent = warm.len() + outage.len() + back.len();
-    (failures, sent)
+    (failures, sent, cooled)
 }
 
 #[test]
 fn killed_pod_with_retry_policy_costs_clients_nothing() {
-    let (failures, sent) = kill_under_load(true);
-    eprintln!("pod killed under load, with eds.yaml's retry policy: {failures} of {sent} client requests failed");
+    let (failures, sent, cooled) = kill_under_load(true);
+    eprintln!("pod killed under load, with eds.yaml's retry policy: {failures} of {sent} client requests failed, {cooled} passive cooldowns");
     assert_eq!(failures, 0);
+    assert!(
+        cooled > 0,
+        "no retried request put the dead pod in cooldown"
+    );
 }
 
 #[test]
 fn killed_pod_without_retries_fails_only_what_was_sent_before_it_was_noticed() {
-    let (failures, sent) = kill_under_load(false);
+    let (failures, sent, cooled) = kill_under_load(false);
     eprintln!(
-        "pod killed under load, no retry policy: {failures} of {sent} client requests failed"
+        "pod killed under load, no retry policy: {failures} of {sent} client requests failed, {cooled} passive cooldowns"
     );
+    assert!(cooled > 0, "no 503 put the dead pod in cooldown");
 }
 
 #[test]

@@ -507,6 +507,59 @@ fn only_timed_requests_read_the_clock() {
     assert_eq!(host.total_calls(), 0);
 }
 
+/// Passive health at the end of a routed request: a 502/503, or a retry that
+/// another host answered, cools the chosen pod down; a success at the first
+/// attempt reads no address (the dear property), and a retry the chosen pod
+/// itself answered is no failure.
+#[test]
+fn passive_health_reads_the_address_only_after_a_retry() {
+    let int = |n: i64| n.to_le_bytes().to_vec();
+    // (response.code, attempts, upstream.address: the chosen pod or another)
+    let cases: [(i64, Option<i64>, Option<bool>, bool, u32); 6] = [
+        (200, Some(1), Some(true), false, 2),
+        (200, None, None, false, 2),
+        (503, Some(1), Some(true), true, 1),
+        (502, None, None, true, 1),
+        (200, Some(2), Some(false), true, 3),
+        (200, Some(2), Some(true), false, 3),
+    ];
+    for (code, attempts, same, cooled, reads) in cases {
+        let host = TestHost::default();
+        let w = worker_on(&host, "");
+        let body = chat("sys ", 1024, "q");
+        host.request("POST", CHAT, &body);
+        let mut s = Stream::default();
+        s.on_request_headers(&w, &host, false);
+        s.on_request_body(&w, &host, body.len(), true);
+        let chosen = host.header(DESTINATION_HEADER).unwrap();
+        let other = PODS.iter().find(|p| **p != chosen).unwrap().to_string();
+        let mut props = host.properties.borrow_mut();
+        props.insert("response.code".into(), int(code));
+        if let Some(n) = attempts {
+            props.insert("upstream.request_attempt_count".into(), int(n));
+        }
+        if let Some(same) = same {
+            let addr = if same { chosen.clone() } else { other };
+            props.insert("upstream.address".into(), addr.into_bytes());
+        }
+        drop(props);
+        host.reset_calls();
+        s.on_done(&w);
+        s.on_log(&w, &host);
+        let case = format!("code {code}, attempts {attempts:?}, same host {same:?}");
+        let calls = host
+            .calls
+            .borrow()
+            .get("get_property")
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(calls, reads, "property reads: {case}");
+        w.on_tick(&host);
+        let n = host.stat("prefix_router.fleet.passive_cooldowns");
+        assert_eq!(n, i64::from(cooled), "cooldowns: {case}");
+    }
+}
+
 const MATCHED_8K_BUDGET: u32 = 12;
 const QUESTION_BUDGET: u32 = 14;
 const NEW_8K_BUDGET: u32 = 16;
