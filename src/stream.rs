@@ -91,8 +91,10 @@ pub(crate) struct Stream {
     kind: Option<ApiKind>,
     /// Pod counted in flight for this stream, released exactly once.
     inflight_pod: Option<PodSlot>,
-    /// Where the request was sent, for the passive health check at the end.
-    sent_to: Option<(PodSlot, String)>,
+    /// Where the request was sent, for the passive health check at the end,
+    /// and whether that check reads the upstream address even without a
+    /// retry (the 1 request in 8 the filter times).
+    sent_to: Option<(PodSlot, String, bool)>,
     match_percent: Option<u8>,
     /// With `feedback.cached_tokens`, a request routed on a predicted match:
     /// its answer is scanned for `cached_tokens` as it passes.
@@ -241,8 +243,8 @@ impl Stream {
     pub(crate) fn on_log<H: Host>(&mut self, w: &Worker, host: &H) {
         self.release(w);
         // Passive health: did the pod fail this request?
-        if let Some((pod, address)) = self.sent_to.take() {
-            w.observe_outcome(host, pod, &address);
+        if let Some((pod, address, check_address)) = self.sent_to.take() {
+            w.observe_outcome(host, pod, &address, check_address);
         }
     }
 
@@ -316,7 +318,7 @@ impl Stream {
         if endpoint.is_empty() {
             return Err(PassReason::InternalError);
         }
-        self.sent_to = Some((pod, endpoint.clone()));
+        self.sent_to = Some((pod, endpoint.clone(), timed));
         if !host.set_request_header(DESTINATION_HEADER, &endpoint) {
             return Err(PassReason::InternalError);
         }

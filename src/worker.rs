@@ -80,11 +80,12 @@ fn int_property<H: Host>(host: &H, path: &[&str]) -> Option<i64> {
 
 /// Whether the pod named `chosen` failed the stream that just ended (see
 /// [`Worker::observe_outcome`]).
-fn failed_at<H: Host>(host: &H, chosen: &str) -> bool {
+fn failed_at<H: Host>(host: &H, chosen: &str, check_address: bool) -> bool {
     if int_property(host, &["response", "code"]).is_some_and(|c| c == 502 || c == 503) {
         return true;
     }
-    if !int_property(host, &["upstream", "request_attempt_count"]).is_some_and(|n| n > 1) {
+    let retried = int_property(host, &["upstream", "request_attempt_count"]).is_some_and(|n| n > 1);
+    if !retried && !check_address {
         return false;
     }
     host.property(&["upstream", "address"])
@@ -267,18 +268,25 @@ impl Worker {
     /// `passive_cooldown_ms`. It comes back by itself when the cooldown ends.
     ///
     /// Two integer properties decide (about 3 us each in Envoy 1.40):
-    /// `response.code`, then `upstream.request_attempt_count`. Only a retried
-    /// request reads `upstream.address` (about 8 us: Envoy formats it), to
-    /// tell a retry on another host from one on the same host. Not seen: a
-    /// request that `override_host` sent elsewhere at the first attempt
-    /// because Envoy no longer knew the pod; membership drops that pod within
-    /// `membership.refresh_ms` + a tick.
-    pub(crate) fn observe_outcome<H: Host>(&self, host: &H, pod: PodSlot, chosen: &str) {
+    /// `response.code`, then `upstream.request_attempt_count`.
+    /// `upstream.address` (about 8 us: Envoy formats it) is read after a
+    /// retry, to tell a retry on another host from one on the same host,
+    /// and with `check_address` (the caller's sample of requests) also
+    /// without one: that finds a pod `override_host` keeps sending
+    /// elsewhere because Envoy does not know it (a static list that does
+    /// not match the cluster), within a few requests instead of at once.
+    pub(crate) fn observe_outcome<H: Host>(
+        &self,
+        host: &H,
+        pod: PodSlot,
+        chosen: &str,
+        check_address: bool,
+    ) {
         let cooldown = u64::from(self.settings().passive_cooldown_ms);
         if cooldown == 0 {
             return;
         }
-        if !failed_at(host, chosen) {
+        if !failed_at(host, chosen, check_address) {
             return;
         }
         let now = host.now_nanos() / 1_000_000;

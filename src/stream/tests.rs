@@ -508,30 +508,33 @@ fn only_timed_requests_read_the_clock() {
 }
 
 /// Passive health at the end of a routed request: a 502/503, or a retry that
-/// another host answered, cools the chosen pod down; a success at the first
-/// attempt reads no address (the dear property), and a retry the chosen pod
-/// itself answered is no failure.
+/// another host answered, cools the chosen pod down; a retry the chosen pod
+/// itself answered is no failure. The address (the dear property) is read
+/// only after a retry, or on a sampled request (`check_address`), which
+/// also finds a first attempt another host answered.
 #[test]
-fn passive_health_reads_the_address_only_after_a_retry() {
+fn passive_health_reads_the_address_only_after_a_retry_or_when_sampled() {
     let int = |n: i64| n.to_le_bytes().to_vec();
-    // (response.code, attempts, upstream.address: the chosen pod or another)
-    let cases: [(i64, Option<i64>, Option<bool>, bool, u32); 6] = [
-        (200, Some(1), Some(true), false, 2),
-        (200, None, None, false, 2),
-        (503, Some(1), Some(true), true, 1),
-        (502, None, None, true, 1),
-        (200, Some(2), Some(false), true, 3),
-        (200, Some(2), Some(true), false, 3),
+    // (response.code, attempts, upstream.address is the chosen pod's,
+    //  check_address) -> (cooled down, property reads)
+    type Case = ((i64, Option<i64>, Option<bool>, bool), (bool, u32));
+    let cases: [Case; 10] = [
+        ((200, Some(1), Some(true), false), (false, 2)),
+        ((200, Some(1), Some(false), false), (false, 2)),
+        ((200, Some(1), Some(true), true), (false, 3)),
+        ((200, Some(1), Some(false), true), (true, 3)),
+        ((200, None, None, false), (false, 2)),
+        ((503, Some(1), Some(true), false), (true, 1)),
+        ((502, None, None, true), (true, 1)),
+        ((200, Some(2), Some(false), false), (true, 3)),
+        ((200, Some(2), Some(true), false), (false, 3)),
+        ((200, Some(3), None, false), (false, 3)),
     ];
-    for (code, attempts, same, cooled, reads) in cases {
+    for ((code, attempts, same, check), (cooled, reads)) in cases {
         let host = TestHost::default();
         let w = worker_on(&host, "");
-        let body = chat("sys ", 1024, "q");
-        host.request("POST", CHAT, &body);
-        let mut s = Stream::default();
-        s.on_request_headers(&w, &host, false);
-        s.on_request_body(&w, &host, body.len(), true);
-        let chosen = host.header(DESTINATION_HEADER).unwrap();
+        let pod = crate::route::registry::PodSlot::new(0);
+        let chosen = w.router.fleet().address(pod).unwrap().to_string();
         let other = PODS.iter().find(|p| **p != chosen).unwrap().to_string();
         let mut props = host.properties.borrow_mut();
         props.insert("response.code".into(), int(code));
@@ -544,9 +547,9 @@ fn passive_health_reads_the_address_only_after_a_retry() {
         }
         drop(props);
         host.reset_calls();
-        s.on_done(&w);
-        s.on_log(&w, &host);
-        let case = format!("code {code}, attempts {attempts:?}, same host {same:?}");
+        w.observe_outcome(&host, pod, &chosen, check);
+        let case =
+            format!("code {code}, attempts {attempts:?}, same host {same:?}, sampled {check}");
         let calls = host
             .calls
             .borrow()
