@@ -9,7 +9,7 @@
 use crate::route::feedback::{
     streams_without_usage, Plan, UsageScanner, MAX_CHUNK_READS, MAX_SCAN_BYTES,
 };
-use crate::route::meter::Count;
+use crate::route::meter::{Count, SAMPLE_EVERY};
 use crate::route::registry::PodSlot;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
 use crate::route::router::RouteError;
@@ -93,7 +93,7 @@ pub(crate) struct Stream {
     inflight_pod: Option<PodSlot>,
     /// Where the request was sent, for the passive health check at the end,
     /// and whether that check reads the upstream address even without a
-    /// retry (the 1 request in 8 the filter times).
+    /// retry (1 request in [`SAMPLE_EVERY`], not the timed one).
     sent_to: Option<(PodSlot, String, bool)>,
     match_percent: Option<u8>,
     /// With `feedback.cached_tokens`, a request routed on a predicted match:
@@ -291,7 +291,12 @@ impl Stream {
     ) -> Result<(), PassReason> {
         // The tick's clock; a timed request (1 in 8) reads the host's, and
         // again at the end.
-        let timed = w.meter.sample_this();
+        let turn = w.meter.next_turn();
+        let timed = turn == 0;
+        // Passive health reads the upstream address without a retry on
+        // another request in the cycle than the timed one, so no request
+        // pays both (the hostcall budgets hold for each request).
+        let check_address = turn == SAMPLE_EVERY / 2;
         let started = if timed {
             host.now_nanos()
         } else {
@@ -318,7 +323,7 @@ impl Stream {
         if endpoint.is_empty() {
             return Err(PassReason::InternalError);
         }
-        self.sent_to = Some((pod, endpoint.clone(), timed));
+        self.sent_to = Some((pod, endpoint.clone(), check_address));
         if !host.set_request_header(DESTINATION_HEADER, &endpoint) {
             return Err(PassReason::InternalError);
         }

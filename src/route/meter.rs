@@ -187,9 +187,16 @@ impl Meter {
 
     /// Whether this request is one to time (one in [`SAMPLE_EVERY`]).
     pub(crate) fn sample_this(&self) -> bool {
+        self.next_turn() == 0
+    }
+
+    /// This request's place in the cycle of [`SAMPLE_EVERY`]: 0 is the one
+    /// timed ([`Self::sample_this`]); other places can sample other dear
+    /// checks without adding to the timed request's hostcalls.
+    pub(crate) fn next_turn(&self) -> u32 {
         let t = self.sample_turn.get();
         self.sample_turn.set(t.wrapping_add(1));
-        t % SAMPLE_EVERY == 0
+        t % SAMPLE_EVERY
     }
 
     /// Keeps one `route_time_us` sample for the next flush.

@@ -481,6 +481,48 @@ fn hostcall_budget_of_one_routed_request() {
     assert!(!matched_calls.contains_key("record_metric"));
 }
 
+/// Every request of a sampling cycle holds the budgets, the timed one (two
+/// clock reads) and the one whose passive check reads the upstream address
+/// included: the two samples never fall on the same request.
+#[test]
+fn every_request_of_a_sampling_cycle_holds_the_budget() {
+    let host = TestHost::default();
+    let w = worker_on(&host, "");
+    let sys = "You are a careful assistant. Answer briefly and cite sources. ";
+    let question = |q: &str| -> String { q.chars().cycle().take(2048).collect() };
+    calls_of(&w, &host, &chat(sys, 6 * 1024, &question("warm up ")));
+    let n = crate::route::meter::SAMPLE_EVERY as usize;
+    let mut questions = Vec::new();
+    let mut new_prefixes = Vec::new();
+    for i in 0..n {
+        let body = chat(sys, 6 * 1024, &question(&format!("question {i} ")));
+        questions.push(calls_of(&w, &host, &body));
+    }
+    for i in 0..n {
+        let body = chat(&format!("prefix {i} "), 8 * 1024, "q");
+        new_prefixes.push(calls_of(&w, &host, &body));
+    }
+    for (calls, by_kind) in &questions {
+        assert!(*calls <= QUESTION_BUDGET, "{calls} {by_kind:?}");
+    }
+    for (calls, by_kind) in &new_prefixes {
+        assert!(*calls <= NEW_8K_BUDGET, "{calls} {by_kind:?}");
+    }
+    let of = |v: &[(u32, BTreeMap<&'static str, u32>)], kind: &str| -> Vec<u32> {
+        v.iter()
+            .map(|(_, m)| m.get(kind).copied().unwrap_or(0))
+            .collect()
+    };
+    // One timed request and one address check per cycle, never together.
+    for v in [&questions, &new_prefixes] {
+        let clock = of(v, "get_current_time");
+        let props = of(v, "get_property");
+        assert_eq!(clock.iter().filter(|&&c| c > 0).count(), 1, "{clock:?}");
+        assert_eq!(props.iter().filter(|&&p| p == 3).count(), 1, "{props:?}");
+        assert!(clock.iter().zip(&props).all(|(c, p)| *c == 0 || *p == 2));
+    }
+}
+
 /// The request path reads the clock only for the 1 request in 8 it times
 /// (at its start and end); the others take the last tick's, at most a tick
 /// old (the table keeps whole seconds). Before the first tick, the host's.
