@@ -185,14 +185,9 @@ impl Meter {
         self.add(c, 1);
     }
 
-    /// Whether this request is one to time (one in [`SAMPLE_EVERY`]).
-    pub(crate) fn sample_this(&self) -> bool {
-        self.next_turn() == 0
-    }
-
     /// This request's place in the cycle of [`SAMPLE_EVERY`]: 0 is the one
-    /// timed ([`Self::sample_this`]); other places can sample other dear
-    /// checks without adding to the timed request's hostcalls.
+    /// timed (`route_time_us`); other places can sample other dear checks
+    /// without adding to the timed request's hostcalls.
     pub(crate) fn next_turn(&self) -> u32 {
         let t = self.sample_turn.get();
         self.sample_turn.set(t.wrapping_add(1));
@@ -356,7 +351,7 @@ mod tests {
     fn one_request_in_eight_is_timed_and_samples_are_bounded() {
         let sink = Sink::default();
         let m = Meter::define(&settings(), &sink);
-        let timed = (0..80).filter(|_| m.sample_this()).count();
+        let timed = (0..80).filter(|_| m.next_turn() == 0).count();
         assert_eq!(timed, 10);
         for us in 0..1000 {
             m.route_time(us);
