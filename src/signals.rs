@@ -24,6 +24,8 @@ use serde::Deserialize;
 
 use crate::route::registry::{PodSlot, MAX_SLOTS};
 
+pub mod share;
+
 /// Shared-data key of the published signals.
 pub const KEY: &str = "signals/pods";
 /// Bytes per published record: `slot u16 | at_ms u64 | waiting u32 |
@@ -360,7 +362,11 @@ pub struct Scraper {
     names: MetricNames,
     /// Slots with a call in flight.
     in_flight: Vec<PodSlot>,
+    /// This replica's own scrapes.
     records: BTreeMap<PodSlot, Record>,
+    /// Other replicas' scrapes (`signals.share`); published where they are
+    /// fresher than this replica's own.
+    remote: BTreeMap<PodSlot, Record>,
     dirty: bool,
 }
 
@@ -372,6 +378,7 @@ impl Scraper {
             names,
             in_flight: Vec::new(),
             records: BTreeMap::new(),
+            remote: BTreeMap::new(),
             dirty: false,
         }
     }
@@ -429,19 +436,52 @@ impl Scraper {
         }
     }
 
+    /// Replaces the records other replicas scraped (`signals.share`).
+    pub fn set_remote(&mut self, records: impl IntoIterator<Item = Record>) {
+        let remote: BTreeMap<PodSlot, Record> = records
+            .into_iter()
+            .take(MAX_SLOTS)
+            .map(|r| (r.slot, r))
+            .collect();
+        if remote != self.remote {
+            self.remote = remote;
+            self.dirty = true;
+        }
+    }
+
+    /// This replica's own good records (what it shares).
+    pub fn own(&self) -> impl Iterator<Item = &Record> {
+        self.records.values()
+    }
+
+    /// Own and remote records, the fresher per pod.
+    fn merged(&self) -> BTreeMap<PodSlot, Record> {
+        let mut all = self.remote.clone();
+        for (slot, r) in &self.records {
+            if all.get(slot).map_or(true, |o| o.at_ms <= r.at_ms) {
+                all.insert(*slot, *r);
+            }
+        }
+        all
+    }
+
     /// The value to publish, once per change.
     pub fn take_publish(&mut self) -> Option<Vec<u8>> {
         if !self.dirty {
             return None;
         }
         self.dirty = false;
-        let records: Vec<Record> = self.records.values().copied().collect();
+        let records: Vec<Record> = self.merged().into_values().collect();
         Some(encode(&records))
     }
 
-    /// Pods with good signals now.
+    /// Pods with good signals now (own or shared).
     pub fn good(&self) -> usize {
-        self.records.len()
+        if self.remote.is_empty() {
+            self.records.len()
+        } else {
+            self.merged().len()
+        }
     }
 }
 

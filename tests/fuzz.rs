@@ -2396,6 +2396,8 @@ fn signals_parse_and_decode() {
             b"\n",
             b" NaN",
             b" 1e9",
+            b"v1 1000\n",
+            b"10.0.0.1:8000 5 1 2 300\n",
         ],
         nest: &[(b"{a=\"", b"\"}")],
         grammar: metrics_input,
@@ -2415,6 +2417,22 @@ fn signals_parse_and_decode() {
                 records.len(),
                 input.len()
             ));
+        }
+        // The same bytes as another replica's shared value (`signals.share`).
+        let shared = ctx.alloc("share::decode", input.len(), 16, 1024, || {
+            signals::share::decode(input)
+        })?;
+        if let Some((_, recs)) = &shared {
+            let bad = recs.iter().any(|r| {
+                f64::from(r.signals.waiting) > signals::MAX_REQUESTS
+                    || f64::from(r.signals.running) > signals::MAX_REQUESTS
+                    || r.signals.kv_permille.is_some_and(|k| k > 1000)
+                    || r.pod.is_empty()
+                    || r.pod.contains([' ', '\n'])
+            });
+            if bad || recs.len() > signals::share::MAX_PODS {
+                return Err(format!("shared value out of range: {recs:?}"));
+            }
         }
         let view = SignalView::from_published(input, u64::MAX, u64::MAX);
         if records.iter().any(|r| view.get(r.slot).is_none()) {

@@ -116,3 +116,83 @@ fn a_pod_whose_metrics_fail_is_counted_and_leaves_the_published_signals() {
     });
     assert!(gauge, "{:?}", run.envoy.router_stats());
 }
+
+/// Two replicas with `signals.share`: each pod is scraped about once per
+/// interval by the pair (not once per replica), each replica publishes all
+/// four pods' signals, the ones it scraped and the ones the other did, and
+/// when one replica stops the other takes its pods over.
+#[test]
+fn replicas_share_scrapes_through_redis_and_take_over_a_stopped_ones_pods() {
+    const INTERVAL_MS: u64 = 200;
+    let mut f = harness::fleet::Fleet::new("signals-share");
+    f.start_pods(&["--time-scale", "0"]);
+    f.start_redis();
+    let patch = json!({
+        "signals": {"enabled": true, "cluster": "pods", "interval_ms": INTERVAL_MS, "share": true},
+        "sync": {"period_ms": 2000}
+    });
+    let specs = ["a", "b"]
+        .iter()
+        .map(|n| f.spec(n, "sync.yaml").merge(patch.clone()).plugins(2))
+        .collect();
+    f.launch_all(specs);
+    let settled = wait_until(Duration::from_secs(20), || {
+        f.replicas.iter().all(|r| {
+            r.stat("prefix_router.signals.share_peers") == 1
+                && r.stat("prefix_router.signals.pods") == 4
+                && r.stat("prefix_router.signals.shared") >= 5
+        })
+    });
+    assert!(
+        settled,
+        "replicas never saw each other: {:?} / {:?}",
+        f.replicas[0].stats(),
+        f.replicas[1].stats()
+    );
+    let scrapes = |f: &harness::fleet::Fleet| -> Vec<i64> {
+        f.replicas
+            .iter()
+            .map(|r| r.stat("prefix_router.signals.scrapes"))
+            .collect()
+    };
+    let window = Duration::from_secs(4);
+    let before = scrapes(&f);
+    thread::sleep(window);
+    let after = scrapes(&f);
+    let total: i64 = after.iter().zip(&before).map(|(a, b)| a - b).sum();
+    // One scrape per pod per interval for the pair; each replica alone
+    // would make as many again.
+    let once = 4 * window.as_millis() as i64 / INTERVAL_MS as i64;
+    eprintln!("scrapes in {window:?}: {before:?} -> {after:?}, {total} for the pair (one per pod per interval: {once})");
+    assert!(
+        total * 2 <= once * 3,
+        "{total} scrapes: not shared ({once} expected)"
+    );
+    assert!(
+        total * 2 >= once,
+        "{total} scrapes: pods not read ({once} expected)"
+    );
+    assert_eq!(
+        f.replicas[0].stat("prefix_router.signals.share_failures"),
+        0
+    );
+
+    // B stops: once its value is stale (3 intervals + the timeout), A
+    // scrapes every pod itself and still publishes all four.
+    f.stop_envoy(1);
+    let a = &f.replicas[0];
+    let alone = wait_until(Duration::from_secs(10), || {
+        a.stat("prefix_router.signals.share_peers") == 0
+    });
+    assert!(alone, "A still counts B as live: {:?}", a.stats());
+    thread::sleep(Duration::from_millis(500));
+    let before = a.stat("prefix_router.signals.scrapes");
+    thread::sleep(window);
+    let got = a.stat("prefix_router.signals.scrapes") - before;
+    eprintln!("A alone: {got} scrapes in {window:?} (every pod every interval: {once})");
+    assert!(
+        got * 4 >= once * 3,
+        "A took over only {got} scrapes of {once}"
+    );
+    assert_eq!(a.stat("prefix_router.signals.pods"), 4);
+}

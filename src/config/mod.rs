@@ -146,6 +146,10 @@ pub(crate) struct SignalSettings {
     pub(crate) max_body_bytes: usize,
     /// Metric names, each a list tried in order.
     pub(crate) names: MetricNames,
+    /// Share scrapes through Redis (needs `sync`): each pod is scraped by
+    /// one replica, every replica reads the others' (see
+    /// [`crate::signals::share`]).
+    pub(crate) share: bool,
 }
 
 impl Default for SignalSettings {
@@ -160,6 +164,7 @@ impl Default for SignalSettings {
             timeout_ms: 1000,
             max_body_bytes: 256 * 1024,
             names: MetricNames::default(),
+            share: false,
         }
     }
 }
@@ -409,6 +414,18 @@ impl Settings {
                 return Err(err(
                     "signals.names",
                     "`waiting` and `running` need at least one name",
+                ));
+            }
+            if g.share && !raw.sync.enabled {
+                return Err(err(
+                    "signals.share",
+                    "shares scrapes through Redis: needs `sync.enabled`",
+                ));
+            }
+            if g.share && raw.sync.cluster {
+                return Err(err(
+                    "signals.share",
+                    "not supported with `sync.cluster` (Redis Cluster) yet",
                 ));
             }
             let static_pools = pools.values().any(|p| matches!(p, PoolSource::Static(_)));

@@ -244,6 +244,14 @@ fn bad_policy_and_signal_settings_are_refused_by_field() {
             "signals.path",
         ),
         (
+            r#"{"cluster":"p","signals":{"enabled":true,"share":true}}"#,
+            "signals.share",
+        ),
+        (
+            r#"{"cluster":"p","signals":{"enabled":true,"share":true},"sync":{"enabled":true,"cluster":true}}"#,
+            "signals.share",
+        ),
+        (
             r#"{"cluster":"p","signals":{"enabled":true,"host_header":"X Bad"}}"#,
             "signals.host_header",
         ),

@@ -18,8 +18,13 @@ use super::abi;
 use crate::config::{PoolSource, Settings};
 use crate::fleet::SharedView;
 use crate::route::registry::PodSlot;
-use crate::signals::{self, Outcome, Scraper, Target};
+use crate::signals::share::{Share, SharedRecord};
+use crate::signals::{self, Outcome, Record, Scraper, Target};
 use crate::sync::CallFailed;
+
+/// Bytes of a share reply read at most (the bridge truncates at 64 KiB; a
+/// truncated reply fails to parse and counts as a failed exchange).
+const MAX_SHARE_REPLY: usize = 64 * 1024;
 
 pub struct SignalService {
     settings: Rc<Settings>,
@@ -33,6 +38,14 @@ pub struct SignalService {
     /// Pods whose scrapes fail (logged once when they start to, and when
     /// they read again); at most the live pods.
     failing: HashSet<PodSlot>,
+    /// With `signals.share`: the exchange through Redis and its call.
+    share: Option<Share>,
+    share_token: Option<u32>,
+    shared: u32,
+    share_failures: u32,
+    share_peers: u32,
+    /// A failure streak is logged once, at its start.
+    share_failing: bool,
 }
 
 fn def(kind: MetricType, name: &str) -> u32 {
@@ -40,10 +53,31 @@ fn def(kind: MetricType, name: &str) -> u32 {
 }
 
 impl SignalService {
-    pub fn new(settings: Rc<Settings>, view: SharedView) -> Self {
+    /// `replica`: this replica's sync origin, for `signals.share` (None
+    /// without sync: no sharing).
+    pub fn new(settings: Rc<Settings>, view: SharedView, replica: Option<&str>) -> Self {
         let s = &settings.signals;
         let scraper = Scraper::new(u64::from(s.interval_ms), s.names.clone());
+        let share = match (s.share, replica) {
+            (true, Some(r)) => Some(Share::new(
+                r,
+                &settings.sync.key_prefix,
+                u64::from(s.interval_ms),
+                s.stale_ms(),
+            )),
+            (true, None) => {
+                log::warn!("prefix_router signals: share needs sync; every pod is scraped here");
+                None
+            }
+            _ => None,
+        };
         Self {
+            share,
+            share_token: None,
+            shared: def(MetricType::Counter, "shared"),
+            share_failures: def(MetricType::Counter, "share_failures"),
+            share_peers: def(MetricType::Gauge, "share_peers"),
+            share_failing: false,
             scraper,
             view,
             calls: HashMap::new(),
@@ -81,7 +115,12 @@ impl SignalService {
     }
 
     pub fn on_tick(&mut self, now_ms: u64) {
-        let targets = self.targets();
+        let mut targets = self.targets();
+        if let Some(share) = &self.share {
+            // Only the pods this replica scrapes: its own, and orphans.
+            let view = self.view.borrow();
+            targets.retain(|t| view.name(t.slot).map_or(true, |n| share.scrapes(n, now_ms)));
+        }
         let due = self.scraper.due(now_ms, &targets);
         let settings = self.settings.clone();
         let s = &settings.signals;
@@ -109,7 +148,108 @@ impl SignalService {
                 }
             }
         }
+        self.exchange(now_ms);
         self.publish();
+    }
+
+    /// With `signals.share`, once per interval: writes this replica's
+    /// records to Redis and reads every replica's, in one bridge call.
+    fn exchange(&mut self, now_ms: u64) {
+        let settings = self.settings.clone();
+        let sync = &settings.sync;
+        let timeout_ms = sync
+            .op_timeout_ms
+            .clamp(1, 2 * u64::from(settings.signals.timeout_ms));
+        let Some(share) = self.share.as_mut() else {
+            return;
+        };
+        if !share.due(now_ms, timeout_ms) {
+            return;
+        }
+        let own: Vec<SharedRecord> = {
+            let view = self.view.borrow();
+            self.scraper
+                .own()
+                .filter_map(|r| {
+                    Some(SharedRecord {
+                        pod: view.name(r.slot)?.to_string(),
+                        at_ms: r.at_ms,
+                        signals: r.signals,
+                    })
+                })
+                .collect()
+        };
+        let auth = sync
+            .auth_password
+            .as_deref()
+            .map(|pw| (sync.auth_username.as_deref(), pw));
+        let body = share.request(&own, now_ms, auth);
+        let headers = vec![
+            (":method", "POST"),
+            (":path", sync.bridge_path.as_str()),
+            (":authority", sync.bridge_authority.as_str()),
+            ("content-type", "application/octet-stream"),
+        ];
+        let timeout = Duration::from_millis(timeout_ms);
+        match hostcalls::dispatch_http_call(
+            &sync.bridge_cluster,
+            headers,
+            Some(&body),
+            vec![],
+            timeout,
+        ) {
+            Ok(token) => self.share_token = Some(token),
+            Err(status) => {
+                let why = format!("cannot call cluster {} ({status:?})", sync.bridge_cluster);
+                self.shared_reply(None, now_ms, &why);
+            }
+        }
+    }
+
+    /// An exchange's reply (None: the call failed, `why` says how).
+    fn shared_reply(&mut self, reply: Option<&[u8]>, now_ms: u64, why: &str) {
+        let Some(share) = self.share.as_mut() else {
+            return;
+        };
+        match share.on_reply(reply, now_ms) {
+            Ok(peers) => {
+                let _ = hostcalls::increment_metric(self.shared, 1);
+                let _ = hostcalls::record_metric(self.share_peers, peers as u64);
+                if self.share_failing {
+                    self.share_failing = false;
+                    log::info!("prefix_router signals: sharing through Redis works again");
+                }
+            }
+            Err(e) => {
+                // The others' records age out; until then they still count.
+                share.forget_peers();
+                let _ = hostcalls::increment_metric(self.share_failures, 1);
+                if !self.share_failing {
+                    self.share_failing = true;
+                    let why = if reply.is_none() {
+                        why.to_string()
+                    } else {
+                        e.to_string()
+                    };
+                    log::warn!(
+                        "prefix_router signals: sharing through Redis failed ({why}); every pod is scraped here until it works"
+                    );
+                }
+            }
+        }
+        let view = self.view.borrow();
+        let remote: Vec<Record> = share
+            .remote(now_ms)
+            .filter_map(|r| {
+                Some(Record {
+                    slot: view.slot_of(&r.pod)?,
+                    at_ms: r.at_ms,
+                    signals: r.signals,
+                })
+            })
+            .collect();
+        drop(view);
+        self.scraper.set_remote(remote);
     }
 
     /// Handles a scrape reply; false if `token` is not one of ours.
@@ -120,6 +260,26 @@ impl SignalService {
         body_size: usize,
         now_ms: u64,
     ) -> bool {
+        if self.share_token == Some(token) {
+            self.share_token = None;
+            let reply = match abi::call_ok(num_headers) {
+                Ok(()) => Ok(abi::buffer(
+                    BufferType::HttpCallResponseBody,
+                    0,
+                    body_size.min(MAX_SHARE_REPLY),
+                )
+                .ok()
+                .flatten()
+                .unwrap_or_default()),
+                Err(e) => Err(e.to_string()),
+            };
+            match &reply {
+                Ok(body) => self.shared_reply(Some(body), now_ms, ""),
+                Err(why) => self.shared_reply(None, now_ms, why),
+            }
+            self.publish();
+            return true;
+        }
         let Some(slot) = self.calls.remove(&token) else {
             return false;
         };

@@ -167,17 +167,21 @@ impl RootContext for SyncRoot {
         if let Some(fleet) = self.fleet.as_mut() {
             fleet.on_tick(now_millis());
         }
+        // Starts the sync state on the first tick (signals share its origin).
+        self.drain_queue();
         if self.signals.is_none() {
             self.signals = self
                 .settings
                 .clone()
                 .filter(|s| s.signals.enabled)
-                .map(|s| SignalService::new(s, self.view.clone()));
+                .map(|s| {
+                    let replica = self.state.as_ref().map(|st| st.engine.origin().to_string());
+                    SignalService::new(s, self.view.clone(), replica.as_deref())
+                });
         }
         if let Some(signals) = self.signals.as_mut() {
             signals.on_tick(now_millis());
         }
-        self.drain_queue();
         let Some(state) = self.state.as_mut() else {
             return;
         };

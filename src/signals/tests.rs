@@ -316,3 +316,44 @@ fn a_report_counts_as_foreign_only_what_this_replica_did_not_send() {
     view.update(&encode(&[rec(900, 0, 2)]), 1_000, 500, |_, _| 5);
     assert_eq!(view.seen(p(3)).unwrap().foreign, 0);
 }
+
+#[test]
+fn shared_records_fill_the_pods_this_replica_does_not_scrape() {
+    let mut s = Scraper::new(250, names());
+    let targets = [Target {
+        slot: p(0),
+        address: "a:1".into(),
+        cluster: "c".into(),
+    }];
+    s.due(0, &targets);
+    s.on_reply(p(0), Ok(VLLM.as_bytes()), 100);
+    let _ = s.take_publish();
+    let remote = |slot: u16, at_ms: u64, waiting: u32| Record {
+        slot: p(slot),
+        at_ms,
+        signals: PodSignals {
+            waiting,
+            running: 1,
+            kv_permille: None,
+        },
+    };
+    // Pod 1 only from another replica; pod 0 from both, this one's fresher.
+    s.set_remote([remote(1, 90, 7), remote(0, 50, 9)]);
+    assert_eq!(s.good(), 2);
+    let published = decode(&s.take_publish().expect("changed"));
+    let by_slot: Vec<(u16, u64, u32)> = published
+        .iter()
+        .map(|r| (r.slot.index() as u16, r.at_ms, r.signals.waiting))
+        .collect();
+    assert_eq!(by_slot, [(0, 100, 2), (1, 90, 7)]);
+    // Only this replica's own scrape is shared on.
+    assert_eq!(s.own().map(|r| r.slot).collect::<Vec<_>>(), [p(0)]);
+    // The same remote records again: nothing new to publish.
+    s.set_remote([remote(1, 90, 7), remote(0, 50, 9)]);
+    assert_eq!(s.take_publish(), None);
+    // A fresher remote record wins over an older own one.
+    s.set_remote([remote(0, 200, 4)]);
+    let published = decode(&s.take_publish().expect("changed"));
+    assert_eq!(published.len(), 1);
+    assert_eq!((published[0].at_ms, published[0].signals.waiting), (200, 4));
+}
