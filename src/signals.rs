@@ -449,6 +449,11 @@ impl Scraper {
         }
     }
 
+    /// Whether a scrape call is still in flight.
+    pub fn busy(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
     /// This replica's own good records (what it shares).
     pub fn own(&self) -> impl Iterator<Item = &Record> {
         self.records.values()

@@ -41,6 +41,8 @@ pub struct SignalService {
     /// With `signals.share`: the exchange through Redis and its call.
     share: Option<Share>,
     share_token: Option<u32>,
+    /// A scrape round started and its records are not shared yet.
+    round_open: bool,
     shared: u32,
     share_failures: u32,
     share_peers: u32,
@@ -74,6 +76,7 @@ impl SignalService {
         Self {
             share,
             share_token: None,
+            round_open: false,
             shared: def(MetricType::Counter, "shared"),
             share_failures: def(MetricType::Counter, "share_failures"),
             share_peers: def(MetricType::Gauge, "share_peers"),
@@ -122,6 +125,9 @@ impl SignalService {
             targets.retain(|t| view.name(t.slot).map_or(true, |n| share.scrapes(n, now_ms)));
         }
         let due = self.scraper.due(now_ms, &targets);
+        if self.share.is_some() && !due.is_empty() {
+            self.round_open = true;
+        }
         let settings = self.settings.clone();
         let s = &settings.signals;
         let timeout = Duration::from_millis(u64::from(s.timeout_ms));
@@ -163,9 +169,11 @@ impl SignalService {
         let Some(share) = self.share.as_mut() else {
             return;
         };
-        if !share.due(now_ms, timeout_ms) {
+        let round_done = self.round_open && !self.scraper.busy();
+        if !share.due(now_ms, timeout_ms, round_done) {
             return;
         }
+        self.round_open = false;
         let own: Vec<SharedRecord> = {
             let view = self.view.borrow();
             self.scraper
@@ -302,6 +310,10 @@ impl SignalService {
         };
         let address = self.view.borrow().address(slot).unwrap_or("?").to_string();
         self.count(slot, &address, out);
+        if self.round_open && !self.scraper.busy() {
+            // The round is complete: share it now, not a tick later.
+            self.exchange(now_ms);
+        }
         self.publish();
         true
     }

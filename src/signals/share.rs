@@ -15,7 +15,7 @@
 //!   cannot reach a pod, a new replica, or a Redis that does not answer
 //!   falls back to what happens without sharing.
 //! - **The exchange.** One pipelined call per interval through the sync
-//!   bridge: `HSET key <replica> <own records>`, `PEXPIRE key`, `HDEL` of
+//!   bridge, sent as soon as this replica's scrape round has completed: `HSET key <replica> <own records>`, `PEXPIRE key`, `HDEL` of
 //!   fields long dead (bounded), `HGETALL key`. The key is
 //!   `{key_prefix}:{signals}:pods`.
 //! - **The value** of a field is text: `v1 <written unix ms>` on the first
@@ -149,16 +149,19 @@ impl Share {
             .filter(move |r| now_ms.saturating_sub(r.at_ms) <= self.stale_ms)
     }
 
-    /// Whether an exchange is due (once per interval; a call unanswered
-    /// after `timeout_ms` is given up).
-    pub fn due(&mut self, now_ms: u64, timeout_ms: u64) -> bool {
+    /// Whether an exchange is due: at once when this replica's scrape
+    /// round has just completed (`round_done`: its records are fresh), else
+    /// an interval after the last one (a round slowed by timeouts). No
+    /// second call while one is in flight; one unanswered after
+    /// `timeout_ms` is given up.
+    pub fn due(&mut self, now_ms: u64, timeout_ms: u64, round_done: bool) -> bool {
         if let Some((_, sent)) = self.in_flight {
             if now_ms.saturating_sub(sent) <= timeout_ms {
                 return false;
             }
             self.in_flight = None;
         }
-        if now_ms < self.next_ms {
+        if !round_done && now_ms < self.next_ms {
             return false;
         }
         self.next_ms = now_ms + self.interval_ms;

@@ -199,16 +199,20 @@ fn failed_or_hostile_exchanges_change_nothing_and_never_panic() {
 }
 
 #[test]
-fn an_exchange_is_due_once_per_interval_and_a_lost_call_is_given_up() {
+fn an_exchange_follows_each_scrape_round_or_an_interval_and_a_lost_call_is_given_up() {
     let mut a = Share::new("a", "p", 250, STALE);
-    assert!(a.due(0, 1000));
+    assert!(a.due(0, 1000, false));
     a.request(&[], 0, None);
-    assert!(!a.due(300, 1000), "in flight");
-    assert!(a.due(1001, 1000), "given up after the timeout");
+    assert!(!a.due(300, 1000, true), "in flight");
+    assert!(a.due(1001, 1000, false), "given up after the timeout");
     a.request(&[], 1001, None);
     a.on_reply(Some(&reply(&[], false)), 1002).unwrap();
-    assert!(!a.due(1100, 1000));
-    assert!(a.due(1251, 1000));
+    assert!(!a.due(1100, 1000, false));
+    assert!(a.due(1110, 1000, true), "a completed round goes at once");
+    a.request(&[], 1110, None);
+    a.on_reply(Some(&reply(&[], false)), 1112).unwrap();
+    assert!(!a.due(1300, 1000, false));
+    assert!(a.due(1361, 1000, false), "an interval after the last");
 }
 
 #[test]

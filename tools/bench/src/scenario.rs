@@ -42,6 +42,9 @@ pub enum Router {
     Filter3Sync,
     /// Three `sync.yaml` Envoys + Redis, write-through.
     Filter3WriteThrough,
+    /// Three `sync.yaml` Envoys + Redis, periodic sync, pod scrapes shared
+    /// through Redis (`signals.share`).
+    Filter3Share,
     /// sglang-router `--policy cache_aware`.
     Sglang,
     /// vllm-router `--policy cache_aware`.
@@ -49,13 +52,14 @@ pub enum Router {
 }
 
 impl Router {
-    pub const ALL: [Router; 8] = [
+    pub const ALL: [Router; 9] = [
         Router::RoundRobin,
         Router::Filter,
         Router::FilterAibrix,
         Router::Filter3NoSync,
         Router::Filter3Sync,
         Router::Filter3WriteThrough,
+        Router::Filter3Share,
         Router::Sglang,
         Router::Vllm,
     ];
@@ -69,6 +73,7 @@ impl Router {
             Router::Filter3NoSync => "filter-3x-nosync",
             Router::Filter3Sync => "filter-3x-sync",
             Router::Filter3WriteThrough => "filter-3x-wt",
+            Router::Filter3Share => "filter-3x-share",
             Router::Sglang => "sglang",
             Router::Vllm => "vllm",
         }
@@ -95,6 +100,10 @@ impl Router {
             Router::Filter3WriteThrough => format!(
                 "3 Envoys with the filter + Redis, write-through (period {sync_period_ms} ms, \
                  3 x sync.yaml), client round robin"
+            ),
+            Router::Filter3Share => format!(
+                "3 Envoys with the filter + Redis, periodic sync every {sync_period_ms} ms, pod \
+                 scrapes shared through Redis (3 x sync.yaml, signals.share), client round robin"
             ),
             Router::Sglang => "sglang-router 0.3.2 --policy cache_aware".into(),
             Router::Vllm => "vllm-router 0.1.17 --policy cache_aware".into(),
@@ -144,6 +153,7 @@ impl Router {
                 | Router::Filter3NoSync
                 | Router::Filter3Sync
                 | Router::Filter3WriteThrough
+                | Router::Filter3Share
         )
     }
 }
@@ -277,14 +287,17 @@ impl Gateway {
                 gw.envoys
                     .extend(launch_all(dir, specs)?.into_iter().map(|r| r.envoy));
             }
-            Router::Filter3Sync | Router::Filter3WriteThrough => {
+            Router::Filter3Sync | Router::Filter3WriteThrough | Router::Filter3Share => {
                 let redis_port = harness::free_port();
                 gw.redis = Some(Redis::start(dir, redis_port, None));
                 let write_through = router == Router::Filter3WriteThrough;
-                let patch = sync_patch(
+                let mut patch = sync_patch(
                     opts.sync_period_ms,
                     json!({"write_through": write_through, "full_scan_every": 6}),
                 );
+                if router == Router::Filter3Share {
+                    patch["signals"] = json!({"share": true});
+                }
                 let specs = (0..3)
                     .map(|i| {
                         spec(&format!("sync-{i}"), "sync.yaml", opts.replica_concurrency)
@@ -557,7 +570,7 @@ mod tests {
             assert_eq!(Router::parse(r.key()), Some(r));
             assert_eq!(serde_json::to_value(r).unwrap(), json!(r.key()));
         }
-        assert_eq!(parse_routers("all").unwrap().len(), 8);
+        assert_eq!(parse_routers("all").unwrap().len(), 9);
         assert_eq!(
             parse_routers("round-robin,filter").unwrap(),
             vec![Router::RoundRobin, Router::Filter]

@@ -227,7 +227,7 @@ pub struct CompareCli {
     #[arg(long, default_value = "all")]
     pub workloads: String,
     /// Routers, comma-separated: round-robin, filter, filter-aibrix,
-    /// filter-3x-nosync, filter-3x-sync, filter-3x-wt, sglang, vllm, or all.
+    /// filter-3x-nosync, filter-3x-sync, filter-3x-wt, filter-3x-share, sglang, vllm, or all.
     #[arg(long, default_value = "all")]
     pub routers: String,
     /// Simulated pods (1 to 4).
@@ -1298,7 +1298,11 @@ pub fn targets(results: &[WorkloadResult]) -> Vec<Target> {
     if let Some(w) = find(WorkloadKind::NoSharing) {
         let p99 = |r: Router| w.get(r).and_then(|s| s.ttft_ms).map(|t| t.p99);
         let one = p99(Router::Filter);
-        for r in [Router::Filter3Sync, Router::Filter3WriteThrough] {
+        for r in [
+            Router::Filter3Sync,
+            Router::Filter3WriteThrough,
+            Router::Filter3Share,
+        ] {
             let three = p99(r);
             out.push(target(
                 &format!("no sharing: {} TTFT p99 <= 1.1 x one Envoy's", r.key()),
