@@ -192,12 +192,7 @@ impl SignalService {
             .as_deref()
             .map(|pw| (sync.auth_username.as_deref(), pw));
         let body = share.request(&own, now_ms, auth);
-        let headers = vec![
-            (":method", "POST"),
-            (":path", sync.bridge_path.as_str()),
-            (":authority", sync.bridge_authority.as_str()),
-            ("content-type", "application/octet-stream"),
-        ];
+        let headers = super::sync_service::bridge_headers(sync);
         let timeout = Duration::from_millis(timeout_ms);
         match hostcalls::dispatch_http_call(
             &sync.bridge_cluster,

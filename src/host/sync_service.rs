@@ -323,12 +323,7 @@ impl SyncState {
         self.last_probe_ms = now;
         let s = &self.settings.sync;
         let (body, expected) = probe::body(s);
-        let headers = vec![
-            (":method", "POST"),
-            (":path", s.bridge_path.as_str()),
-            (":authority", s.bridge_authority.as_str()),
-            ("content-type", "application/octet-stream"),
-        ];
+        let headers = bridge_headers(s);
         let timeout = Duration::from_millis(PROBE_FAILING_MS);
         if let Ok(token) =
             hostcalls::dispatch_http_call(&s.bridge_cluster, headers, Some(&body), vec![], timeout)
@@ -376,12 +371,7 @@ impl SyncState {
         // abandons a whole cycle after op_timeout_ms.
         let timeout = Duration::from_millis(s.op_timeout_ms.clamp(1, CALL_TIMEOUT_MS));
         while let Some(call) = pending.pop() {
-            let mut headers = vec![
-                (":method", "POST"),
-                (":path", s.bridge_path.as_str()),
-                (":authority", s.bridge_authority.as_str()),
-                ("content-type", "application/octet-stream"),
-            ];
+            let mut headers = bridge_headers(s);
             // Cluster mode: the bridge's ORIGINAL_DST upstream connects to
             // the node named here.
             if let Some(node) = call.node.as_deref() {
@@ -536,4 +526,15 @@ impl SyncMetrics {
             let _ = hostcalls::record_metric(self.rtt_ms, *rtt);
         }
     }
+}
+
+/// Headers of a call to the Redis bridge (a POST of a raw RESP pipeline);
+/// cluster mode adds the node header.
+pub(super) fn bridge_headers(s: &crate::sync::SyncSettings) -> Vec<(&str, &str)> {
+    vec![
+        (":method", "POST"),
+        (":path", s.bridge_path.as_str()),
+        (":authority", s.bridge_authority.as_str()),
+        ("content-type", "application/octet-stream"),
+    ]
 }

@@ -20,8 +20,8 @@
 //!   `{key_prefix}:{signals}:pods`.
 //! - **The value** of a field is text: `v1 <written unix ms>` on the first
 //!   line, then one line per pod, `<host:port> <age ms> <waiting> <running>
-//!   <kv permille or ->`. About 30 bytes a pod: the reply of a fleet of
-//!   1,500 pods fits the bridge's 64 KB; a larger or malformed reply is an
+//!   <kv permille or ->`. About 30-40 bytes a pod: the reply of a fleet
+//!   of some 1,600 pods fits the bridge's 64 KB; a larger or malformed reply is an
 //!   exchange failure (counted), not a partial read.
 //!
 //! Pure: the host sends [`Share::request`] and feeds the reply to
@@ -178,10 +178,7 @@ impl Share {
     ) -> Vec<u8> {
         let mut p = Pipeline::new();
         if let Some((user, password)) = auth {
-            match user {
-                Some(u) => p.push(&[b"AUTH", u.as_bytes(), password.as_bytes()]),
-                None => p.push(&[b"AUTH", password.as_bytes()]),
-            }
+            crate::sync::cmd::auth(&mut p, user, password);
         }
         let value = encode(own, now_ms);
         let key = self.key.as_bytes();

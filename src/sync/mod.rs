@@ -31,7 +31,7 @@
 //! half period, so a change reaches peers in about period/2 + `poll_ms`
 //! (rules in [`SyncEngine::tick`]).
 
-mod cmd;
+pub(crate) mod cmd;
 pub(crate) mod engine;
 pub(crate) mod error;
 pub(crate) mod foreign;
