@@ -482,11 +482,7 @@ impl Scraper {
 
     /// Pods with good signals now (own or shared).
     pub fn good(&self) -> usize {
-        if self.remote.is_empty() {
-            self.records.len()
-        } else {
-            self.merged().len()
-        }
+        self.merged().len()
     }
 }
 

@@ -204,17 +204,17 @@ impl SignalService {
             Ok(token) => self.share_token = Some(token),
             Err(status) => {
                 let why = format!("cannot call cluster {} ({status:?})", sync.bridge_cluster);
-                self.shared_reply(None, now_ms, &why);
+                self.shared_reply(Err(&why), now_ms);
             }
         }
     }
 
-    /// An exchange's reply (None: the call failed, `why` says how).
-    fn shared_reply(&mut self, reply: Option<&[u8]>, now_ms: u64, why: &str) {
+    /// An exchange's reply, or why the call failed.
+    fn shared_reply(&mut self, reply: Result<&[u8], &str>, now_ms: u64) {
         let Some(share) = self.share.as_mut() else {
             return;
         };
-        match share.on_reply(reply, now_ms) {
+        match share.on_reply(reply.ok(), now_ms) {
             Ok(peers) => {
                 let _ = hostcalls::increment_metric(self.shared, 1);
                 let _ = hostcalls::record_metric(self.share_peers, peers as u64);
@@ -229,11 +229,7 @@ impl SignalService {
                 let _ = hostcalls::increment_metric(self.share_failures, 1);
                 if !self.share_failing {
                     self.share_failing = true;
-                    let why = if reply.is_none() {
-                        why.to_string()
-                    } else {
-                        e.to_string()
-                    };
+                    let why = reply.err().map_or_else(|| e.to_string(), str::to_string);
                     log::warn!(
                         "prefix_router signals: sharing through Redis failed ({why}); every pod is scraped here until it works"
                     );
@@ -276,10 +272,7 @@ impl SignalService {
                 .unwrap_or_default()),
                 Err(e) => Err(e.to_string()),
             };
-            match &reply {
-                Ok(body) => self.shared_reply(Some(body), now_ms, ""),
-                Err(why) => self.shared_reply(None, now_ms, why),
-            }
+            self.shared_reply(reply.as_deref().map_err(String::as_str), now_ms);
             self.publish();
             return true;
         }

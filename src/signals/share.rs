@@ -256,14 +256,11 @@ impl Share {
             }
         }
         // Bounded: the freshest writers are kept.
-        while peers.len() > MAX_PEERS {
-            let oldest = peers
-                .iter()
-                .min_by_key(|(_, at)| **at)
-                .map(|(n, _)| n.clone());
-            if let Some(n) = oldest {
-                peers.remove(&n);
-            }
+        if peers.len() > MAX_PEERS {
+            let mut by_age: Vec<(String, u64)> = peers.into_iter().collect();
+            by_age.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
+            by_age.truncate(MAX_PEERS);
+            peers = by_age.into_iter().collect();
         }
         self.peers = peers;
         self.remote = remote;

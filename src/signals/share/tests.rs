@@ -233,3 +233,21 @@ fn the_request_authenticates_first_and_ends_with_hgetall() {
     r.extend(reply(&[], false));
     assert_eq!(a.on_reply(Some(&r), 10), Ok(0));
 }
+
+#[test]
+fn at_most_max_peers_are_remembered_the_freshest_kept() {
+    let mut a = Share::new("a", "p", 250, STALE);
+    let now = 10_000;
+    let n = MAX_PEERS + 44;
+    let values: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|i| (format!("r{i}"), encode(&[], now - i as u64)))
+        .collect();
+    let fields: Vec<(&str, Vec<u8>)> = values
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    a.request(&[], now, None);
+    assert_eq!(a.on_reply(Some(&reply(&fields, false)), now), Ok(MAX_PEERS));
+    assert!(a.peers.contains_key("r0"));
+    assert!(!a.peers.contains_key(&format!("r{}", n - 1)));
+}
