@@ -235,6 +235,7 @@ impl Worker {
         let gone = plan.past(learned);
         let table = PrefixTable::new(host, self.router.table_config());
         let o = table.forget(&gone, plan.model, plan.pod, MAX_FORGET_BUCKETS);
+        self.router.forget_copies(&gone);
         m.inc(Count::FeedbackEvictionsLearned);
         m.add(Count::FeedbackRecordsRemoved, u64::from(o.removed));
         m.add(Count::CasRetries, u64::from(o.cas_retries));
@@ -302,7 +303,8 @@ impl Worker {
         }
     }
 
-    /// The worker's tick: refreshes the fleet view, exchanges in-flight
+    /// The worker's tick: ages this VM's bucket copies (see
+    /// [`crate::route::mirror`]), refreshes the fleet view, exchanges in-flight
     /// counts with the other VMs (and sets the in-flight gauges), flushes
     /// the stats; with sync on, reports the singleton's liveness once a
     /// second.
@@ -311,6 +313,7 @@ impl Worker {
         self.ticks.set(tick.wrapping_add(1));
         let now_nanos = host.now_nanos();
         self.tick_nanos.set(now_nanos);
+        self.router.tick_copies();
         self.refresh_fleet(host, tick, secs(now_nanos));
         self.exchange_load(host, now_nanos / 1_000_000);
         if self.settings().signals.enabled {

@@ -14,6 +14,7 @@ pub(crate) mod feedback;
 pub mod hashing;
 pub mod load;
 pub mod meter;
+pub(crate) mod mirror;
 pub(crate) mod policy;
 pub mod registry;
 pub mod request;

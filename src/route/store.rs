@@ -108,47 +108,6 @@ where
     Err(StoreError::CasMismatch)
 }
 
-/// A [`SharedStore`] view that remembers the last value read of each key
-/// and hands it to the next read of that key once: a read-modify-write
-/// right after a probe read of the same bucket then costs one hostcall
-/// instead of two. A stale remembered value is harmless: its cas no longer
-/// matches, the write fails and [`cas_update`]'s retry reads the store.
-/// Writes forget the key. For one routing decision only (bounded by its
-/// reads).
-pub(crate) struct ReadOnce<'s, S: SharedStore + ?Sized> {
-    store: &'s S,
-    remembered: std::cell::RefCell<Vec<(String, Versioned)>>,
-}
-
-impl<'s, S: SharedStore + ?Sized> ReadOnce<'s, S> {
-    pub(crate) fn new(store: &'s S) -> Self {
-        Self {
-            store,
-            remembered: std::cell::RefCell::new(Vec::new()),
-        }
-    }
-}
-
-impl<S: SharedStore + ?Sized> SharedStore for ReadOnce<'_, S> {
-    fn get(&self, key: &str) -> Result<Versioned, StoreError> {
-        let mut remembered = self.remembered.borrow_mut();
-        if let Some(i) = remembered.iter().position(|(k, _)| k == key) {
-            return Ok(remembered.swap_remove(i).1);
-        }
-        drop(remembered);
-        let v = self.store.get(key)?;
-        self.remembered
-            .borrow_mut()
-            .push((key.to_string(), v.clone()));
-        Ok(v)
-    }
-
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-        self.remembered.borrow_mut().retain(|(k, _)| k != key);
-        self.store.set(key, value, cas)
-    }
-}
-
 /// In-memory [`SharedStore`] with Envoy's cas semantics, for tests and
 /// host-side tools (the `testkit` feature). `interfere` lets a test slip a
 /// concurrent write in between a reader's get and its conditional set.
@@ -299,29 +258,6 @@ mod tests {
             (3 + 1, 2 + 1),
             "a create is one get and one set"
         );
-    }
-
-    #[test]
-    fn read_once_serves_a_probe_read_to_the_next_update_only_once() {
-        let s = MemStore::new();
-        s.set("k", b"1", None).unwrap();
-        let r = ReadOnce::new(&s);
-        assert_eq!(r.get("k").unwrap().0.as_deref(), Some(&b"1"[..]));
-        let before = s.op_counts();
-        cas_update(&r, "k", 3, |_| Some(b"2".to_vec())).unwrap();
-        assert_eq!(s.op_counts().0, before.0, "the update reused the read");
-        // A value changed behind the remembered read: the write fails on
-        // its cas and the retry reads the store.
-        assert_eq!(r.get("k").unwrap().0.as_deref(), Some(&b"2"[..]));
-        s.set("k", b"3", None).unwrap();
-        let o = cas_update(&r, "k", 3, |cur| {
-            let mut v = cur.unwrap().to_vec();
-            v.push(b'+');
-            Some(v)
-        })
-        .unwrap();
-        assert_eq!(o.retries, 1);
-        assert_eq!(s.get("k").unwrap().0.as_deref(), Some(&b"3+"[..]));
     }
 
     #[test]

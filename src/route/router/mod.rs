@@ -25,12 +25,13 @@ use crate::rng::SplitMix64;
 use crate::route::feedback::Plan;
 use crate::route::hashing::BlockHasher;
 use crate::route::load::{PodLatency, VmLoad};
+use crate::route::mirror::{Mirror, Mirrored};
 use crate::route::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
 };
 use crate::route::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
 use crate::route::request::PromptRequest;
-use crate::route::store::{ReadOnce, SharedStore, StoreError};
+use crate::route::store::{SharedStore, StoreError};
 use crate::route::table::{anchor_of, Layout, PrefixTable, TableConfig, WriteOutcome};
 use crate::signals::SignalView;
 
@@ -119,6 +120,8 @@ pub struct Router {
     /// (model, first block) -> sampled index where the longest match ended
     /// last time: the probe starts there (see [`longest_matches`]).
     hints: RefCell<HashMap<(u16, u64), u32>>,
+    /// This VM's bucket copies and its hits' held writes.
+    mirror: RefCell<Mirror>,
 }
 
 impl Router {
@@ -142,6 +145,7 @@ impl Router {
             demand: RefCell::new(Demand::default()),
             latency: RefCell::new(PodLatency::default()),
             hints: RefCell::new(HashMap::new()),
+            mirror: RefCell::new(Mirror::default()),
             settings,
         }
     }
@@ -298,9 +302,9 @@ impl Router {
             .iter()
             .map(|&i| anchor_of(hashes[self.layout.anchor_position(i, dense)]))
             .collect();
-        // The write after the probe reuses its reads of the same buckets.
-        let cached = ReadOnce::new(store);
-        let table = PrefixTable::new(&cached, self.table);
+        // Reads come from this VM's copies where they can; the write after
+        // the probe reuses its reads of the same buckets.
+        let mirrored = Mirrored::new(&self.mirror, store, self.table, now_secs);
         let mut share = None;
         let (matches, probes) = match model {
             Some(m) => {
@@ -308,14 +312,13 @@ impl Router {
                 share = self.demand.borrow_mut().count(key);
                 let hint = self.hints.borrow().get(&key).copied();
                 let found = longest_matches(
-                    &table,
+                    &mirrored,
                     &Probe {
                         hashes: &hashes,
                         positions: &positions,
                         anchors: &anchors,
                         model: m,
                         pool,
-                        now: now_secs,
                         hint: hint.map(|h| h as usize),
                     },
                 )?;
@@ -390,20 +393,23 @@ impl Router {
         // The held blocks of the segment the new ones start in are written
         // again with them (same bucket, no extra call): a shared prefix
         // then stays as recent as the unique tails that follow it, and the
-        // bucket's LRU evicts old tails, not the prefix.
-        let dense = self.settings.dense_prefix_blocks as usize;
-        let fresh = positions
-            .iter()
-            .find(|&&i| i >= fresh)
-            .map_or(fresh, |&i| fresh.min(self.layout.anchor_position(i, dense)));
-        let recorded: Vec<(u64, u32)> = positions
-            .iter()
-            .zip(&anchors)
-            .filter(|(&i, _)| i >= fresh)
-            .map(|(&i, &a)| (hashes[i], a))
-            .collect();
+        // bucket's LRU evicts old tails, not the prefix. Only that
+        // segment's: held blocks of other segments would cost a read each.
+        let first_new = positions.iter().position(|&i| i >= fresh);
+        let recorded: Vec<(u64, u32)> = match first_new {
+            Some(k) => positions
+                .iter()
+                .zip(&anchors)
+                .enumerate()
+                .filter(|&(j, (_, &a))| j >= k || a == anchors[k])
+                .map(|(_, (&i, &a))| (hashes[i], a))
+                .collect(),
+            None => Vec::new(),
+        };
         let write = match model {
-            Some(m) => table.record(&recorded, m, choice.pod, now_secs),
+            Some(m) => {
+                PrefixTable::new(&mirrored, self.table).record(&recorded, m, choice.pod, now_secs)
+            }
             None => WriteOutcome::default(),
         };
         self.load.borrow_mut().add(choice.pod, 1);
@@ -434,6 +440,25 @@ impl Router {
             write,
             feedback,
         })
+    }
+
+    /// The worker's tick for this VM's bucket copies (they age out).
+    pub fn tick_copies(&self) {
+        self.mirror.borrow_mut().tick();
+    }
+
+    /// Copies this VM keeps.
+    #[cfg(test)]
+    pub(crate) fn copies(&self) -> usize {
+        self.mirror.borrow().len()
+    }
+
+    /// Drops this VM's copies of the buckets of `blocks` (hash, anchor):
+    /// their records were just removed from shared data.
+    pub(crate) fn forget_copies(&self, blocks: &[(u64, u32)]) {
+        self.mirror
+            .borrow_mut()
+            .forget(&self.table, blocks.iter().map(|&(_, a)| a));
     }
 
     /// Forgets where the longest match of (model, first block) ended: the

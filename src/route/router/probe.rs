@@ -1,10 +1,13 @@
 //! The probe: how far each pod's cached prefix reaches, found by galloping
 //! then bisecting over the sampled positions, one table read per segment
-//! (see the module docs of [`super`]).
+//! (see the module docs of [`super`]). Segments come from the VM's copies
+//! when it has them; a copy's "not held" is confirmed by a read of shared
+//! data before it counts (see [`crate::route::mirror`]).
 
+use crate::route::mirror::Mirrored;
 use crate::route::registry::PodSlot;
 use crate::route::store::{SharedStore, StoreError};
-use crate::route::table::{PrefixTable, Record};
+use crate::route::table::Record;
 
 use super::MAX_PROBES;
 
@@ -46,7 +49,6 @@ pub(super) struct Probe<'a> {
     pub(super) anchors: &'a [u32],
     pub(super) model: u16,
     pub(super) pool: &'a [PodSlot],
-    pub(super) now: u32,
     /// Sampled index where the longest match ended last time for this first
     /// block: probed first, with the index after it. A repeated prefix (a
     /// system prompt) is then confirmed in three reads instead of a gallop.
@@ -56,9 +58,16 @@ pub(super) struct Probe<'a> {
 /// For each pod of `pool` holding the first sampled block, how many leading
 /// blocks it holds, by galloping then bisecting over the sampled positions
 /// (from the hint when there is one). Returns the matches and the number of
-/// table reads made.
+/// segment reads made (from copies or shared data).
+///
+/// Segments come from the VM's copies where it has them. A copy's "not
+/// held" is confirmed by a read of shared data where it decides the route:
+/// when no pod holds the first block (the prefix may be new to this VM
+/// only), and where the longest match ends (another VM may have recorded
+/// more of the prompt on that pod since). The other pods' shorter matches
+/// are taken from the copies as they are.
 pub(super) fn longest_matches<S: SharedStore + ?Sized>(
-    table: &PrefixTable<'_, S>,
+    table: &Mirrored<'_, S>,
     p: &Probe<'_>,
 ) -> Result<(Vec<PodMatch>, usize), StoreError> {
     if p.positions.is_empty() {
@@ -70,74 +79,39 @@ pub(super) fn longest_matches<S: SharedStore + ?Sized>(
         positions: p.positions,
         anchors: p.anchors,
         model: p.model,
-        now: p.now,
         memo: vec![None; p.positions.len()],
         segments: Vec::new(),
         probes: 0,
+        confirming: false,
     };
-    // Which pods hold the first sampled block at all.
-    let first: Vec<(PodSlot, u32)> = probe
-        .pods_at(0)?
-        .map(|held| {
-            held.iter()
-                .copied()
-                .filter(|(pod, _)| p.pool.contains(pod))
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut first = probe.pool_pods_at(0, p.pool)?;
+    if first.is_empty() && probe.confirm(0)? {
+        first = probe.pool_pods_at(0, p.pool)?;
+    }
     let n = p.positions.len();
     let mut matches = Vec::with_capacity(first.len());
     for (pod, first_seen) in first {
-        let mut oldest = first_seen;
-        let (mut lo, mut hi) = (0usize, n);
-        // Start at the hint: held there -> search above it, else below.
-        if let Some(h) = p.hint.filter(|&h| h > 0 && h < n) {
-            match probe.held_since(h, pod)? {
-                Held::Since(t) => {
-                    oldest = oldest.min(t);
-                    lo = h;
-                }
-                Held::No => hi = h,
-                Held::OutOfBudget => {}
-            }
-        }
-        // Gallop: double the stride while the pod still holds the block.
-        let mut step = 1;
-        while lo + step < hi {
-            match probe.held_since(lo + step, pod)? {
-                Held::Since(t) => {
-                    oldest = oldest.min(t);
-                    lo += step;
-                    step *= 2;
-                }
-                Held::No => {
-                    hi = lo + step;
-                    break;
-                }
-                Held::OutOfBudget => {
-                    hi = lo + 1;
-                    break;
-                }
-            }
-        }
-        // Bisect (lo holds, hi does not or is the end).
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            match probe.held_since(mid, pod)? {
-                Held::Since(t) => {
-                    oldest = oldest.min(t);
-                    lo = mid;
-                }
-                Held::No => hi = mid,
-                Held::OutOfBudget => break,
-            }
-        }
+        let (lo, oldest) = probe.search(pod, 0, first_seen, p.hint)?;
         matches.push(PodMatch {
             pod,
             blocks: (p.positions[lo] + 1) as u32,
             oldest_access: oldest,
             last_index: lo,
         });
+    }
+    // Where the longest match ends, a copy's "no" is read again; if the
+    // pod holds more, the search goes on from there, reading what it needs.
+    let best = matches.iter().map(|m| m.last_index).max();
+    if let Some(best) = best.filter(|&b| b + 1 < n) {
+        if probe.confirm(best + 1)? {
+            probe.confirming = true;
+            for m in matches.iter_mut().filter(|m| m.last_index == best) {
+                let (lo, oldest) = probe.search(m.pod, best, m.oldest_access, None)?;
+                m.blocks = (p.positions[lo] + 1) as u32;
+                m.oldest_access = oldest;
+                m.last_index = lo;
+            }
+        }
     }
     Ok((matches, probe.probes))
 }
@@ -156,33 +130,92 @@ enum Held {
 /// Memoized table reads: one read per anchor (segment) answers every
 /// sampled position in it; reads are capped at [`MAX_PROBES`].
 struct Prober<'a, 't, S: SharedStore + ?Sized> {
-    table: &'a PrefixTable<'t, S>,
+    table: &'a Mirrored<'t, S>,
     hashes: &'a [u64],
     positions: &'a [usize],
     anchors: &'a [u32],
     model: u16,
-    now: u32,
     memo: Vec<Option<Vec<(PodSlot, u32)>>>,
-    /// The model's live records per anchor read so far.
-    segments: Vec<(u32, Vec<Record>)>,
+    /// The model's live records per anchor read so far, and whether they
+    /// were read from shared data during this request (else a copy).
+    segments: Vec<(u32, Vec<Record>, bool)>,
     probes: usize,
+    /// Whether a copy's "not held" is confirmed by a read as it is met.
+    confirming: bool,
 }
 
 impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
+    /// How far `pod` holds the prompt, knowing it holds sampled index `lo`
+    /// (last accessed no earlier than `oldest`): gallop then bisect, from
+    /// the hint when there is one. Returns the last held index and the
+    /// oldest access met.
+    fn search(
+        &mut self,
+        pod: PodSlot,
+        mut lo: usize,
+        mut oldest: u32,
+        hint: Option<usize>,
+    ) -> Result<(usize, u32), StoreError> {
+        let mut hi = self.positions.len();
+        // Start at the hint: held there -> search above it, else below.
+        if let Some(h) = hint.filter(|&h| h > lo && h < hi) {
+            match self.held_since(h, pod)? {
+                Held::Since(t) => {
+                    oldest = oldest.min(t);
+                    lo = h;
+                }
+                Held::No => hi = h,
+                Held::OutOfBudget => {}
+            }
+        }
+        // Gallop: double the stride while the pod still holds the block.
+        let mut step = 1;
+        while lo + step < hi {
+            match self.held_since(lo + step, pod)? {
+                Held::Since(t) => {
+                    oldest = oldest.min(t);
+                    lo += step;
+                    step *= 2;
+                }
+                Held::No => {
+                    hi = lo + step;
+                    break;
+                }
+                Held::OutOfBudget => {
+                    hi = lo + 1;
+                    break;
+                }
+            }
+        }
+        // Bisect (lo holds, hi does not or is the end).
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            match self.held_since(mid, pod)? {
+                Held::Since(t) => {
+                    oldest = oldest.min(t);
+                    lo = mid;
+                }
+                Held::No => hi = mid,
+                Held::OutOfBudget => break,
+            }
+        }
+        Ok((lo, oldest))
+    }
+
     /// Pods (with last access) holding the block at sampled index `idx`;
     /// None once the probe budget is spent.
     fn pods_at(&mut self, idx: usize) -> Result<Option<&[(PodSlot, u32)]>, StoreError> {
         if self.memo[idx].is_none() {
             let anchor = self.anchors[idx];
-            let seg = match self.segments.iter().position(|(a, _)| *a == anchor) {
+            let seg = match self.segments.iter().position(|(a, _, _)| *a == anchor) {
                 Some(seg) => seg,
                 None => {
                     if self.probes >= MAX_PROBES {
                         return Ok(None);
                     }
                     self.probes += 1;
-                    let records = self.table.segment(anchor, self.model, self.now)?;
-                    self.segments.push((anchor, records));
+                    let (records, current) = self.table.segment(anchor, self.model, true)?;
+                    self.segments.push((anchor, records, current));
                     self.segments.len() - 1
                 }
             };
@@ -198,14 +231,62 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
         Ok(self.memo[idx].as_deref())
     }
 
+    /// Pods of `pool` holding the block at sampled index `idx`, with their
+    /// last access; empty once the probe budget is spent.
+    fn pool_pods_at(
+        &mut self,
+        idx: usize,
+        pool: &[PodSlot],
+    ) -> Result<Vec<(PodSlot, u32)>, StoreError> {
+        Ok(self
+            .pods_at(idx)?
+            .map(|held| {
+                held.iter()
+                    .copied()
+                    .filter(|(pod, _)| pool.contains(pod))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Reads the segment of sampled index `idx` from shared data when what
+    /// the probe has of it came from a copy; true when it did (the answers
+    /// of that segment are recomputed), false when they were current
+    /// already or the budget is spent.
+    fn confirm(&mut self, idx: usize) -> Result<bool, StoreError> {
+        let anchor = self.anchors[idx];
+        let Some(seg) = self.segments.iter().position(|(a, _, _)| *a == anchor) else {
+            return Ok(false);
+        };
+        if self.segments[seg].2 || self.probes >= MAX_PROBES {
+            return Ok(false);
+        }
+        self.probes += 1;
+        let (records, _) = self.table.segment(anchor, self.model, false)?;
+        self.segments[seg] = (anchor, records, true);
+        for (i, a) in self.anchors.iter().enumerate() {
+            if *a == anchor {
+                self.memo[i] = None;
+            }
+        }
+        Ok(true)
+    }
+
     /// Whether `pod` holds the block at sampled index `idx`, and since when.
+    /// While `confirming`, a copy's "no" is confirmed by a read of shared
+    /// data.
     fn held_since(&mut self, idx: usize, pod: PodSlot) -> Result<Held, StoreError> {
-        Ok(match self.pods_at(idx)? {
+        let held = |p: Option<&[(PodSlot, u32)]>| match p {
             None => Held::OutOfBudget,
             Some(p) => match p.iter().find(|(q, _)| *q == pod) {
                 Some(&(_, t)) => Held::Since(t),
                 None => Held::No,
             },
-        })
+        };
+        let first = held(self.pods_at(idx)?);
+        if first == Held::No && self.confirming && self.confirm(idx)? {
+            return Ok(held(self.pods_at(idx)?));
+        }
+        Ok(first)
     }
 }

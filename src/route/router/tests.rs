@@ -325,3 +325,35 @@ fn a_prefix_with_more_traffic_than_one_pod_is_copied_to_a_second_pod() {
     let (lo, hi) = (per_pod.iter().min().unwrap(), per_pod.iter().max().unwrap());
     assert!(f64::from(*hi) / f64::from(*lo) <= 1.5, "{per_pod:?}");
 }
+
+/// A new tail rewrites the held blocks of the segment it starts in, and
+/// none of the dense segments before it (each would cost a read of its
+/// bucket): 48 held blocks, 16 new ones; the tail starts in the segment
+/// of positions 32..=62 (anchored at block 15), the last block is its own.
+#[test]
+fn a_new_tail_rewrites_only_its_own_segments_held_blocks() {
+    let s = MemStore::new();
+    let r = router("");
+    let mut rng = SplitMix64::new(1);
+    let prefix = "p".repeat(4 * 48);
+    let a = r
+        .route(
+            &s,
+            &req(&format!("{prefix}{}", "a".repeat(64))),
+            100,
+            &mut rng,
+        )
+        .unwrap();
+    r.release(a.choice.pod, a.choice.match_percent);
+    let prompt = format!("{prefix}{}", "b".repeat(64));
+    let b = r.route(&s, &req(&prompt), 101, &mut rng).unwrap();
+    assert_eq!(b.choice.pod, a.choice.pod);
+    let hashes = r.hasher.hash(prompt.as_bytes());
+    let want: Vec<u64> = sampled_positions(64, 32)
+        .into_iter()
+        .filter(|&i| i >= 32)
+        .map(|i| hashes[i])
+        .collect();
+    assert_eq!(want.len(), 8);
+    assert_eq!(b.recorded.iter().map(|(h, _)| *h).collect::<Vec<_>>(), want);
+}

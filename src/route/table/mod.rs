@@ -118,6 +118,76 @@ impl TableConfig {
     pub fn capacity(&self) -> u64 {
         u64::from(self.buckets) * self.slots as u64
     }
+
+    /// The bucket that holds the records of `anchor`.
+    pub(crate) fn bucket_of(&self, anchor: u32) -> u32 {
+        anchor % self.buckets
+    }
+
+    /// Whether a record is in use and not past idle expiry at `now`.
+    pub(crate) fn is_live(&self, r: &Record, now: u32) -> bool {
+        r.last_access != 0 && now.saturating_sub(r.last_access) < self.idle_expiry_secs
+    }
+
+    /// Live records of `anchor` for `model` in a bucket value.
+    pub(crate) fn segment_in(
+        &self,
+        value: &[u8],
+        anchor: u32,
+        model: u16,
+        now: u32,
+    ) -> Vec<Record> {
+        let mut records = decode_bucket(value, self.slots);
+        records.retain(|r| self.is_live(r, now) && r.anchor == anchor && r.model == model);
+        records
+    }
+
+    /// Puts one fact into a decoded bucket.
+    fn place(&self, records: &mut Vec<Record>, fact: &Record, now: u32) -> Placed {
+        if let Some(r) = records.iter_mut().find(|r| {
+            r.block == fact.block
+                && r.model == fact.model
+                && r.pod == fact.pod
+                && r.last_access != 0
+        }) {
+            if fact.last_access > r.last_access {
+                r.last_access = fact.last_access;
+                return Placed::Stored;
+            }
+            return Placed::Kept;
+        }
+        if records.len() < self.slots {
+            records.push(*fact);
+            return Placed::Stored;
+        }
+        // Full: reuse an expired slot, else the least recently used one.
+        let victim = records
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, r)| {
+                if self.is_live(r, now) {
+                    u64::from(r.last_access) + 1
+                } else {
+                    0
+                }
+            })
+            .map(|(i, r)| (i, self.is_live(r, now)));
+        match victim {
+            Some((i, live)) => {
+                if live && records[i].last_access >= fact.last_access {
+                    // Everything here is at least as recent as the fact.
+                    return Placed::Refused;
+                }
+                records[i] = *fact;
+                if live {
+                    Placed::Evicted
+                } else {
+                    Placed::Stored
+                }
+            }
+            None => Placed::Refused,
+        }
+    }
 }
 
 /// What one write did, for the stats.
@@ -160,11 +230,11 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
     }
 
     fn bucket_of(&self, anchor: u32) -> u32 {
-        anchor % self.cfg.buckets
+        self.cfg.bucket_of(anchor)
     }
 
     fn is_live(&self, r: &Record, now: u32) -> bool {
-        r.last_access != 0 && now.saturating_sub(r.last_access) < self.cfg.idle_expiry_secs
+        self.cfg.is_live(r, now)
     }
 
     /// Live records of the bucket that holds `anchor` (any anchor in it).
@@ -175,17 +245,18 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         Ok(records)
     }
 
-    /// Live records of one anchor for `model` (one read): what a probe
-    /// needs to answer every position of a segment.
+    /// Live records of one anchor for `model` (one read).
+    #[cfg(test)]
     pub(crate) fn segment(
         &self,
         anchor: u32,
         model: u16,
         now: u32,
     ) -> Result<Vec<Record>, StoreError> {
-        let mut records = self.live_bucket(anchor, now)?;
-        records.retain(|r| r.anchor == anchor && r.model == model);
-        Ok(records)
+        let (value, _) = self.store.get(&bucket_key(self.bucket_of(anchor)))?;
+        Ok(self
+            .cfg
+            .segment_in(value.as_deref().unwrap_or(&[]), anchor, model, now))
     }
 
     /// Pods that hold `block` (anchored at `anchor`) for `model`, with their
@@ -282,7 +353,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
                     refused = 0;
                     let mut changed = false;
                     for (_, fact) in group {
-                        match self.place(&mut records, fact, now) {
+                        match self.cfg.place(&mut records, fact, now) {
                             Placed::Kept => {}
                             Placed::Stored => changed = true,
                             Placed::Evicted => {
@@ -372,56 +443,9 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         }
         out
     }
-
-    /// Puts one fact into a decoded bucket.
-    fn place(&self, records: &mut Vec<Record>, fact: &Record, now: u32) -> Placed {
-        if let Some(r) = records.iter_mut().find(|r| {
-            r.block == fact.block
-                && r.model == fact.model
-                && r.pod == fact.pod
-                && r.last_access != 0
-        }) {
-            if fact.last_access > r.last_access {
-                r.last_access = fact.last_access;
-                return Placed::Stored;
-            }
-            return Placed::Kept;
-        }
-        if records.len() < self.cfg.slots {
-            records.push(*fact);
-            return Placed::Stored;
-        }
-        // Full: reuse an expired slot, else the least recently used one.
-        let victim = records
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, r)| {
-                if self.is_live(r, now) {
-                    u64::from(r.last_access) + 1
-                } else {
-                    0
-                }
-            })
-            .map(|(i, r)| (i, self.is_live(r, now)));
-        match victim {
-            Some((i, live)) => {
-                if live && records[i].last_access >= fact.last_access {
-                    // Everything here is at least as recent as the fact.
-                    return Placed::Refused;
-                }
-                records[i] = *fact;
-                if live {
-                    Placed::Evicted
-                } else {
-                    Placed::Stored
-                }
-            }
-            None => Placed::Refused,
-        }
-    }
 }
 
-/// What [`PrefixTable::place`] did with one fact.
+/// What [`TableConfig::place`] did with one fact.
 enum Placed {
     /// Already held at least as recently.
     Kept,
@@ -432,8 +456,14 @@ enum Placed {
     Refused,
 }
 
-fn bucket_key(bucket: u32) -> String {
+/// The shared-data key of a bucket.
+pub(crate) fn bucket_key(bucket: u32) -> String {
     format!("ptab/{bucket}")
+}
+
+/// The bucket a shared-data key names; None for any other key.
+pub(crate) fn bucket_of_key(key: &str) -> Option<u32> {
+    key.strip_prefix("ptab/")?.parse().ok()
 }
 
 /// Decodes a bucket value of at most `slots` records; unknown versions or
