@@ -450,7 +450,8 @@ fn hostcall_budget_of_one_routed_request() {
     let sys = "You are a careful assistant. Answer briefly and cite sources. ";
     let (new_8k, new_calls) = calls_of(&w, &host, &chat(sys, 8 * 1024, "first"));
     // The first match of a prefix gallops; from then on the VM's hint
-    // confirms it in three reads (a system prompt repeats all day).
+    // confirms it in three segment reads, from the VM's bucket copies
+    // within a second (a system prompt repeats all day).
     let (first_match, _) = calls_of(&w, &host, &chat(sys, 8 * 1024, "second"));
     let (matched_8k, matched_calls) = calls_of(&w, &host, &chat(sys, 8 * 1024, "third"));
     let (new_400k, _) = calls_of(&w, &host, &chat("long context ", 400 * 1024, "q"));
@@ -476,6 +477,23 @@ fn hostcall_budget_of_one_routed_request() {
     );
     assert!(new_8k <= NEW_8K_BUDGET, "new 8 KB: {new_8k} {new_calls:?}");
     assert!(new_400k <= NEW_400K_BUDGET, "new 400 KiB: {new_400k}");
+    // Within a second, a repeated prompt is probed from the VM's copies;
+    // a new question after a known system prompt reads the bucket where
+    // the match ends (its write reuses the read) and the last block's.
+    assert!(
+        !matched_calls.contains_key("get_shared_data"),
+        "{matched_calls:?}"
+    );
+    assert_eq!(
+        question_calls.get("get_shared_data"),
+        Some(&2),
+        "{question_calls:?}"
+    );
+    assert_eq!(
+        question_calls.get("set_shared_data"),
+        Some(&2),
+        "{question_calls:?}"
+    );
     // No stat call on the request path.
     assert!(!matched_calls.contains_key("increment_metric"));
     assert!(!matched_calls.contains_key("record_metric"));

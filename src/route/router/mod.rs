@@ -8,9 +8,10 @@
 //! blocks records ~90), plus the last block. A pod that holds a sampled block
 //! held the whole chain up to it (the hash chain's prefix property), so the
 //! longest match per pod is found by galloping then binary search over the
-//! sampled positions. One shared-data read answers every position of a
-//! segment (see [`crate::route::table::Layout`]), so a probe reads at most
-//! one bucket per segment it visits, capped at [`MAX_PROBES`]. Limits: a
+//! sampled positions. One bucket read answers every position of a segment
+//! (see [`crate::route::table::Layout`]), so a probe reads at most one
+//! bucket per segment it visits (from the VM's copies where it has them,
+//! see [`crate::route::mirror`]), capped at [`MAX_PROBES`]. Limits: a
 //! match is known to the sampled position just below its true end (within
 //! 1/8 of its length past the dense prefix), and an eviction hole inside a
 //! chain can make the search stop early.
@@ -120,7 +121,7 @@ pub struct Router {
     /// (model, first block) -> sampled index where the longest match ended
     /// last time: the probe starts there (see [`longest_matches`]).
     hints: RefCell<HashMap<(u16, u64), u32>>,
-    /// This VM's bucket copies and its hits' held writes.
+    /// This VM's copies of the buckets it used (see [`crate::route::mirror`]).
     mirror: RefCell<Mirror>,
 }
 

@@ -51,7 +51,8 @@ pub(super) struct Probe<'a> {
     pub(super) pool: &'a [PodSlot],
     /// Sampled index where the longest match ended last time for this first
     /// block: probed first, with the index after it. A repeated prefix (a
-    /// system prompt) is then confirmed in three reads instead of a gallop.
+    /// system prompt) is then confirmed in three segment reads instead of a
+    /// gallop.
     pub(super) hint: Option<usize>,
 }
 
