@@ -136,19 +136,16 @@ impl<'a, S: SharedStore + ?Sized> Mirrored<'a, S> {
                 return Ok((records, current));
             }
         }
-        let (value, _) = self.get(&bucket_key(bucket))?;
+        let (value, _) = self.read_bucket(bucket, &bucket_key(bucket))?;
         let records = self
             .cfg
             .segment_in(value.as_deref().unwrap_or(&[]), anchor, model, self.now);
         Ok((records, true))
     }
-}
 
-impl<S: SharedStore + ?Sized> SharedStore for Mirrored<'_, S> {
-    fn get(&self, key: &str) -> Result<Versioned, StoreError> {
-        let Some(bucket) = bucket_of_key(key) else {
-            return self.store.get(key);
-        };
+    /// `bucket` (shared-data key `key`) as read during this request, or
+    /// read now from shared data and kept as a copy.
+    fn read_bucket(&self, bucket: u32, key: &str) -> Result<Versioned, StoreError> {
         if self.read.borrow().contains(&bucket) {
             if let Some(copy) = self.mirror.borrow().copies.get(&bucket) {
                 return Ok((Some(copy.value.clone()), copy.cas));
@@ -163,6 +160,15 @@ impl<S: SharedStore + ?Sized> SharedStore for Mirrored<'_, S> {
             read.push(bucket);
         }
         Ok((value, cas))
+    }
+}
+
+impl<S: SharedStore + ?Sized> SharedStore for Mirrored<'_, S> {
+    fn get(&self, key: &str) -> Result<Versioned, StoreError> {
+        match bucket_of_key(key) {
+            Some(bucket) => self.read_bucket(bucket, key),
+            None => self.store.get(key),
+        }
     }
 
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {

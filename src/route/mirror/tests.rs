@@ -2,26 +2,13 @@
 //! routers) over one in-memory shared store.
 
 use super::*;
-use crate::config::Settings;
 use crate::rng::SplitMix64;
 use crate::route::registry::PodSlot;
-use crate::route::request::PromptRequest;
+use crate::route::router::tests::{req, router as vm};
 use crate::route::router::Router;
 use crate::route::store::{cas_update, MemStore};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
-
-fn vm(extra: &str) -> Router {
-    let cfg = format!(r#"{{"endpoints":["p:1","p:2","p:3"],"block_size":4{extra}}}"#);
-    Router::new(Settings::from_json(cfg.as_bytes()).unwrap())
-}
-
-fn req(prompt: &str) -> PromptRequest {
-    PromptRequest {
-        model: "m".into(),
-        prompt: prompt.as_bytes().to_vec(),
-    }
-}
 
 /// Routes and releases one request; (pod, match percent, (gets, sets) it
 /// made).

@@ -582,4 +582,4 @@ pub use probe::sampled_positions;
 use probe::{longest_matches, Probe};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

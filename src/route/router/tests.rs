@@ -7,12 +7,14 @@ use crate::route::store::MemStore;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-fn router(extra: &str) -> Router {
+/// A router over pods p:1..p:3, 4-byte blocks, and `extra` settings.
+pub(crate) fn router(extra: &str) -> Router {
     let cfg = format!(r#"{{"endpoints":["p:1","p:2","p:3"],"block_size":4{extra}}}"#);
     Router::new(Settings::from_json(cfg.as_bytes()).unwrap())
 }
 
-fn req(prompt: &str) -> PromptRequest {
+/// A request for model `m`.
+pub(crate) fn req(prompt: &str) -> PromptRequest {
     PromptRequest {
         model: "m".into(),
         prompt: prompt.as_bytes().to_vec(),
