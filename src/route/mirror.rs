@@ -7,21 +7,25 @@
 //! work done with what it returns. The rules that keep the table one table:
 //! - A copy is a bucket as this VM last read or wrote it in shared data.
 //!   It is kept [`COPY_TICKS`] worker ticks (1 s), then read again.
-//! - A probe believes a copy when it says a pod holds a block. When it says
-//!   a pod does not, the bucket is read from shared data (at most once per
-//!   request) before that answer counts: a prefix another worker, the sync
-//!   singleton or a replica recorded since is never missed for a copy, and
-//!   a burst of one new prefix over several workers lands on one pod.
+//! - A probe believes a copy when it says a pod holds a block. Where its
+//!   "not held" decides the route, the bucket is read from shared data (at
+//!   most once per request) before that answer counts: when no pod holds
+//!   the first block (a prefix another worker, the sync singleton or a
+//!   replica recorded since is never missed for a copy, and a burst of one
+//!   new prefix over several workers lands on one pod), and where the
+//!   longest match ends (more of the prompt recorded since on that pod is
+//!   followed). See [`crate::route::router`]'s probe.
 //! - Writes go to shared data at once, as before, under CAS, reusing a read
 //!   of the same request; the copy becomes what was written.
 //!
 //! What a copy can hide for up to a second: a record removed since (a
 //! pod's answer showed the prefix evicted on another VM; this VM's own
-//! removals drop its copies), and a pod that also holds the prefix when the
-//! copy already names one (the match then uses the pods the copy names).
+//! removals drop its copies), a pod that also holds the prefix when the
+//! copy already names one (the match then uses the pods the copy names),
+//! and a longer match recorded since on a pod other than the best one.
 //! Idle expiry is applied to copies as to shared data.
 //!
-//! Bounded: at most [`MAX_COPIES`] copies (~1.3 KB each).
+//! Bounded: at most [`MAX_COPIES`] copies (~1.3 KB each, ~330 KB in all).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
