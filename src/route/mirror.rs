@@ -133,8 +133,8 @@ impl<'a, S: SharedStore + ?Sized> Mirrored<'a, S> {
         copy_ok: bool,
     ) -> Result<(Vec<Record>, bool), StoreError> {
         let bucket = self.cfg.bucket_of(anchor);
-        let current = self.read.borrow().contains(&bucket);
-        if copy_ok || current {
+        if copy_ok {
+            let current = self.read.borrow().contains(&bucket);
             if let Some(copy) = self.mirror.borrow().copies.get(&bucket) {
                 let records = self.cfg.segment_in(&copy.value, anchor, model, self.now);
                 return Ok((records, current));

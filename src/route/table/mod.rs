@@ -141,53 +141,6 @@ impl TableConfig {
         records.retain(|r| self.is_live(r, now) && r.anchor == anchor && r.model == model);
         records
     }
-
-    /// Puts one fact into a decoded bucket.
-    fn place(&self, records: &mut Vec<Record>, fact: &Record, now: u32) -> Placed {
-        if let Some(r) = records.iter_mut().find(|r| {
-            r.block == fact.block
-                && r.model == fact.model
-                && r.pod == fact.pod
-                && r.last_access != 0
-        }) {
-            if fact.last_access > r.last_access {
-                r.last_access = fact.last_access;
-                return Placed::Stored;
-            }
-            return Placed::Kept;
-        }
-        if records.len() < self.slots {
-            records.push(*fact);
-            return Placed::Stored;
-        }
-        // Full: reuse an expired slot, else the least recently used one.
-        let victim = records
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, r)| {
-                if self.is_live(r, now) {
-                    u64::from(r.last_access) + 1
-                } else {
-                    0
-                }
-            })
-            .map(|(i, r)| (i, self.is_live(r, now)));
-        match victim {
-            Some((i, live)) => {
-                if live && records[i].last_access >= fact.last_access {
-                    // Everything here is at least as recent as the fact.
-                    return Placed::Refused;
-                }
-                records[i] = *fact;
-                if live {
-                    Placed::Evicted
-                } else {
-                    Placed::Stored
-                }
-            }
-            None => Placed::Refused,
-        }
-    }
 }
 
 /// What one write did, for the stats.
@@ -253,10 +206,9 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         model: u16,
         now: u32,
     ) -> Result<Vec<Record>, StoreError> {
-        let (value, _) = self.store.get(&bucket_key(self.bucket_of(anchor)))?;
-        Ok(self
-            .cfg
-            .segment_in(value.as_deref().unwrap_or(&[]), anchor, model, now))
+        let mut records = self.live_bucket(anchor, now)?;
+        records.retain(|r| r.anchor == anchor && r.model == model);
+        Ok(records)
     }
 
     /// Pods that hold `block` (anchored at `anchor`) for `model`, with their
@@ -353,7 +305,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
                     refused = 0;
                     let mut changed = false;
                     for (_, fact) in group {
-                        match self.cfg.place(&mut records, fact, now) {
+                        match self.place(&mut records, fact, now) {
                             Placed::Kept => {}
                             Placed::Stored => changed = true,
                             Placed::Evicted => {
@@ -443,9 +395,56 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
         }
         out
     }
+
+    /// Puts one fact into a decoded bucket.
+    fn place(&self, records: &mut Vec<Record>, fact: &Record, now: u32) -> Placed {
+        if let Some(r) = records.iter_mut().find(|r| {
+            r.block == fact.block
+                && r.model == fact.model
+                && r.pod == fact.pod
+                && r.last_access != 0
+        }) {
+            if fact.last_access > r.last_access {
+                r.last_access = fact.last_access;
+                return Placed::Stored;
+            }
+            return Placed::Kept;
+        }
+        if records.len() < self.cfg.slots {
+            records.push(*fact);
+            return Placed::Stored;
+        }
+        // Full: reuse an expired slot, else the least recently used one.
+        let victim = records
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, r)| {
+                if self.is_live(r, now) {
+                    u64::from(r.last_access) + 1
+                } else {
+                    0
+                }
+            })
+            .map(|(i, r)| (i, self.is_live(r, now)));
+        match victim {
+            Some((i, live)) => {
+                if live && records[i].last_access >= fact.last_access {
+                    // Everything here is at least as recent as the fact.
+                    return Placed::Refused;
+                }
+                records[i] = *fact;
+                if live {
+                    Placed::Evicted
+                } else {
+                    Placed::Stored
+                }
+            }
+            None => Placed::Refused,
+        }
+    }
 }
 
-/// What [`TableConfig::place`] did with one fact.
+/// What [`PrefixTable::place`] did with one fact.
 enum Placed {
     /// Already held at least as recently.
     Kept,
