@@ -40,7 +40,8 @@ enum Command {
         rate: f64,
     },
     /// Benchmark: latency and CPU the filter adds above the reference filter
-    /// (reference.yaml: pause, read the body, set one header) and plain Envoy.
+    /// (reference.yaml: pause, read the body, name a pod drawn at random) and
+    /// plain Envoy.
     Overhead {
         /// 8 KB requests per side, each of the matched and new-prefix
         /// workloads (after warmup).
