@@ -2,7 +2,11 @@
 // V8 (the vm-bench crate, wasm32-unknown-unknown). Usage:
 //   node scripts/bench/vm-compute.js <vm_bench.wasm> [requests] [big] [rounds]
 // Prints us per request for parse, parse + hash and parse + route + release
-// on the bodies of `prefix-bench overhead`: the median of `rounds` passes.
+// on the bodies of `prefix-bench overhead`: the median of `rounds` passes
+// (warm: one body after another), then the same one body at a time with the
+// CPU caches flushed before each (cold: a 4 MiB buffer written, about one
+// core's L2 twice over; Envoy's own work between two requests does the
+// same to the filter's code and data), and allocations per request.
 'use strict';
 const fs = require('fs');
 const [wasm, n = '3000', big = '20', rounds = '5'] = process.argv.slice(2);
@@ -37,9 +41,40 @@ for (const [w, st] of order) {
   }
   result[`${w}/${st}`] = median(times);
 }
-console.log(`filter compute under node ${process.version} (V8 ${process.versions.v8}), us per request, median of ${rounds} passes`);
-console.log('| workload | ' + stages.join(' | ') + ' |');
-console.log('|---|' + stages.map(() => '---|').join(''));
-for (let w = 0; w < 3; w++) {
-  console.log(`| ${workloads[w]} | ` + [0, 1, 2].map(st => result[`${w}/${st}`].toFixed(2)).join(' | ') + ' |');
+// Cold: each body alone, after the flush; the median over the bodies.
+const flush = new Float64Array(4 * 1024 * 1024 / 8);
+let sink = 0;
+function evict() {
+  for (let i = 0; i < flush.length; i += 8) flush[i] += 1;
+  sink += flush[0];
 }
+const cold = {};
+const allocs = {};
+for (const [w, st] of order) {
+  const count = e.bodies(w);
+  if (st === 2) e.reset();
+  e.allocations();
+  const times = [];
+  for (let i = 0; i < count; i++) {
+    evict();
+    const t0 = process.hrtime.bigint();
+    const ok = e.run_one(st, w, i);
+    const dt = Number(process.hrtime.bigint() - t0) / 1000;
+    if (ok !== 1) { console.error(`vm-bench: ${workloads[w]} body ${i} failed ${stages[st]}`); process.exit(1); }
+    times.push(dt);
+  }
+  allocs[`${w}/${st}`] = e.allocations() / count;
+  cold[`${w}/${st}`] = median(times);
+}
+function table(title, values, digits) {
+  console.log(title);
+  console.log('| workload | ' + stages.join(' | ') + ' |');
+  console.log('|---|' + stages.map(() => '---|').join(''));
+  for (let w = 0; w < 3; w++) {
+    console.log(`| ${workloads[w]} | ` + [0, 1, 2].map(st => values[`${w}/${st}`].toFixed(digits)).join(' | ') + ' |');
+  }
+}
+table(`filter compute under node ${process.version} (V8 ${process.versions.v8}), us per request, warm: median of ${rounds} passes`, result, 2);
+table('\ncold (caches flushed before each request): median us per request', cold, 2);
+table('\nallocations (and reallocations) per request', allocs, 1);
+if (sink === 0) console.log('');

@@ -6,9 +6,14 @@
 //! benchmark's body shapes (those of `prefix-bench overhead`).
 //!
 //! The module builds its bodies itself ([`prepare`]); the script times
-//! [`run`] over them. Exports take and return plain integers.
+//! [`run`] over them, and [`run_one`] one body at a time with the CPU
+//! caches flushed before each (the request path in Envoy runs cold, after
+//! Envoy's own work). The global allocator counts allocations
+//! ([`allocations`]). Exports take and return plain integers.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use envoy_prefix_router::config::Settings;
 use envoy_prefix_router::rng::SplitMix64;
@@ -148,10 +153,21 @@ fn route_one(b: &mut Bench, kind: ApiKind, body: &[u8]) -> bool {
     }
 }
 
-/// Runs `stage` (0 parse, 1 parse + hash, 2 parse + route + release) over
-/// every body of `workload`, in order; returns how many succeeded.
-#[no_mangle]
-pub extern "C" fn run(stage: u32, workload: u32) -> u32 {
+/// Runs `stage` (0 parse, 1 parse + hash, 2 parse + route + release) on one
+/// body; whether it succeeded.
+fn stage_one(b: &mut Bench, stage: u32, kind: ApiKind, body: &[u8]) -> bool {
+    match stage {
+        0 => parse_body(kind, body).is_ok(),
+        1 => parse_body(kind, body)
+            .map(|r| std::hint::black_box(b.hasher.hash(&r.prompt)).len())
+            .is_ok(),
+        _ => route_one(b, kind, body),
+    }
+}
+
+/// Runs `stage` on the bodies of `workload` in `range`, in order; returns
+/// how many succeeded.
+fn run_range(stage: u32, workload: u32, range: std::ops::Range<usize>) -> u32 {
     BENCH.with(|cell| {
         let mut guard = cell.borrow_mut();
         let Some(b) = guard.as_mut() else {
@@ -163,22 +179,32 @@ pub extern "C" fn run(stage: u32, workload: u32) -> u32 {
         let kind = *kind;
         // Out of `b` while `b` routes (put back below): no copy.
         let bodies = std::mem::take(bodies);
-        let mut ok = 0;
-        for body in &bodies {
-            let done = match stage {
-                0 => parse_body(kind, body.as_bytes()).is_ok(),
-                1 => parse_body(kind, body.as_bytes())
-                    .map(|r| std::hint::black_box(b.hasher.hash(&r.prompt)).len())
-                    .is_ok(),
-                _ => route_one(b, kind, body.as_bytes()),
-            };
-            ok += u32::from(done);
-        }
+        let end = range.end.min(bodies.len());
+        let ok = bodies
+            .get(range.start.min(end)..end)
+            .unwrap_or_default()
+            .iter()
+            .map(|body| u32::from(stage_one(b, stage, kind, body.as_bytes())))
+            .sum();
         if let Some(slot) = b.bodies.get_mut(workload as usize) {
             slot.1 = bodies;
         }
         ok
     })
+}
+
+/// Runs `stage` (0 parse, 1 parse + hash, 2 parse + route + release) over
+/// every body of `workload`, in order; returns how many succeeded.
+#[no_mangle]
+pub extern "C" fn run(stage: u32, workload: u32) -> u32 {
+    run_range(stage, workload, 0..usize::MAX)
+}
+
+/// Runs `stage` on body `index` of `workload` alone; 1 if it succeeded.
+#[no_mangle]
+pub extern "C" fn run_one(stage: u32, workload: u32, index: u32) -> u32 {
+    let i = index as usize;
+    run_range(stage, workload, i..i + 1)
 }
 
 /// Bodies in `workload` (for the script's per-request division).
@@ -191,3 +217,33 @@ pub extern "C" fn bodies(workload: u32) -> u32 {
             .map_or(0, |(_, v)| v.len() as u32)
     })
 }
+
+/// Allocations (and reallocations) since the last call.
+#[no_mangle]
+pub extern "C" fn allocations() -> u32 {
+    ALLOCATIONS.swap(0, Ordering::Relaxed)
+}
+
+static ALLOCATIONS: AtomicU32 = AtomicU32::new(0);
+
+/// The system allocator, counting calls (Rust's dlmalloc on this target;
+/// the filter, on `wasm32-wasip1`, has wasi-libc's, also a dlmalloc).
+struct Counting;
+
+// SAFETY: forwards every call unchanged to `System`.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
