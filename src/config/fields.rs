@@ -71,6 +71,72 @@ impl<'de> Deserialize<'de> for Entries {
     }
 }
 
+/// The path (`sync.bridge_cluster`) of the innermost object key whose
+/// value holds the position serde_json reported an error at (its 1-based
+/// `line` and `column`); None outside any object or through an empty key.
+/// For input that is valid JSON (a data error). The fallback when no
+/// top-level field fails on its own: inside a nested object serde_json's
+/// own map keeps only the last of a key given twice, so a bad first value
+/// there reads fine alone (`{"sync":{"poll_ms":"x","poll_ms":5}}`).
+pub(super) fn field_at(bytes: &[u8], line: usize, column: usize) -> Option<String> {
+    let line_start = if line <= 1 {
+        0
+    } else {
+        bytes
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| b == b'\n')
+            .nth(line - 2)
+            .map(|(i, _)| i + 1)?
+    };
+    let end = line_start.saturating_add(column).min(bytes.len());
+    // Per open container: the key being read in an object (None in an
+    // array, or before an object's first key).
+    let mut stack: Vec<(bool, Option<String>)> = Vec::new();
+    let mut expect_key = false;
+    let mut i = 0;
+    while i < end {
+        match bytes[i] {
+            b'{' => {
+                stack.push((true, None));
+                expect_key = true;
+            }
+            b'[' => {
+                stack.push((false, None));
+                expect_key = false;
+            }
+            b'}' | b']' => {
+                stack.pop();
+                expect_key = false;
+            }
+            b',' => expect_key = stack.last().is_some_and(|(object, _)| *object),
+            b':' => expect_key = false,
+            b'"' => {
+                let start = i;
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                let raw = bytes.get(start..=i)?;
+                if expect_key {
+                    let key = serde_json::from_slice::<String>(raw).ok()?;
+                    if let Some(top) = stack.last_mut() {
+                        top.1 = Some(key);
+                    }
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    // A configuration is an object: inside a top-level array, no field.
+    if !stack.first().is_some_and(|(object, _)| *object) {
+        return None;
+    }
+    let path: Vec<&str> = stack.iter().filter_map(|(_, k)| k.as_deref()).collect();
+    (!path.is_empty() && path.iter().all(|k| !k.is_empty())).then(|| path.join("."))
+}
+
 /// The field serde names in its message (`duplicate field `x``, `unknown
 /// field `x``): the fallback when no top-level field fails on its own, e.g. a
 /// key given twice (serde_json's map keeps only the last one).

@@ -18,7 +18,7 @@ use crate::signals::MetricNames;
 use crate::sync::SyncSettings;
 
 mod fields;
-use fields::{field_in_message, given_fields, locate_bad_field};
+use fields::{field_at, field_in_message, given_fields, locate_bad_field};
 
 /// Raw configuration as written by the operator; every field has a default.
 #[derive(Debug, Clone, Deserialize)]
@@ -316,6 +316,13 @@ impl Settings {
         let mut raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
             let why = e.to_string();
             let field = locate_bad_field(bytes)
+                // Valid JSON that does not fit: name the key it stopped in.
+                .or_else(|| {
+                    serde_json::from_slice::<serde_json::Value>(bytes)
+                        .is_ok()
+                        .then(|| field_at(bytes, e.line(), e.column()))
+                        .flatten()
+                })
                 .or_else(|| field_in_message(&why))
                 .unwrap_or_else(|| "<root>".into());
             err(field, why)

@@ -162,6 +162,29 @@ fn a_key_given_twice_is_refused_by_name() {
 }
 
 #[test]
+fn a_bad_value_inside_a_nested_object_is_named_by_its_path() {
+    // Given twice, the bad first value hides from a check of `sync` alone
+    // (a JSON map keeps the last): found from where serde_json stopped.
+    let e = parse(
+        r#"{"endpoints":["a:1"],"sync":{"poll_ms":175,"bridge_cluster":175,"bridge_cluster":"b"}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "sync.bridge_cluster", "{e}");
+    let e = parse(r#"{"endpoints":["a:1"],"sync":{"enabled":true,"enabled":false}}"#).unwrap_err();
+    assert_eq!(e.field, "sync.enabled", "{e}");
+    // Across lines, and past a string holding brackets and an escaped quote.
+    let e = parse(
+        "{\"endpoints\":[\"a:1\"],\n\"sync\":{\"key_prefix\":\"{[\\\"\",\n\"poll_ms\":\"x\",\"poll_ms\":5}}",
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "sync.poll_ms", "{e}");
+    // serde_json calls a number where a name is expected a syntax error.
+    let e = parse(r#"{"endpoints":["a:1"],"membership":{"pod_name":0,"pod_name":"hostname"}}"#)
+        .unwrap_err();
+    assert_eq!(e.field, "membership.pod_name", "{e}");
+}
+
+#[test]
 fn not_json_is_refused() {
     assert!(parse("endpoints: [a]").is_err());
     assert!(parse("").is_err());
