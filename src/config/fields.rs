@@ -23,9 +23,25 @@ pub(super) fn given_fields(bytes: &[u8]) -> Vec<String> {
     out
 }
 
+/// The field the log line names for `e`, serde_json's error on `bytes`:
+/// the top-level field that fails on its own, else (valid JSON that does
+/// not fit) the key serde_json stopped in, else the one its message names;
+/// `<root>` when there is none (not a JSON object).
+pub(super) fn bad_field(bytes: &[u8], e: &serde_json::Error) -> String {
+    locate_bad_field(bytes)
+        .or_else(|| {
+            serde_json::from_slice::<serde_json::Value>(bytes)
+                .is_ok()
+                .then(|| field_at(bytes, e.line(), e.column()))
+                .flatten()
+        })
+        .or_else(|| field_in_message(&e.to_string()))
+        .unwrap_or_else(|| "<root>".into())
+}
+
 /// serde_json's errors carry a line and column, not a field path; find the
 /// top-level field that fails on its own so the log line can name it.
-pub(super) fn locate_bad_field(bytes: &[u8]) -> Option<String> {
+fn locate_bad_field(bytes: &[u8]) -> Option<String> {
     let entries = serde_json::from_slice::<Entries>(bytes).ok()?.0;
     let alone = entries.iter().find_map(|(key, value)| {
         let mut single = serde_json::Map::new();
@@ -78,7 +94,7 @@ impl<'de> Deserialize<'de> for Entries {
 /// top-level field fails on its own: inside a nested object serde_json's
 /// own map keeps only the last of a key given twice, so a bad first value
 /// there reads fine alone (`{"sync":{"poll_ms":"x","poll_ms":5}}`).
-pub(super) fn field_at(bytes: &[u8], line: usize, column: usize) -> Option<String> {
+fn field_at(bytes: &[u8], line: usize, column: usize) -> Option<String> {
     let line_start = if line <= 1 {
         0
     } else {
@@ -140,7 +156,7 @@ pub(super) fn field_at(bytes: &[u8], line: usize, column: usize) -> Option<Strin
 /// The field serde names in its message (`duplicate field `x``, `unknown
 /// field `x``): the fallback when no top-level field fails on its own, e.g. a
 /// key given twice (serde_json's map keeps only the last one).
-pub(super) fn field_in_message(msg: &str) -> Option<String> {
+fn field_in_message(msg: &str) -> Option<String> {
     let (_, rest) = msg.split_once(" field `")?;
     let (name, _) = rest.split_once('`')?;
     (!name.is_empty()).then(|| name.to_string())

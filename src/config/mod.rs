@@ -18,7 +18,7 @@ use crate::signals::MetricNames;
 use crate::sync::SyncSettings;
 
 mod fields;
-use fields::{field_at, field_in_message, given_fields, locate_bad_field};
+use fields::{bad_field, given_fields};
 
 /// Raw configuration as written by the operator; every field has a default.
 #[derive(Debug, Clone, Deserialize)]
@@ -313,20 +313,8 @@ impl Settings {
     /// Parses and validates the plugin configuration. An empty configuration
     /// is refused because a router without endpoints cannot route.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let mut raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
-            let why = e.to_string();
-            let field = locate_bad_field(bytes)
-                // Valid JSON that does not fit: name the key it stopped in.
-                .or_else(|| {
-                    serde_json::from_slice::<serde_json::Value>(bytes)
-                        .is_ok()
-                        .then(|| field_at(bytes, e.line(), e.column()))
-                        .flatten()
-                })
-                .or_else(|| field_in_message(&why))
-                .unwrap_or_else(|| "<root>".into());
-            err(field, why)
-        })?;
+        let mut raw: RawConfig =
+            serde_json::from_slice(bytes).map_err(|e| err(bad_field(bytes, &e), e.to_string()))?;
         if raw.compat == Compat::Aibrix {
             let given = given_fields(bytes);
             apply_aibrix(&mut raw, &|f: &str| given.iter().any(|g| g == f))?;
