@@ -497,6 +497,20 @@ fn hostcall_budget_of_one_routed_request() {
     // No stat call on the request path.
     assert!(!matched_calls.contains_key("increment_metric"));
     assert!(!matched_calls.contains_key("record_metric"));
+    // Once the copies have aged out, the repeated prompt reads the table
+    // again: the three segments its hint names (first block, the hint,
+    // the index after it), within its budget.
+    for _ in 0..crate::route::mirror::COPY_TICKS {
+        w.on_tick(&host);
+    }
+    let (aged, aged_calls) = calls_of(&w, &host, &chat(sys, 8 * 1024, "fourth"));
+    eprintln!("matched 8 KB after the copies aged out: {aged} {aged_calls:?}");
+    assert!(aged <= MATCHED_8K_BUDGET, "{aged} {aged_calls:?}");
+    assert_eq!(
+        aged_calls.get("get_shared_data"),
+        Some(&3),
+        "{aged_calls:?}"
+    );
 }
 
 /// Every request of a sampling cycle holds the budgets, the timed one (two
