@@ -89,8 +89,9 @@ impl<'de> Deserialize<'de> for Entries {
 
 /// The path (`sync.bridge_cluster`) of the innermost object key whose
 /// value holds the position serde_json reported an error at (its 1-based
-/// `line` and `column`); None outside any object or through an empty key.
-/// For input that is valid JSON (a data error). The fallback when no
+/// `line` and `column`). None outside any object, inside a top-level
+/// array, or through a key that is empty or does not decode. Meant for
+/// input that is valid JSON (see [`bad_field`]). The fallback when no
 /// top-level field fails on its own: inside a nested object serde_json's
 /// own map keeps only the last of a key given twice, so a bad first value
 /// there reads fine alone (`{"sync":{"poll_ms":"x","poll_ms":5}}`).
