@@ -235,22 +235,22 @@ impl Stream {
     }
 
     /// The stream is done (Envoy calls this before the access log).
-    pub(crate) fn on_done(&mut self, w: &Worker) {
-        self.release(w);
+    pub(crate) fn on_done<H: Host>(&mut self, w: &Worker, host: &H) {
+        self.release(w, host);
     }
 
     /// The access-log phase: the stream's final properties are readable.
     pub(crate) fn on_log<H: Host>(&mut self, w: &Worker, host: &H) {
-        self.release(w);
+        self.release(w, host);
         // Passive health: did the pod fail this request?
         if let Some((pod, address, check_address)) = self.sent_to.take() {
             w.observe_outcome(host, pod, &address, check_address);
         }
     }
 
-    fn release(&mut self, w: &Worker) {
+    fn release<H: Host>(&mut self, w: &Worker, host: &H) {
         if let Some(pod) = self.inflight_pod.take() {
-            w.release(pod, self.match_percent.unwrap_or(0));
+            w.release(host, pod, self.match_percent.unwrap_or(0));
         }
         // An answer cut short or never read to its usage.
         if self.feedback.take().is_some() {

@@ -245,9 +245,11 @@ impl Worker {
         }
     }
 
-    /// Releases one in-flight request on `pod` (in VM memory: no hostcall).
-    pub(crate) fn release(&self, pod: PodSlot, match_percent: u8) {
-        self.router.release(pod, match_percent);
+    /// Releases one in-flight request on `pod`: in VM memory, plus one set
+    /// while other worker VMs are live (see [`crate::route::load`]).
+    pub(crate) fn release<H: Host>(&self, host: &H, pod: PodSlot, match_percent: u8) {
+        let now_secs = secs(self.clock_nanos(host));
+        self.router.release(host, pod, match_percent, now_secs);
     }
 
     /// A pod for a request the filter does not route (pass-through), chosen

@@ -35,7 +35,7 @@ fn action(v: Verdict) -> Action {
 
 impl Context for PrefixFilter {
     fn on_done(&mut self) -> bool {
-        self.stream.on_done(&self.worker);
+        self.stream.on_done(&self.worker, &EnvoyHost);
         true
     }
 }

@@ -1,12 +1,20 @@
 //! In-flight requests per pod: what the load guard weighs.
 //!
-//! Each worker VM counts its own streams in memory ([`VmLoad`]): exact, and
-//! no hostcall per request (a shared counter under CAS cost four: a get and
-//! a set when a request is routed, again when it ends). On its tick (250 ms)
-//! the VM publishes its counts to a key of its own, `load/vm/<i>`, and reads
-//! the other VMs' keys and the other replicas' total (`load/remote`, written
-//! by the sync singleton). Routing then weighs its own counts exactly and
-//! the others' as of their last tick.
+//! Each worker VM counts its own streams in memory ([`VmLoad`]). On its
+//! tick (250 ms) the VM publishes its counts to a key of its own,
+//! `load/vm/<i>`, and reads the other VMs' keys and the other replicas'
+//! total (`load/remote`, written by the sync singleton).
+//!
+//! While other VMs of the replica are live, each request also exchanges at
+//! once: routing reads the keys of the other VMs that were live at the last
+//! tick (at most [`FRESH_READS`]), and the VM writes its own counts when it
+//! routes a request and when one ends. With two workers that is one get and
+//! two sets per request. Counts as of the last tick were not enough: with
+//! two workers and nothing cached, both VMs sent new requests to the pod
+//! that had looked idle a tick ago (TTFT p99 362-393 ms against 284-302 ms
+//! with one worker, whose counts are all its own). A lone worker VM makes
+//! no such call. Routing thus weighs this replica's in-flight counts as of
+//! now, and the other replicas' as of the last sync.
 //!
 //! A published value carries the VM's token and the time it was written. A
 //! VM that dies or is reloaded stops writing; once its value is older than
@@ -30,6 +38,9 @@ pub(crate) const MAX_VMS: usize = 64;
 pub const VM_STALE_MS: u64 = 5_000;
 /// Token and time before the counts.
 const HEADER: usize = 16;
+/// Most other VMs' keys read per routed request ([`VmLoad::read_others`]);
+/// the counts of any beyond are those read on the tick.
+pub(crate) const FRESH_READS: usize = 7;
 /// Ticks of this replica's peak in-flight counts a VM remembers (2 s at
 /// 250 ms): how far back a pod's report can be set against what this
 /// replica had sent it (see [`VmLoad::peak_since`]).
@@ -79,8 +90,13 @@ pub(crate) struct VmLoad {
     /// The `load/vm/<i>` key this VM holds, once claimed.
     key: Option<usize>,
     own: Vec<u32>,
-    /// Other live VMs of this replica, as of the last refresh.
+    /// Other live VMs of this replica, as of the last refresh or read.
     others: Vec<u32>,
+    /// The keys of the other VMs live at the last refresh, read again
+    /// per request (at most [`FRESH_READS`]).
+    other_keys: Vec<usize>,
+    /// What the refresh read of the live VMs past [`FRESH_READS`].
+    others_rest: Vec<u32>,
     /// Other replicas (sync), as of the last refresh.
     remote: Vec<u32>,
     /// The most requests this VM had in flight per slot since the last
@@ -101,6 +117,8 @@ impl VmLoad {
             key: None,
             own: Vec::new(),
             others: Vec::new(),
+            other_keys: Vec::new(),
+            others_rest: Vec::new(),
             remote: Vec::new(),
             own_peak: Vec::new(),
             peaks: std::collections::VecDeque::new(),
@@ -176,6 +194,8 @@ impl VmLoad {
         // higher of their last two reads.
         let mut tick_peak = self.own_peak.clone();
         let mut others = Vec::new();
+        let mut other_keys = Vec::new();
+        let mut rest = Vec::new();
         let mut mine: Option<(usize, Option<u32>)> = None;
         let mut free: Option<(usize, Option<u32>)> = None;
         for i in 0..MAX_VMS {
@@ -186,7 +206,14 @@ impl VmLoad {
             };
             match Published::decode(&bytes) {
                 Some(p) if p.token == self.token => mine = Some((i, cas)),
-                Some(p) if p.live(now_ms) => add_into(&mut others, &p.counts),
+                Some(p) if p.live(now_ms) => {
+                    add_into(&mut others, &p.counts);
+                    if other_keys.len() < FRESH_READS {
+                        other_keys.push(i);
+                    } else {
+                        add_into(&mut rest, &p.counts);
+                    }
+                }
                 _ => free = free.or(Some((i, cas))),
             }
         }
@@ -199,6 +226,8 @@ impl VmLoad {
         self.peaks.push_back((now_ms, tick_peak));
         self.own_peak.clone_from(&self.own);
         self.others = others;
+        self.other_keys = other_keys;
+        self.others_rest = rest;
         self.remote = if with_remote {
             read_counts(store, REMOTE_KEY)?
         } else {
@@ -239,6 +268,48 @@ impl VmLoad {
         }
     }
 
+    /// Reads the keys of the other VMs that were live at the last refresh
+    /// (one get each, at most [`FRESH_READS`]), so that routing weighs
+    /// their counts as of now. No call while this VM is the only one. On a
+    /// store error the counts read before stand.
+    pub(crate) fn read_others<S: SharedStore + ?Sized>(&mut self, store: &S, now_ms: u64) {
+        if self.other_keys.is_empty() {
+            return;
+        }
+        let mut others = self.others_rest.clone();
+        for &i in &self.other_keys {
+            let Ok((value, _)) = store.get(&vm_key(i)) else {
+                return;
+            };
+            let published = value.as_deref().and_then(Published::decode);
+            if let Some(p) = published.filter(|p| p.token != self.token && p.live(now_ms)) {
+                add_into(&mut others, &p.counts);
+            }
+        }
+        self.others = others;
+    }
+
+    /// Writes this VM's counts to its key at once (one set, no CAS: the
+    /// key is this VM's since its last refresh claimed it), for the other
+    /// VMs' next reads. No call while this VM is the only one or before
+    /// it has claimed a key. Returns whether it wrote.
+    ///
+    /// Without the CAS, a VM stalled for over [`VM_STALE_MS`] whose key
+    /// was claimed by a new VM meanwhile overwrites that VM's counts once;
+    /// the new VM's next tick claims another key.
+    pub(crate) fn publish<S: SharedStore + ?Sized>(&self, store: &S, now_ms: u64) -> bool {
+        let Some(i) = self.key.filter(|_| !self.other_keys.is_empty()) else {
+            return false;
+        };
+        let value = Published {
+            token: self.token,
+            at_ms: now_ms,
+            counts: self.own.clone(),
+        }
+        .encode();
+        store.set(&vm_key(i), &value, None).is_ok()
+    }
+
     /// This VM's own in-flight count per slot.
     pub fn own(&self) -> &[u32] {
         &self.own
@@ -249,112 +320,6 @@ impl VmLoad {
     pub(crate) fn key(&self) -> Option<usize> {
         self.key
     }
-}
-
-/// How long this VM's requests take per pod, by Little's law: the time
-/// its requests spent in flight (sampled on the tick) over the requests
-/// that ended. No clock read per request. Both sums halve once a pod has
-/// [`PodLatency::WINDOW`] completions, so the figure follows recent
-/// requests. At most [`MAX_SLOTS`] pods.
-///
-/// Hits (requests sent to a pod holding most of their prompt) are also
-/// summed apart: a pod serving mostly misses spends most of their time
-/// prefilling, so its mean over all requests says how much it missed as
-/// much as how fast it is, while its hits' mean is its decode speed and
-/// queue. [`Self::mean_hit_ms`] is what compares pods' speed.
-#[derive(Debug, Default)]
-pub struct PodLatency {
-    /// Per slot: (in-flight ms summed over ticks, completions).
-    sums: Vec<(u64, u32)>,
-    /// The same for hits only.
-    hit_sums: Vec<(u64, u32)>,
-    /// Per slot: this VM's hits in flight.
-    hits_in_flight: Vec<u32>,
-    last_ms: Option<u64>,
-}
-
-impl PodLatency {
-    /// Completions kept per pod before the sums halve.
-    pub const WINDOW: u32 = 64;
-    /// Completions a pod needs before its latency counts.
-    pub const MIN_SAMPLES: u32 = 4;
-    /// Longest tick gap counted (a stalled VM does not inflate latency).
-    const MAX_GAP_MS: u64 = 1_000;
-
-    /// The tick: adds `own[slot] x elapsed` to each pod's in-flight time
-    /// (and its hits' to theirs).
-    pub fn tick(&mut self, own: &[u32], now_ms: u64) {
-        let gap = self
-            .last_ms
-            .map_or(0, |t| now_ms.saturating_sub(t).min(Self::MAX_GAP_MS));
-        self.last_ms = Some(now_ms);
-        add_time(&mut self.sums, own, gap);
-        add_time(&mut self.hit_sums, &self.hits_in_flight, gap);
-    }
-
-    /// A hit was sent to `pod` (counted until [`Self::completed`]).
-    pub fn started_hit(&mut self, pod: PodSlot) {
-        let i = pod.index();
-        if i >= MAX_SLOTS {
-            return;
-        }
-        if self.hits_in_flight.len() <= i {
-            self.hits_in_flight.resize(i + 1, 0);
-        }
-        self.hits_in_flight[i] = self.hits_in_flight[i].saturating_add(1);
-    }
-
-    /// A request on `pod` ended (`hit`: it was started as one).
-    pub fn completed(&mut self, pod: PodSlot, hit: bool) {
-        let i = pod.index();
-        if i >= MAX_SLOTS {
-            return;
-        }
-        count_completion(&mut self.sums, i);
-        if hit {
-            if let Some(n) = self.hits_in_flight.get_mut(i) {
-                *n = n.saturating_sub(1);
-            }
-            count_completion(&mut self.hit_sums, i);
-        }
-    }
-
-    /// Mean ms a request of this VM spent on `pod`, once it has
-    /// [`Self::MIN_SAMPLES`] completions.
-    pub fn mean_ms(&self, pod: PodSlot) -> Option<u64> {
-        mean(&self.sums, pod)
-    }
-
-    /// [`Self::mean_ms`] of the hits only.
-    pub fn mean_hit_ms(&self, pod: PodSlot) -> Option<u64> {
-        mean(&self.hit_sums, pod)
-    }
-}
-
-fn add_time(sums: &mut Vec<(u64, u32)>, in_flight: &[u32], gap: u64) {
-    let n = in_flight.len().min(MAX_SLOTS);
-    if sums.len() < n {
-        sums.resize(n, (0, 0));
-    }
-    for (sum, &c) in sums.iter_mut().zip(in_flight) {
-        sum.0 = sum.0.saturating_add(u64::from(c) * gap);
-    }
-}
-
-fn count_completion(sums: &mut Vec<(u64, u32)>, i: usize) {
-    if sums.len() <= i {
-        sums.resize(i + 1, (0, 0));
-    }
-    let s = &mut sums[i];
-    s.1 += 1;
-    if s.1 >= PodLatency::WINDOW {
-        *s = (s.0 / 2, s.1 / 2);
-    }
-}
-
-fn mean(sums: &[(u64, u32)], pod: PodSlot) -> Option<u64> {
-    let (ms, n) = sums.get(pod.index()).copied()?;
-    (n >= PodLatency::MIN_SAMPLES).then(|| ms / u64::from(n))
 }
 
 /// Every live VM's published counts summed: the replica's in-flight load
@@ -514,6 +479,73 @@ mod tests {
     }
 
     #[test]
+    fn vms_exchange_counts_per_request_between_ticks() {
+        let s = MemStore::new();
+        let (mut a, mut b) = (VmLoad::new(1), VmLoad::new(2));
+        // A lone VM: no call per request, before and after its tick.
+        a.read_others(&s, 1000);
+        assert!(!a.publish(&s, 1000));
+        a.refresh(&s, 1000, false).unwrap();
+        let before = s.op_counts();
+        a.add(p(0), 1);
+        a.read_others(&s, 1000);
+        assert!(!a.publish(&s, 1000), "nobody to tell");
+        assert_eq!(s.op_counts(), before);
+        // Once each has seen the other on a tick: one get per other VM to
+        // read, one set to publish.
+        b.refresh(&s, 1000, false).unwrap();
+        a.refresh(&s, 1250, false).unwrap();
+        assert_eq!(b.replica(1), vec![0], "A's 1 came after B's tick read");
+        b.read_others(&s, 1260);
+        assert_eq!(b.replica(1), vec![1]);
+        let before = s.op_counts();
+        a.add(p(0), 2);
+        assert!(a.publish(&s, 1300));
+        b.read_others(&s, 1300);
+        assert_eq!(s.op_counts(), (before.0 + 1, before.1 + 1));
+        assert_eq!(
+            b.replica(1),
+            vec![3],
+            "A's requests as of now, not its tick"
+        );
+        a.add(p(0), -3);
+        assert!(a.publish(&s, 1400));
+        b.read_others(&s, 1400);
+        assert_eq!(b.replica(1), vec![0]);
+        // A VM gone quiet past the stale bound stops counting here too.
+        a.add(p(0), 4);
+        assert!(a.publish(&s, 1500));
+        b.read_others(&s, 1501 + VM_STALE_MS);
+        assert_eq!(b.replica(1), vec![0]);
+    }
+
+    #[test]
+    fn fresh_reads_are_bounded_and_the_rest_count_as_of_the_tick() {
+        let s = MemStore::new();
+        let mut vms: Vec<VmLoad> = (1..=FRESH_READS as u64 + 3).map(VmLoad::new).collect();
+        for vm in &mut vms {
+            vm.add(p(0), 1);
+            vm.refresh(&s, 1000, false).unwrap();
+        }
+        let (first, rest) = vms.split_first_mut().unwrap();
+        first.refresh(&s, 1250, false).unwrap();
+        assert_eq!(first.replica(1), vec![FRESH_READS as u32 + 3]);
+        // Every other VM ends its request; the first reads as many as it may.
+        for vm in rest.iter_mut() {
+            vm.add(p(0), -1);
+            assert!(vm.publish(&s, 1300));
+        }
+        let before = s.op_counts();
+        first.read_others(&s, 1300);
+        assert_eq!(s.op_counts().0 - before.0, FRESH_READS as u64);
+        assert_eq!(
+            first.replica(1),
+            vec![1 + 2],
+            "two VMs past the bound, as of the tick"
+        );
+    }
+
+    #[test]
     fn a_vm_that_stops_ticking_stops_counting_and_its_key_is_reused() {
         let s = MemStore::new();
         let (mut dead, mut live) = (VmLoad::new(1), VmLoad::new(2));
@@ -570,67 +602,6 @@ mod tests {
         assert_eq!(vm.fleet(2), vec![5, 5]);
         assert_eq!(vm.replica(2), vec![1, 0]);
         assert_eq!(remote(&s).unwrap(), vec![4, 5]);
-    }
-
-    #[test]
-    fn pod_latency_is_in_flight_time_over_completions() {
-        let mut l = PodLatency::default();
-        l.tick(&[2, 0], 0);
-        // Pod 0: 2 in flight for 4 ticks of 250 ms = 2000 ms of request time.
-        for t in 1..=4 {
-            l.tick(&[2, 0], t * 250);
-        }
-        assert_eq!(l.mean_ms(p(0)), None, "too few completions");
-        for _ in 0..4 {
-            l.completed(p(0), false);
-        }
-        assert_eq!(l.mean_ms(p(0)), Some(500));
-        assert_eq!(l.mean_ms(p(1)), None);
-        // A stalled VM counts at most a second per tick.
-        l.tick(&[2, 0], 60_000);
-        assert_eq!(l.mean_ms(p(0)), Some(1000));
-    }
-
-    #[test]
-    fn pod_latency_halves_its_window_and_ignores_slots_out_of_range() {
-        let mut l = PodLatency::default();
-        l.tick(&[1], 0);
-        l.tick(&[1], 1000);
-        for _ in 0..PodLatency::WINDOW {
-            l.completed(p(0), false);
-        }
-        assert_eq!(l.sums[0], (500, PodLatency::WINDOW / 2));
-        let out = PodSlot::new(u16::try_from(MAX_SLOTS).unwrap());
-        l.started_hit(out);
-        l.completed(out, true);
-        assert!(l.sums.len() <= MAX_SLOTS);
-        assert!(l.hits_in_flight.len() <= MAX_SLOTS && l.hit_sums.len() <= MAX_SLOTS);
-    }
-
-    #[test]
-    fn hits_are_timed_apart_from_misses() {
-        let mut l = PodLatency::default();
-        l.tick(&[], 0);
-        // Pod 0: 4 hits and 4 misses at once for 250 ms; the misses stay
-        // 500 ms more.
-        for _ in 0..4 {
-            l.started_hit(p(0));
-        }
-        l.tick(&[8], 250);
-        for _ in 0..4 {
-            l.completed(p(0), true);
-        }
-        l.tick(&[4], 500);
-        l.tick(&[4], 750);
-        for _ in 0..4 {
-            l.completed(p(0), false);
-        }
-        assert_eq!(l.mean_hit_ms(p(0)), Some(250));
-        assert_eq!(l.mean_ms(p(0)), Some((8 * 250 + 4 * 500) / 8));
-        // A completion counted as a hit that never started as one takes
-        // nothing below zero.
-        l.completed(p(1), true);
-        assert_eq!(l.hits_in_flight.get(1).copied().unwrap_or(0), 0);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! [`request`] turns a body into a model and prompt bytes, [`hashing`] cuts
 //! them into chained block hashes, [`table`] (the prefix table in shared
 //! data) answers which pods hold how much of the chain, `policy` picks a pod
-//! under the load guard from the in-flight counts of [`load`], and
+//! under the load guard from the in-flight counts of [`load`] and the
+//! slowness [`latency`] measures, and
 //! [`router`] ties the steps together; [`feedback`] corrects the table from
 //! the pods' answers (`cached_tokens`). All of it runs over the
 //! [`store::SharedStore`] trait; [`registry`] names pods and models by small
@@ -12,6 +13,7 @@
 
 pub(crate) mod feedback;
 pub mod hashing;
+pub mod latency;
 pub mod load;
 pub mod meter;
 pub(crate) mod mirror;

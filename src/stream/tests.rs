@@ -219,7 +219,7 @@ fn run(w: &Worker, host: &TestHost, body: &[u8]) -> (Verdict, Verdict) {
     let a = s.on_request_headers(w, host, false);
     let b = s.on_request_body(w, host, body.len(), true);
     s.on_response_headers(w, host);
-    s.on_done(w);
+    s.on_done(w, host);
     s.on_log(w, host);
     (a, b)
 }
@@ -387,9 +387,9 @@ fn in_flight_is_released_exactly_once_however_the_stream_ends() {
         if end == 0 {
             s.on_log(&w, &host);
         } else {
-            s.on_done(&w);
+            s.on_done(&w, &host);
         }
-        s.on_done(&w);
+        s.on_done(&w, &host);
         s.on_log(&w, &host);
         assert_eq!(counts(), vec![0, 0], "end {end}");
     }
@@ -401,7 +401,7 @@ fn in_flight_is_released_exactly_once_however_the_stream_ends() {
     host.request("POST", CHAT, &body);
     let mut s = Stream::default();
     s.on_request_headers(&w, &host, false);
-    s.on_done(&w);
+    s.on_done(&w, &host);
     s.on_log(&w, &host);
     assert_eq!(
         counts().iter().sum::<u32>(),
@@ -774,7 +774,7 @@ fn run_answered(
         s.on_response_body(w, host, c.len(), i + 1 == chunks.len());
     }
     let calls = host.calls.borrow().clone();
-    s.on_done(w);
+    s.on_done(w, host);
     s.on_log(w, host);
     (pod, pct, calls)
 }
@@ -955,4 +955,44 @@ fn feedback_hostcalls_only_on_matched_requests_with_the_setting_on() {
         let (n, _) = calls_of(&w, &host, &chat("never seen before ", 8 * 1024, "s"));
         assert!(n <= MATCHED_8K_BUDGET, "{n}");
     }
+}
+
+#[test]
+fn a_second_worker_vm_sees_each_request_at_once_for_one_get_and_two_sets() {
+    let host = TestHost::default();
+    let a = worker_on(&host, "");
+    let sys = "You are a careful assistant. Answer briefly and cite sources. ";
+    run(&a, &host, &chat(sys, 8 * 1024, "warm up"));
+    let (_, lone) = calls_of(&a, &host, &chat(sys, 8 * 1024, "alone"));
+    // A second worker VM of the replica; each sees the other on its tick.
+    let b = worker_on(&host, "");
+    a.on_tick(&host);
+    b.on_tick(&host);
+    let (_, paired) = calls_of(&a, &host, &chat(sys, 8 * 1024, "paired"));
+    let n = |calls: &BTreeMap<&str, u32>, k: &str| calls.get(k).copied().unwrap_or(0);
+    assert_eq!(
+        n(&paired, "get_shared_data"),
+        n(&lone, "get_shared_data") + 1,
+        "lone {lone:?}, paired {paired:?}"
+    );
+    assert_eq!(
+        n(&paired, "set_shared_data"),
+        n(&lone, "set_shared_data") + 2,
+        "lone {lone:?}, paired {paired:?}"
+    );
+    // While A's request is open, B's next routing weighs it, before any
+    // tick; once it ends, B's next routing sees it gone.
+    let in_flight_on_b = || {
+        run(&b, &host, &chat("other ", 1000, "probe"));
+        b.router.replica_load()
+    };
+    let body = chat(sys, 8 * 1024, "open");
+    host.request("POST", CHAT, &body);
+    let mut s = Stream::default();
+    s.on_request_headers(&a, &host, false);
+    s.on_request_body(&a, &host, body.len(), true);
+    assert_eq!(in_flight_on_b().iter().sum::<u32>(), 1);
+    s.on_done(&a, &host);
+    s.on_log(&a, &host);
+    assert_eq!(in_flight_on_b().iter().sum::<u32>(), 0);
 }

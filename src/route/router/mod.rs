@@ -25,7 +25,8 @@ use crate::fleet::{self, FleetView, Members};
 use crate::rng::SplitMix64;
 use crate::route::feedback::Plan;
 use crate::route::hashing::BlockHasher;
-use crate::route::load::{PodLatency, VmLoad};
+use crate::route::latency::PodLatency;
+use crate::route::load::VmLoad;
 use crate::route::mirror::{Mirror, Mirrored};
 use crate::route::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
@@ -169,6 +170,13 @@ impl Router {
         self.latency.borrow_mut().tick(load.own(), now_ms);
         load.refresh(store, now_ms, self.settings.sync.enabled)?;
         Ok(load.replica(self.fleet.borrow().bound()))
+    }
+
+    /// This replica's in-flight counts as this VM last saw them (its own
+    /// exactly, the other VMs' as of its last read).
+    #[cfg(test)]
+    pub(crate) fn replica_load(&self) -> Vec<u32> {
+        self.load.borrow().replica(self.fleet.borrow().bound())
     }
 
     pub(crate) fn settings(&self) -> &Settings {
@@ -334,7 +342,11 @@ impl Router {
             }
             None => (Vec::new(), 0),
         };
-        // Other replicas' load exists only when syncing (see refresh_load).
+        // This replica's other VMs as of now (one get each while there are
+        // any); other replicas' load exists only when syncing (see
+        // refresh_load).
+        let now_ms = u64::from(now_secs) * 1000;
+        self.load.borrow_mut().read_others(store, now_ms);
         let load = self.load.borrow().fleet(self.fleet.borrow().bound());
         let lengths: Vec<(PodSlot, u32)> = matches.iter().map(|m| (m.pod, m.blocks)).collect();
         // Each VM starts its rotation at a random pod, so workers and
@@ -413,7 +425,11 @@ impl Router {
             }
             None => WriteOutcome::default(),
         };
-        self.load.borrow_mut().add(choice.pod, 1);
+        {
+            let mut load = self.load.borrow_mut();
+            load.add(choice.pod, 1);
+            load.publish(store, now_ms);
+        }
         if choice.match_percent >= HIT_PERCENT {
             self.latency.borrow_mut().started_hit(choice.pod);
         }
@@ -469,13 +485,23 @@ impl Router {
     }
 
     /// Releases one in-flight request on `pod`, routed with
-    /// `match_percent` of its prompt held there; returns this VM's new
-    /// count.
-    pub fn release(&self, pod: PodSlot, match_percent: u8) -> u32 {
+    /// `match_percent` of its prompt held there, and (while other VMs of
+    /// the replica are live) writes this VM's counts for them, one set;
+    /// returns this VM's new count.
+    pub fn release<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        pod: PodSlot,
+        match_percent: u8,
+        now_secs: u32,
+    ) -> u32 {
         self.latency
             .borrow_mut()
             .completed(pod, match_percent >= HIT_PERCENT);
-        self.load.borrow_mut().add(pod, -1)
+        let mut load = self.load.borrow_mut();
+        let left = load.add(pod, -1);
+        load.publish(store, u64::from(now_secs) * 1000);
+        left
     }
 }
 

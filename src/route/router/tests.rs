@@ -45,7 +45,7 @@ fn repeat_request_matches_fully_on_same_pod() {
     let p = "abcd".repeat(300);
     let first = r.route(&s, &req(&p), 100, &mut rng).unwrap();
     assert_eq!(first.choice.reason, Reason::NoMatch);
-    r.release(first.choice.pod, first.choice.match_percent);
+    r.release(&s, first.choice.pod, first.choice.match_percent, 0);
     let second = r.route(&s, &req(&p), 101, &mut rng).unwrap();
     assert_eq!(second.choice.reason, Reason::PrefixMatch);
     assert_eq!(second.choice.pod, first.choice.pod);
@@ -61,7 +61,7 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
     let a = r
         .route(&s, &req(&format!("{prefix}aaaa")), 1000, &mut rng)
         .unwrap();
-    r.release(a.choice.pod, a.choice.match_percent);
+    r.release(&s, a.choice.pod, a.choice.match_percent, 0);
     assert_eq!(a.recorded.len(), sampled_positions(101, 32).len());
     // Same prefix, new tail, 30 s later: only the new last block is new;
     // the held blocks of its segment (positions 63..=100) are written with
@@ -69,7 +69,7 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
     let b = r
         .route(&s, &req(&format!("{prefix}bbbb")), 1030, &mut rng)
         .unwrap();
-    r.release(b.choice.pod, b.choice.match_percent);
+    r.release(&s, b.choice.pod, b.choice.match_percent, 0);
     assert_eq!(b.choice.pod, a.choice.pod);
     let hashes = r.hasher.hash(format!("{prefix}bbbb").as_bytes());
     let segment = crate::route::table::Layout::Segments.anchor_position(100, 32);
@@ -117,7 +117,7 @@ fn unique_tails_do_not_evict_the_shared_prefix_they_follow() {
                 &mut rng,
             )
             .unwrap();
-        r.release(x.choice.pod, x.choice.match_percent);
+        r.release(&s, x.choice.pod, x.choice.match_percent, 0);
         if q > 0 && x.choice.match_percent < 90 {
             short.push((q, x.choice.match_percent));
         }
@@ -139,7 +139,7 @@ fn shared_prefix_matches_partially_and_sticks() {
             &mut rng,
         )
         .unwrap();
-    r.release(a.choice.pod, a.choice.match_percent);
+    r.release(&s, a.choice.pod, a.choice.match_percent, 0);
     let b = r
         .route(
             &s,
@@ -166,7 +166,7 @@ fn reads_grow_logarithmically_with_prompt_length() {
     for blocks in [100usize, 10_000] {
         let p = "q".repeat(4 * blocks);
         let a = r.route(&s, &req(&p), 100, &mut rng).unwrap();
-        r.release(a.choice.pod, a.choice.match_percent);
+        r.release(&s, a.choice.pod, a.choice.match_percent, 0);
         let b = r.route(&s, &req(&p), 100, &mut rng).unwrap();
         assert!(b.probes <= 20, "{blocks} blocks took {} probes", b.probes);
         assert!(
@@ -184,7 +184,7 @@ fn in_flight_is_counted_and_released() {
     let mut rng = SplitMix64::new(1);
     let a = r.route(&s, &req("hello world!"), 100, &mut rng).unwrap();
     assert_eq!(r.refresh_load(&s, 1000).unwrap().iter().sum::<u32>(), 1);
-    assert_eq!(r.release(a.choice.pod, a.choice.match_percent), 0);
+    assert_eq!(r.release(&s, a.choice.pod, a.choice.match_percent, 0), 0);
     assert_eq!(r.refresh_load(&s, 1250).unwrap().iter().sum::<u32>(), 0);
 }
 
@@ -312,7 +312,7 @@ fn a_prefix_with_more_traffic_than_one_pod_is_copied_to_a_second_pod() {
         // Under load: the last 8 requests are still in flight.
         in_flight.push_back(x.choice.pod);
         if in_flight.len() > 8 {
-            r.release(in_flight.pop_front().unwrap(), 0);
+            r.release(&s, in_flight.pop_front().unwrap(), 0, 0);
         }
         per_pod[x.choice.pod.index()] += 1;
         if prompt == hot {
@@ -346,7 +346,7 @@ fn a_new_tail_rewrites_only_its_own_segments_held_blocks() {
             &mut rng,
         )
         .unwrap();
-    r.release(a.choice.pod, a.choice.match_percent);
+    r.release(&s, a.choice.pod, a.choice.match_percent, 0);
     let prompt = format!("{prefix}{}", "b".repeat(64));
     let b = r.route(&s, &req(&prompt), 101, &mut rng).unwrap();
     assert_eq!(b.choice.pod, a.choice.pod);

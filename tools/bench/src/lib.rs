@@ -11,6 +11,7 @@
 pub mod chart;
 pub mod commands;
 pub mod drive;
+pub mod league;
 pub mod metrics;
 pub mod outage;
 pub mod peer;

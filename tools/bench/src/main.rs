@@ -210,6 +210,14 @@ enum Command {
     /// Routers side by side on simulated pods: round robin, the filter (1 and
     /// 3 Envoys, with and without sync), sglang-router and vllm-router.
     Compare(commands::compare::CompareCli),
+    /// Who was best, figure by figure, over saved `compare` runs (their
+    /// results JSON files): each router's median and how often it was at
+    /// least as good as each of the others.
+    League {
+        /// `results/compare-<time>.json` files, one per run.
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
     /// The comparison on 2 real llama-servers (Gemma 3 270M on CPU).
     Real(commands::real::RealCli),
     /// kubernetes-sigs inference-perf against the filter and round robin.
@@ -353,6 +361,7 @@ fn main() {
             },
         ),
         Command::Compare(c) => commands::compare::main(&rt, c),
+        Command::League { files } => prefix_bench::league::main(&files),
         Command::Real(c) => commands::real::main(&rt, c),
         Command::Iperf(c) => commands::iperf::main(c),
     }

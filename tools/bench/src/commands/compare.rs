@@ -46,6 +46,7 @@ use serde_json::{json, Value};
 
 use crate::chart::{self, Panel};
 use crate::drive::drive;
+use crate::league;
 use crate::metrics::{spread_label, Stats};
 use crate::outage::{self, Outage, OutageFacts, Timeline};
 use crate::peer::peers_installed;
@@ -401,11 +402,18 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: CompareCli) {
         }
     };
     let wall = Instant::now();
-    let runs: Vec<Vec<Target>> = (0..repeat).map(|_| run(rt, &args)).collect();
+    let (runs, figures): (Vec<Vec<Target>>, Vec<Vec<league::Entry>>) =
+        (0..repeat).map(|_| run(rt, &args)).unzip();
     if runs.len() > 1 {
-        let text = repeat_summary(&runs).render();
+        let mut text = repeat_summary(&runs).render();
+        text.push_str(&league::table(&figures).render());
         print!("{text}");
-        let json = json!({ "command": "compare --repeat", "seed": args.seed, "runs": runs });
+        let json = json!({
+            "command": "compare --repeat",
+            "seed": args.seed,
+            "runs": runs,
+            "figures": figures,
+        });
         let wall_s = wall.elapsed().as_secs_f64();
         write_outputs(
             args.results_dir.as_ref(),
@@ -1619,7 +1627,9 @@ fn setup_lines(args: &CompareArgs, opts: &GatewayOptions) -> Vec<String> {
 
 /// One comparison: every workload with every router; prints and writes
 /// its tables, returns its target checks.
-pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) -> Vec<Target> {
+/// One comparison: prints and writes its tables; returns its targets and
+/// every router's figures (for `--repeat`'s summaries).
+pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) -> (Vec<Target>, Vec<league::Entry>) {
     let wall = Instant::now();
     let opts = GatewayOptions {
         sync_period_ms: args.sync_period_ms,
@@ -1707,7 +1717,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) -> Vec<Target> {
         &text,
     );
     files.print(wall_s);
-    checks
+    (checks, league::entries(&results))
 }
 
 /// Facts worth a line under the tables: errors, noisy runs, pods' view.
