@@ -145,8 +145,12 @@ fn route_one(b: &mut Bench, kind: ApiKind, body: &[u8]) -> bool {
     };
     match b.router.route(&b.store, &req, 1_000_000, &mut b.rng) {
         Ok(routed) => {
-            b.router
-                .release(routed.choice.pod, routed.choice.match_percent);
+            b.router.release(
+                &b.store,
+                routed.choice.pod,
+                routed.choice.match_percent,
+                1_000_000,
+            );
             true
         }
         Err(_) => false,
