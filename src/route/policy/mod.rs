@@ -100,13 +100,13 @@ pub fn effective_load(
 ///    prefill a match saves less its queue cost; a pod clearly slower
 ///    keeps the prefixes it holds, but misses go to faster pods;
 /// 3. the lowest cost wins; ties go to the longer match, then the lower
-///    load, then fewer in flight (fresh, where reports lag), then the pod
-///    this VM sent fewer requests to recently (`sent`, times `slowness`: a
-///    prefix placed now draws its later requests there), then the pod it
-///    placed fewer new prefixes on (`placed`, so no pod's cache holds more
-///    than its share); remaining
-///    ties among unmatched pods rotate with `turn` (as in [`choose`]),
-///    among matched pods they are shuffled;
+///    load, then fewer in flight (`inflight`: fresh, where reports lag),
+///    then the pod this VM sent fewer requests to recently (`sent`, times
+///    `slowness`: a prefix placed now draws its later requests there),
+///    then the pod it placed fewer new prefixes on (`placed`, so no pod's
+///    cache holds more than its share); remaining ties among unmatched
+///    pods rotate with `turn` (as in [`choose`]), among matched pods they
+///    are shuffled;
 /// 4. a hot prefix is copied. The prompt's prefix group (`share`: its
 ///    part of this VM's recent requests) needs `ceil(0.9 x share x pods)`
 ///    pods, and two when it is big (at least half a pod's share) and its
@@ -251,7 +251,9 @@ pub const SLOW_PREFILL: i128 = 1500;
 pub struct PodLoads<'a> {
     /// Estimated queue ([`effective_load`]).
     pub queue: &'a [u32],
-    /// In-flight requests (this VM exact, the others as last exchanged).
+    /// In-flight requests, for ties: this replica's (this VM's exact, its
+    /// other VMs' as of their last request) where the pod has a fresh
+    /// report, else also the other replicas' as of the last sync.
     pub inflight: &'a [u32],
     /// New prefixes this VM placed on the pod (recently).
     pub placed: &'a [u32],

@@ -361,6 +361,12 @@ impl Router {
                 let signals = self.signals.borrow();
                 let vm_load = self.load.borrow();
                 let mut queue = load.clone();
+                // Ties weigh in-flight counts as fresh as they come: for a
+                // pod with a report, this replica's own (exact; the report
+                // already puts the other replicas' load in its queue, and
+                // their counts from the last sync are up to a period old);
+                // for the others, every count this VM knows.
+                let mut ties = load.clone();
                 for &pod in pool {
                     let i = pod.index();
                     if let Some(q) = queue.get_mut(i) {
@@ -371,6 +377,9 @@ impl Router {
                             vm_load.replica_at(i)
                         };
                         let seen = signals.seen(pod);
+                        if seen.is_some() {
+                            ties[i] = vm_load.replica_at(i);
+                        }
                         *q = effective_load(mine, *q, seen, signals.capacity(pod), cfg);
                     }
                 }
@@ -379,7 +388,7 @@ impl Router {
                 let slowness = slowness(&self.latency.borrow(), pool);
                 let loads = PodLoads {
                     queue: &queue,
-                    inflight: &load,
+                    inflight: &ties,
                     placed: &placed,
                     sent: &sent,
                     slowness: &slowness,

@@ -359,3 +359,48 @@ fn a_new_tail_rewrites_only_its_own_segments_held_blocks() {
     assert_eq!(want.len(), 8);
     assert_eq!(b.recorded.iter().map(|(h, _)| *h).collect::<Vec<_>>(), want);
 }
+
+/// Other replicas' in-flight counts from the last sync (up to a period
+/// old) break ties only for pods without a fresh report: a reported pod's
+/// other-replica load is already in its queue, as of the report.
+#[test]
+fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
+    let chosen = |signals: bool| -> Vec<usize> {
+        let r = router(r#","sync":{"enabled":true},"signals":{"enabled":true,"cluster":"pods"}"#);
+        let s = MemStore::new();
+        let mut rng = SplitMix64::new(3);
+        let warm = r.route(&s, &req("warm-up!"), 1, &mut rng).unwrap();
+        r.release(&s, warm.choice.pod, warm.choice.match_percent, 1);
+        // The other replicas had 6 in flight on the second pod at the last
+        // sync; with `signals`, every pod reported idle since.
+        crate::route::load::set_remote(&s, &[0, 6, 0]).unwrap();
+        r.refresh_load(&s, 1_000).unwrap();
+        let records: Vec<crate::signals::Record> = (0..3)
+            .map(|i| crate::signals::Record {
+                slot: PodSlot::new(i),
+                at_ms: 1_000,
+                signals: crate::signals::PodSignals {
+                    waiting: 0,
+                    running: 0,
+                    kv_permille: Some(0),
+                },
+            })
+            .collect();
+        if signals {
+            r.set_signals(&crate::signals::encode(&records), 1_000, 10_000);
+        }
+        (0..6)
+            .map(|i| {
+                let x = r
+                    .route(&s, &req(&format!("{i}{i}{i}{i} new prefix")), 1, &mut rng)
+                    .unwrap();
+                r.release(&s, x.choice.pod, x.choice.match_percent, 1);
+                x.choice.pod.index()
+            })
+            .collect()
+    };
+    let reported = chosen(true);
+    assert!(reported.contains(&1), "{reported:?}");
+    let unreported = chosen(false);
+    assert!(!unreported.contains(&1), "{unreported:?}");
+}
