@@ -59,11 +59,12 @@ struct Published {
 }
 
 impl Published {
-    fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER + 4 * self.counts.len());
-        out.extend_from_slice(&self.token.to_le_bytes());
-        out.extend_from_slice(&self.at_ms.to_le_bytes());
-        out.extend(self.counts.iter().flat_map(|c| c.to_le_bytes()));
+    /// The value a VM with `token` writes at `at_ms` for its `counts`.
+    fn encode(token: u64, at_ms: u64, counts: &[u32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER + 4 * counts.len());
+        out.extend_from_slice(&token.to_le_bytes());
+        out.extend_from_slice(&at_ms.to_le_bytes());
+        out.extend(counts.iter().flat_map(|c| c.to_le_bytes()));
         out
     }
 
@@ -233,12 +234,7 @@ impl VmLoad {
         } else {
             Vec::new()
         };
-        let value = Published {
-            token: self.token,
-            at_ms: now_ms,
-            counts: self.own.clone(),
-        }
-        .encode();
+        let value = Published::encode(self.token, now_ms, &self.own);
         // Our key, or (first tick, or it was taken while we stalled) the
         // first free one: written under the CAS just read, so two VMs never
         // hold one key; the loser tries again next tick.
@@ -301,12 +297,7 @@ impl VmLoad {
         let Some(i) = self.key.filter(|_| !self.other_keys.is_empty()) else {
             return false;
         };
-        let value = Published {
-            token: self.token,
-            at_ms: now_ms,
-            counts: self.own.clone(),
-        }
-        .encode();
+        let value = Published::encode(self.token, now_ms, &self.own);
         store.set(&vm_key(i), &value, None).is_ok()
     }
 
