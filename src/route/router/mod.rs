@@ -370,15 +370,12 @@ impl Router {
                 for &pod in pool {
                     let i = pod.index();
                     if let Some(q) = queue.get_mut(i) {
+                        let replica = vm_load.replica_at(i);
                         // This replica's own count matters only beside a report.
-                        let mine = if signals.is_empty() {
-                            0
-                        } else {
-                            vm_load.replica_at(i)
-                        };
+                        let mine = if signals.is_empty() { 0 } else { replica };
                         let seen = signals.seen(pod);
                         if seen.is_some() {
-                            ties[i] = vm_load.replica_at(i);
+                            ties[i] = replica;
                         }
                         *q = effective_load(mine, *q, seen, signals.capacity(pod), cfg);
                     }

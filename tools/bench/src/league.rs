@@ -15,6 +15,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::commands::compare::{WorkloadKind, WorkloadResult};
+use crate::percentiles::percentile;
 use crate::report::{num, Table};
 use crate::scenario::Router;
 
@@ -194,17 +195,10 @@ fn best_in_run(f: &Figure, run: &[Entry], workload: WorkloadKind, router: Router
     any.then_some(true)
 }
 
+/// The median of `v` (infinite values included: a pod left empty).
 fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
     v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+    percentile(&v, 50.0)
 }
 
 /// Per workload and figure: each router's median over the runs and in how

@@ -13,6 +13,10 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     let rank = p.clamp(0.0, 100.0) / 100.0 * last as f64;
     let lo = rank.floor() as usize;
     let hi = rank.ceil() as usize;
+    if lo == hi {
+        // An exact rank: the sample itself (also when it is infinite).
+        return Some(sorted[lo]);
+    }
     let frac = rank - lo as f64;
     Some(sorted[lo] + (sorted[hi] - sorted[lo]) * frac)
 }
@@ -53,6 +57,14 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn an_exact_rank_is_the_sample_even_when_infinite() {
+        let inf = f64::INFINITY;
+        assert_eq!(percentile(&[1.0, inf, inf], 50.0), Some(inf));
+        assert_eq!(percentile(&[1.0, inf], 50.0), Some(inf));
+        assert_eq!(percentile(&[1.0, 2.0, 4.0], 50.0), Some(2.0));
     }
 
     #[test]
