@@ -27,9 +27,9 @@
 //! Beyond AIBrix, pushes also append the changed ids to a per-namespace
 //! change-log stream so that most pulls read only what changed; a full SCAN
 //! still runs every `full_scan_every` cycles (see [`SyncSettings`]). Between
-//! cycles the engine polls that log every `poll_ms` and pushes deltas every
-//! half period, so a change reaches peers in about period/2 + `poll_ms`
-//! (rules in [`SyncEngine::tick`]).
+//! cycles the engine polls that log every `poll_ms` and pushes deltas at
+//! most every `push_ms`, so a change reaches peers in about `push_ms` + two
+//! polls (rules in [`SyncEngine::tick`]).
 
 pub(crate) mod cmd;
 pub(crate) mod engine;

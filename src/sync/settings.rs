@@ -86,9 +86,9 @@ pub struct SyncSettings {
     /// Between cycles, every `poll_ms` the engine *polls*: one call reads
     /// the change log of every delta-capable namespace without hooks from
     /// its last position and applies what peers changed (MGET of just those
-    /// ids). A poll also pushes such a namespace's delta once `period/2`
+    /// ids). A poll also pushes such a namespace's delta once `push_ms`
     /// has passed since the last push. Polls run only while the last cycle
-    /// succeeded and never overlap a cycle. `0` turns polls and half-period
+    /// succeeded and never overlap a cycle. `0` turns polls and their
     /// pushes off; ignored in AIBrix mode (`full_scan_every` 0 or 1). The
     /// host ticks every 25 ms, so smaller values mean "every tick".
     /// Default 175 ms: write-through changes reach peers within
@@ -96,6 +96,14 @@ pub struct SyncSettings {
     /// steady-state Redis commands of a 200k-entity namespace >= 20x below
     /// full-scan mode.
     pub poll_ms: u64,
+    /// Least time between two pushes, for the pushes polls make: a poll
+    /// pushes the delta once this much has passed since the last push
+    /// (a cycle's or a poll's). Default 175 ms, i.e. every poll: a new
+    /// prefix reaches peers within about two polls instead of half a
+    /// period plus a poll. Writes per entity do not grow (the dirty set
+    /// deduplicates, and the router re-marks a block at most once per touch
+    /// interval); calls grow by at most one per poll. Range 10..=`period_ms`.
+    pub(crate) push_ms: u64,
     /// Bridge calls a cycle or poll keeps in flight at once (write-through
     /// calls are not capped by it).
     pub(crate) max_inflight_calls: usize,
@@ -153,6 +161,7 @@ impl Default for SyncSettings {
             change_log_max_entries: 4096,
             log_read_count: 64,
             poll_ms: 175,
+            push_ms: 175,
             max_inflight_calls: 4,
             bridge_cluster: "redis_bridge".into(),
             bridge_authority: "redis".into(),
@@ -187,6 +196,7 @@ impl fmt::Debug for SyncSettings {
             .field("change_log_max_entries", &self.change_log_max_entries)
             .field("log_read_count", &self.log_read_count)
             .field("poll_ms", &self.poll_ms)
+            .field("push_ms", &self.push_ms)
             .field("foreign_max_entries", &self.foreign_max_entries)
             .field("max_inflight_calls", &self.max_inflight_calls)
             .field("bridge_cluster", &self.bridge_cluster)
@@ -301,6 +311,7 @@ impl SyncSettings {
         if self.poll_ms != 0 {
             // Polling less often than cycles run would never happen.
             range("poll_ms", self.poll_ms, 10, self.period_ms)?;
+            range("push_ms", self.push_ms, 10, self.period_ms)?;
         }
         range("max_inflight_calls", self.max_inflight_calls, 1, 64)?;
         range(
@@ -391,7 +402,7 @@ mod tests {
         assert_eq!(s.effective_ttl_secs(), 120);
         assert_eq!((s.setex_chunk, s.mget_batch, s.scan_count), (25, 200, 500));
         assert!(!s.write_through);
-        assert_eq!(s.poll_ms, 175);
+        assert_eq!((s.poll_ms, s.push_ms), (175, 175));
         assert_eq!((s.full_scan_every, s.scan_keys_per_cycle), (6, 0));
         assert!(s.polling_enabled());
         assert_eq!(s.namespaces.prefixcache, "prefixcache");
@@ -437,6 +448,8 @@ mod tests {
             (json!({"bridge_cluster": ""}), "bridge_cluster"),
             (json!({"poll_ms": 5}), "poll_ms"),
             (json!({"period_ms": 1000, "poll_ms": 1001}), "poll_ms"),
+            (json!({"push_ms": 9}), "push_ms"),
+            (json!({"period_ms": 1000, "push_ms": 1001}), "push_ms"),
             (
                 json!({"scan_keys_per_cycle": 10_000_001}),
                 "scan_keys_per_cycle",

@@ -1240,7 +1240,7 @@ fn incremental_pull_costs_far_less_than_full_scan_at_one_percent_churn() {
     // idle polls cost more commands than one full scan; see the report.)
 }
 
-// ---- polls and half-period pushes ----
+// ---- polls and their pushes ----
 
 /// [`warmed_pair`], then B's cycle again: B's next cycle is about a period
 /// away, both replicas know their log positions and may poll.
@@ -1291,7 +1291,7 @@ fn poll_sees_a_peer_change_within_poll_ms() {
     assert_eq!(eb.stats().cycles_ok, cycles, "no B cycle in between");
     assert_eq!((polls(&eb), eb.stats().poll_applied), (1, 1));
 
-    // Without write-through: A's next push (half-period or cycle) writes
+    // Without write-through: A's next push (a poll's or a cycle's) writes
     // it, B's next poll applies it.
     a.borrow_mut().set("periodic", b"2");
     let (mut t, mut pushed) = (seen, None);
@@ -1579,20 +1579,24 @@ fn truncated_multi_namespace_poll_is_split_and_retried() {
 }
 
 #[test]
-fn half_period_push_sends_delta_and_clears_only_on_success() {
-    let (a, _b, mut ea, _eb, mut r, now) = warmed_pair(settings(), 5);
-    let period = ea.settings().period_ms;
+fn poll_push_waits_push_ms_and_clears_only_on_success() {
+    let s = SyncSettings {
+        push_ms: 1_000,
+        ..settings()
+    };
+    let (a, _b, mut ea, _eb, mut r, now) = warmed_pair(s, 5);
+    let push = ea.settings().push_ms;
     let next_cycle = ea.next_cycle_ms().unwrap();
-    assert!(now + period / 2 + 200 < next_cycle);
+    assert!(now + push + 200 < next_cycle);
     a.borrow_mut().set("x", b"1");
-    // Before half a period: polls only.
+    // Before push_ms: polls only.
     assert_eq!(
         tick_names(&mut ea, &mut r, now + 100),
         vec!["XRANGE", "QUIT"]
     );
-    // At half a period: poll, then push the delta (SETEX + XADD + EXPIRE).
+    // At push_ms: poll, then push the delta (SETEX + XADD + EXPIRE).
     // The push fails: counted, the id stays dirty, schedule untouched.
-    let at = now + period / 2;
+    let at = now + push;
     let calls = ea.tick(at);
     let mut bodies = Vec::new();
     deliver_with(&mut ea, &mut r, at, calls, &mut |c, r| {
@@ -1612,7 +1616,10 @@ fn half_period_push_sends_delta_and_clears_only_on_success() {
     );
     let st = ea.stats().clone();
     assert_eq!((st.mid_pushes, st.mid_pushes_failed), (0, 1));
-    assert_eq!((st.cycles_failed, st.backoff_ms), (0, period));
+    assert_eq!(
+        (st.cycles_failed, st.backoff_ms),
+        (0, ea.settings().period_ms)
+    );
     assert_eq!(ea.next_cycle_ms(), Some(next_cycle));
     assert!(a.borrow().dirty.contains("x"));
     assert!(!a.borrow().events.iter().any(|e| e == "clear:1"));
@@ -1622,16 +1629,16 @@ fn half_period_push_sends_delta_and_clears_only_on_success() {
     assert_eq!(r.get(&key("x")), Some(b"1".to_vec()));
     assert!(a.borrow().dirty.is_empty());
 
-    // Next half period: a successful push clears what it wrote.
+    // push_ms later: a successful push clears what it wrote.
     a.borrow_mut().set("y", b"2");
     a.borrow_mut().events.clear();
     let setex = r.count("SETEX");
     assert_eq!(
-        tick_names(&mut ea, &mut r, done + period / 2 - 100),
+        tick_names(&mut ea, &mut r, done + push - 100),
         vec!["XRANGE", "QUIT"]
     );
     assert_eq!(
-        tick_names(&mut ea, &mut r, done + period / 2),
+        tick_names(&mut ea, &mut r, done + push),
         vec!["XRANGE", "QUIT", "SETEX", "XADD", "EXPIRE", "QUIT"]
     );
     assert_eq!(r.get(&key("y")), Some(b"2".to_vec()));
@@ -1642,7 +1649,7 @@ fn half_period_push_sends_delta_and_clears_only_on_success() {
     assert_eq!(ea.stats().cycles_ok, 3, "no cycle ran for it");
     // Nothing dirty: no push at the next opportunity either.
     assert_eq!(
-        tick_names(&mut ea, &mut r, done + period / 2 + 100),
+        tick_names(&mut ea, &mut r, done + push + 100),
         vec!["XRANGE", "QUIT"]
     );
 }
@@ -1693,7 +1700,7 @@ fn full_scan_mode_has_no_polls_and_no_mid_pushes() {
 /// One trial: two replicas ticking every [`TICK_MS`] on their own phases;
 /// A changes an entity at a random `t0` (after warm-up) and the time until
 /// B holds it is returned. `busy`: A also changes another entity on every
-/// tick, so its half-period pushes never wait for a first change (the
+/// tick, so its polls' pushes never wait for a first change (the
 /// usual state of a replica routing traffic).
 fn convergence_ms(s: &SyncSettings, seed: u64, write_through: bool, busy: bool) -> u64 {
     let mut rng = SplitMix64::new(seed);
@@ -1751,27 +1758,42 @@ fn summary(mut v: Vec<u64>) -> (u64, u64, u64) {
 }
 
 #[test]
-fn convergence_with_polls_and_half_period_pushes_over_jittered_phases() {
+fn convergence_with_polls_and_their_pushes_over_jittered_phases() {
     let trials = 300;
     let s = SyncSettings {
         period_ms: 1_000,
         poll_ms: 100,
         ..settings()
     };
-    let (period, poll) = (s.period_ms, s.poll_ms);
-    // A change waits for A's next push (<= period/2 after the last one, on
-    // A's next tick), then for B's next poll (<= poll_ms, on B's tick).
-    let bound = period / 2 + poll + TICK_MS;
+    let (period, poll, push) = (s.period_ms, s.poll_ms, s.push_ms);
+    // A change waits for A's next push (the first poll at least push_ms
+    // after the last push, on A's next tick), then for B's next poll
+    // (<= poll_ms, on B's tick).
+    let bound = push + 2 * poll + TICK_MS;
     let periodic: Vec<u64> = (0..trials)
         .map(|i| convergence_ms(&s, i, false, true))
         .collect();
     let (p50, p99, max) = summary(periodic);
     let msg = format!(
         "periodic, P={period} ms, poll={poll} ms, {trials} trials: p50 {p50} ms, p99 {p99} ms, \
-         max {max} ms (bound P/2 + poll + tick = {bound} ms; target p99 <= P)"
+         max {max} ms (bound push + 2 poll + tick = {bound} ms; target p99 <= P)"
     );
     eprintln!("{msg}");
     assert!(max <= bound && p99 <= period, "{msg}");
+
+    // Pushing every half period instead (what polls did before `push_ms`).
+    let half = SyncSettings {
+        push_ms: period / 2,
+        ..s.clone()
+    };
+    let halves: Vec<u64> = (0..trials)
+        .map(|i| convergence_ms(&half, i, false, true))
+        .collect();
+    let (h50, h99, _) = summary(halves);
+    let msg =
+        format!("push every P/2: p50 {h50} ms, p99 {h99} ms; push_ms {push}: p50 {p50}, p99 {p99}");
+    eprintln!("{msg}");
+    assert!(p50 < h50 && p99 < h99, "{msg}");
 
     // The same without polls (cycle push, then the peer's cycle pull).
     let off = SyncSettings {

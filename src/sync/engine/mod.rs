@@ -13,14 +13,14 @@
 //! Between cycles, with the change log on and `poll_ms > 0`, the engine
 //! *polls* (see [`SyncEngine::tick`] for the rules): one call reads the log
 //! of every delta-capable namespace without hooks, the changed ids are
-//! fetched and applied like a pull's, and once half a period has passed
-//! since the last push the poll goes on to push those namespaces' deltas.
+//! fetched and applied like a pull's, and once `push_ms` has passed since
+//! the last push the poll goes on to push those namespaces' deltas.
 //! Cycles and polls are both *runs* and only one run exists at a time.
 //!
 //! This file holds [`SyncEngine`] and its public methods; the rest is split
 //! by concern, each an `impl SyncEngine` block with the types it owns:
 //! `runs` (the run in progress and how it advances), `cycle` (a cycle's
-//! start, push and end), `polls` (a poll's reads and half-period push),
+//! start, push and end), `polls` (a poll's reads and its push),
 //! `replies` (what each answer does, truncation retries), `sending` (queued
 //! and in-flight work, pipelines), `write_through` (`put`/`delete`) and
 //! `cluster` (Redis Cluster: the slot map and `MOVED`/`ASK`/`TRYAGAIN`).
@@ -166,7 +166,7 @@ pub(crate) struct SyncEngine {
     /// Polls may run: the last cycle succeeded and no poll failed since.
     polls_allowed: bool,
     next_poll_ms: Option<u64>,
-    /// When the last push (cycle or half-period) took its delta.
+    /// When the last push (a cycle's or a poll's) took its delta.
     last_push_ms: Option<u64>,
     outstanding: BTreeMap<CallId, Outstanding>,
     next_call_id: CallId,
@@ -342,19 +342,19 @@ impl SyncEngine {
     /// - a due cycle waits for a running poll (at most `op_timeout_ms`, after
     ///   which the poll is abandoned as failed); a poll never changes the
     ///   cycle schedule or backoff;
-    /// - once `period/2` has passed since the last push, the poll goes on to
-    ///   push the polled namespaces' deltas (pull first, then push, as a
-    ///   cycle does). Why: pull-first still holds per replica (what is
-    ///   pushed was refreshed by this very poll); a change is now written
-    ///   within about period/2 and seen by peers within about `poll_ms`
-    ///   after that, so convergence is about period/2 + `poll_ms` instead of
-    ///   up to two periods (a push, then the peer's pull, each waiting up to
-    ///   a period). Writes per entity do not grow: the dirty set
-    ///   deduplicates and an entity is written only when it changed since
-    ///   the last push (the router re-marks a hot block at most once per
-    ///   touch interval, 30 s by default). Only an entity that changes
-    ///   again within every half period is written up to twice per period
-    ///   instead of once.
+    /// - once `push_ms` (175 ms) has passed since the last push, the poll
+    ///   goes on to push the polled namespaces' deltas (pull first, then
+    ///   push, as a cycle does). Why: pull-first still holds per replica
+    ///   (what is pushed was refreshed by this very poll); a change is
+    ///   written within about `push_ms` + `poll_ms` and seen by peers within
+    ///   about `poll_ms` after that, instead of up to two periods (a push,
+    ///   then the peer's pull, each waiting up to a period). Writes per
+    ///   entity do not grow: the dirty set deduplicates and an entity is
+    ///   written only when it changed since the last push (the router
+    ///   re-marks a hot block at most once per touch interval, 30 s by
+    ///   default). Only an entity that changes again within every
+    ///   `push_ms` is written more often than once per period. Calls grow
+    ///   by at most one per poll that has something to push.
     pub(crate) fn tick(&mut self, now_ms: u64) -> Vec<Call> {
         if !self.started || self.stopped {
             return Vec::new();
@@ -626,7 +626,7 @@ impl SyncEngine {
         self.run.as_ref().is_some_and(|r| r.kind == Kind::Cycle)
     }
 
-    /// True while a poll (with its half-period push, if any) is in progress.
+    /// True while a poll (with its push, if any) is in progress.
     pub(crate) fn poll_in_progress(&self) -> bool {
         self.run.as_ref().is_some_and(|r| r.kind == Kind::Poll)
     }

@@ -1,6 +1,6 @@
 //! Polls: between cycles, one call reads the change logs of the pollable
-//! namespaces; once half a period has passed since the last push, the poll
-//! goes on to push their deltas (rules in [`SyncEngine::tick`]).
+//! namespaces; once `push_ms` has passed since the last push, the poll goes
+//! on to push their deltas (rules in [`SyncEngine::tick`]).
 
 use std::collections::HashSet;
 
@@ -90,10 +90,10 @@ impl SyncEngine {
         self.run = Some(poll);
     }
 
-    /// Half-period push due: at least period/2 since the last push.
-    fn mid_push_due(&self, now_ms: u64) -> bool {
+    /// A poll's push due: at least `push_ms` since the last push.
+    fn poll_push_due(&self, now_ms: u64) -> bool {
         self.last_push_ms
-            .is_some_and(|t| now_ms >= t + self.settings.period_ms / 2)
+            .is_some_and(|t| now_ms >= t + self.settings.push_ms)
     }
 
     /// After a poll's reads: keep the new log positions (None = the log was
@@ -115,13 +115,13 @@ impl SyncEngine {
                 *ok = reg.parts.iter().all(|p| p.log_pos.is_some());
             }
         }
-        if !self.mid_push_due(now_ms) {
+        if !self.poll_push_due(now_ms) {
             return;
         }
         // Pull first still holds: every namespace pushed here was just
         // refreshed by this poll (the others wait for the cycle). An empty
-        // delta counts as a push too, so `delta()` (which may walk a large
-        // dirty set) runs at most every period/2, not on every poll.
+        // delta counts as a push too, so `delta()` (which walks the dirty
+        // set) runs at most every `push_ms`.
         self.last_push_ms = Some(now_ms);
         let chunk = self.settings.setex_chunk;
         for (i, ok) in pushable.into_iter().enumerate() {
@@ -141,7 +141,7 @@ impl SyncEngine {
         };
         if poll.stage == Stage::Push {
             self.stats.mid_pushes_failed += 1;
-            log::warn!("sync: half-period push failed: {why}; polls pause until a cycle succeeds");
+            log::warn!("sync: a poll's push failed: {why}; polls pause until a cycle succeeds");
         } else {
             self.stats.polls_failed += 1;
             log::warn!("sync: poll failed: {why}; polls pause until a cycle succeeds");
