@@ -1,6 +1,7 @@
 //! Pod signals: what each pod says about its own load, read from its
 //! Prometheus `/metrics` (vLLM's names by default): requests waiting for a
-//! slot, requests running, and KV-cache usage.
+//! slot, requests running, KV-cache usage, and how long the pod takes per
+//! output token (its inter-token latency histogram), i.e. how fast it is.
 //!
 //! Three parts, all pure (no `proxy_wasm` here):
 //! - [`parse`] turns a `/metrics` body into [`PodSignals`], or says why it
@@ -11,7 +12,7 @@
 //!   for a scrape, what each reply means, and the value to publish.
 //! - [`encode`] / [`decode`] are the one shared-data value ([`KEY`]) the
 //!   singleton writes and the workers read on their tick, at most
-//!   [`MAX_SLOTS`] records of [`RECORD`] bytes (20 KiB).
+//!   [`MAX_SLOTS`] records of [`RECORD`] bytes (24 KiB).
 //!
 //! A pod whose scrape fails or returns absurd values has no record (or a
 //! stale one, which readers ignore): routing falls back to in-flight counts
@@ -29,24 +30,30 @@ pub mod share;
 /// Shared-data key of the published signals.
 pub const KEY: &str = "signals/pods";
 /// Bytes per published record: `slot u16 | at_ms u64 | waiting u32 |
-/// running u32 | kv_permille u16` (little endian; `kv_permille` 0xFFFF =
-/// not reported).
-pub const RECORD: usize = 20;
+/// running u32 | kv_permille u16 | token_us u32` (little endian;
+/// `kv_permille` 0xFFFF and `token_us` 0xFFFFFFFF = not reported).
+pub const RECORD: usize = 24;
 /// Waiting or running counts above this are absurd (no server queues a
 /// million requests): the pod falls back to in-flight counts.
 pub const MAX_REQUESTS: f64 = 1_000_000.0;
 const KV_UNKNOWN: u16 = u16::MAX;
+const TOKEN_UNKNOWN: u32 = u32::MAX;
+/// A mean time per output token above this (µs) is absurd: ignored.
+const MAX_TOKEN_US: f64 = 60_000_000.0;
 
 /// The metric names read, each a list tried in order (the first present
 /// wins): vLLM renamed `gpu_cache_usage_perc` to `kv_cache_usage_perc`, and
 /// other servers have names of their own (SGLang: `sglang:num_queue_reqs`,
-/// `sglang:num_running_reqs`, `sglang:token_usage`).
+/// `sglang:num_running_reqs`, `sglang:token_usage`). `token_latency` names
+/// histograms (their `_sum` and `_count` series are read): vLLM's
+/// `inter_token_latency_seconds` and the older name it replaces.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricNames {
     pub waiting: Vec<String>,
     pub running: Vec<String>,
     pub kv_usage: Vec<String>,
+    pub token_latency: Vec<String>,
 }
 
 impl Default for MetricNames {
@@ -57,6 +64,10 @@ impl Default for MetricNames {
             kv_usage: vec![
                 "vllm:kv_cache_usage_perc".into(),
                 "vllm:gpu_cache_usage_perc".into(),
+            ],
+            token_latency: vec![
+                "vllm:inter_token_latency_seconds".into(),
+                "vllm:time_per_output_token_seconds".into(),
             ],
         }
     }
@@ -71,6 +82,18 @@ pub struct PodSignals {
     pub running: u32,
     /// KV-cache usage in thousandths (the highest series), if reported.
     pub kv_permille: Option<u16>,
+    /// Mean time per output token, µs, if the pod reports its inter-token
+    /// latency histogram: over the output tokens since the previous scrape,
+    /// averaged with the value before (kept while no token was made). Set
+    /// by [`Scraper`]; [`parse`] leaves it None.
+    pub token_us: Option<u32>,
+}
+
+/// A histogram's running totals: its `_sum` (seconds) and `_count`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TokenTotals {
+    pub sum_secs: f64,
+    pub count: f64,
 }
 
 /// Why a body gave no signals.
@@ -124,7 +147,18 @@ fn fold(slot: &mut Option<Found>, rank: usize, value: Option<f64>, sum: bool) {
 /// over label sets, e.g. one series per model); KV usage is optional (the
 /// highest series). Lines that are not samples are skipped.
 pub fn parse(body: &[u8], names: &MetricNames) -> Result<PodSignals, SignalError> {
+    parse_with_totals(body, names).map(|(signals, _)| signals)
+}
+
+/// [`parse`], and the token latency histogram's totals (summed over label
+/// sets; None when absent, when `_sum` and `_count` do not come from the same
+/// name, or when a value is not a finite number >= 0).
+pub fn parse_with_totals(
+    body: &[u8],
+    names: &MetricNames,
+) -> Result<(PodSignals, Option<TokenTotals>), SignalError> {
     let (mut waiting, mut running, mut kv) = (None, None, None);
+    let (mut token_sum, mut token_count) = (None, None);
     for line in body.split(|&b| b == b'\n') {
         let Some((name, value)) = sample(line) else {
             continue;
@@ -139,7 +173,27 @@ pub fn parse(body: &[u8], names: &MetricNames) -> Result<PodSignals, SignalError
         if let Some(r) = rank(&names.kv_usage) {
             fold(&mut kv, r, value, false);
         }
+        let series = |suffix: &[u8]| {
+            let base = name.strip_suffix(suffix)?;
+            names
+                .token_latency
+                .iter()
+                .position(|n| n.as_bytes() == base)
+        };
+        if let Some(r) = series(b"_sum") {
+            fold(&mut token_sum, r, value, true);
+        }
+        if let Some(r) = series(b"_count") {
+            fold(&mut token_count, r, value, true);
+        }
     }
+    let totals = match (token_sum, token_count) {
+        (Some(s), Some(c)) if s.rank == c.rank && !s.bad && !c.bad => Some(TokenTotals {
+            sum_secs: s.value,
+            count: c.value,
+        }),
+        _ => None,
+    };
     let count = |f: Option<Found>, role: &'static str| -> Result<u32, SignalError> {
         let f = f.ok_or(SignalError::Missing(role))?;
         if f.bad || !(0.0..=MAX_REQUESTS).contains(&f.value) {
@@ -156,11 +210,13 @@ pub fn parse(body: &[u8], names: &MetricNames) -> Result<PodSignals, SignalError
         }
         Some(f) => Some((f.value * 1000.0).round() as u16),
     };
-    Ok(PodSignals {
+    let signals = PodSignals {
         waiting,
         running,
         kv_permille,
-    })
+        token_us: None,
+    };
+    Ok((signals, totals))
 }
 
 /// One sample line: its metric name and value (None if the value is not a
@@ -225,6 +281,7 @@ pub fn encode(records: &[Record]) -> Vec<u8> {
         out.extend_from_slice(&r.signals.waiting.to_le_bytes());
         out.extend_from_slice(&r.signals.running.to_le_bytes());
         out.extend_from_slice(&r.signals.kv_permille.unwrap_or(KV_UNKNOWN).to_le_bytes());
+        out.extend_from_slice(&r.signals.token_us.unwrap_or(TOKEN_UNKNOWN).to_le_bytes());
     }
     out
 }
@@ -240,6 +297,7 @@ pub fn decode(bytes: &[u8]) -> Vec<Record> {
             let mut at = [0u8; 8];
             at.copy_from_slice(&c[2..10]);
             let kv = u16_at(18);
+            let token_us = u32_at(20);
             Record {
                 slot: PodSlot::from_le_bytes([c[0], c[1]]),
                 at_ms: u64::from_le_bytes(at),
@@ -247,6 +305,7 @@ pub fn decode(bytes: &[u8]) -> Vec<Record> {
                     waiting: u32_at(10),
                     running: u32_at(14),
                     kv_permille: (kv != KV_UNKNOWN).then_some(kv),
+                    token_us: (token_us != TOKEN_UNKNOWN).then_some(token_us),
                 },
             }
         })
@@ -367,6 +426,9 @@ pub struct Scraper {
     /// Other replicas' scrapes (`signals.share`); published where they are
     /// fresher than this replica's own.
     remote: BTreeMap<PodSlot, Record>,
+    /// Per pod: the token latency totals of its last good scrape, and the
+    /// mean time per output token made of them (µs).
+    tokens: BTreeMap<PodSlot, (TokenTotals, Option<u32>)>,
     dirty: bool,
 }
 
@@ -379,6 +441,7 @@ impl Scraper {
             in_flight: Vec::new(),
             records: BTreeMap::new(),
             remote: BTreeMap::new(),
+            tokens: BTreeMap::new(),
             dirty: false,
         }
     }
@@ -392,6 +455,8 @@ impl Scraper {
         self.next_ms = now_ms + self.interval_ms;
         let before = self.records.len();
         self.records
+            .retain(|slot, _| targets.iter().any(|t| t.slot == *slot));
+        self.tokens
             .retain(|slot, _| targets.iter().any(|t| t.slot == *slot));
         self.dirty |= self.records.len() != before;
         let mut out: Vec<Target> = Vec::new();
@@ -413,11 +478,12 @@ impl Scraper {
     pub fn on_reply(&mut self, slot: PodSlot, reply: Result<&[u8], &str>, now_ms: u64) -> Outcome {
         self.in_flight.retain(|s| *s != slot);
         let parsed = match reply {
-            Ok(body) => parse(body, &self.names).map_err(|e| e.to_string()),
+            Ok(body) => parse_with_totals(body, &self.names).map_err(|e| e.to_string()),
             Err(why) => Err(why.to_string()),
         };
         match parsed {
-            Ok(signals) => {
+            Ok((mut signals, totals)) => {
+                signals.token_us = self.token_us(slot, totals);
                 self.records.insert(
                     slot,
                     Record {
@@ -431,9 +497,40 @@ impl Scraper {
             }
             Err(why) => {
                 self.dirty |= self.records.remove(&slot).is_some();
+                self.tokens.remove(&slot);
                 Outcome::Fallback(why)
             }
         }
+    }
+
+    /// The pod's mean time per output token (µs) after a scrape read
+    /// `totals`: the mean over the tokens made since its previous scrape,
+    /// averaged with the value before; the value before while no token was
+    /// made; on the first scrape (or after the pod's counts went back, a
+    /// restart) the mean over all its tokens. None without totals or tokens.
+    fn token_us(&mut self, slot: PodSlot, totals: Option<TokenTotals>) -> Option<u32> {
+        let Some(now) = totals else {
+            self.tokens.remove(&slot);
+            return None;
+        };
+        let before = self.tokens.get(&slot).copied();
+        let (sum, count, last) = match before {
+            Some((b, last)) if now.count >= b.count => {
+                (now.sum_secs - b.sum_secs, now.count - b.count, last)
+            }
+            _ => (now.sum_secs, now.count, None),
+        };
+        let mean = (count >= 1.0)
+            .then(|| sum.max(0.0) / count * 1e6)
+            .filter(|us| us.is_finite() && *us <= MAX_TOKEN_US);
+        let value = match (last, mean) {
+            (Some(l), Some(m)) => Some((f64::from(l) + m) / 2.0),
+            (None, m) => m,
+            (Some(l), None) => Some(f64::from(l)),
+        }
+        .map(|us| us.round() as u32);
+        self.tokens.insert(slot, (now, value));
+        value
     }
 
     /// Replaces the records other replicas scraped (`signals.share`).
@@ -463,8 +560,15 @@ impl Scraper {
     fn merged(&self) -> BTreeMap<PodSlot, Record> {
         let mut all = self.remote.clone();
         for (slot, r) in &self.records {
-            if all.get(slot).map_or(true, |o| o.at_ms <= r.at_ms) {
-                all.insert(*slot, *r);
+            match all.get_mut(slot) {
+                Some(o) if o.at_ms > r.at_ms => {
+                    // Shared records carry no token latency: keep this
+                    // replica's.
+                    o.signals.token_us = o.signals.token_us.or(r.signals.token_us);
+                }
+                _ => {
+                    all.insert(*slot, *r);
+                }
             }
         }
         all

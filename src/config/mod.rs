@@ -397,6 +397,7 @@ impl Settings {
                 ("waiting", &n.waiting),
                 ("running", &n.running),
                 ("kv_usage", &n.kv_usage),
+                ("token_latency", &n.token_latency),
             ] {
                 if list.len() > 8 || list.iter().any(|name| name.is_empty() || name.len() > 200) {
                     return Err(err(

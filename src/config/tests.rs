@@ -286,6 +286,10 @@ fn bad_policy_and_signal_settings_are_refused_by_field() {
             r#"{"cluster":"p","signals":{"enabled":true,"names":{"kv_usage":[""]}}}"#,
             "signals.names.kv_usage",
         ),
+        (
+            r#"{"cluster":"p","signals":{"enabled":true,"names":{"token_latency":["a","b","c","d","e","f","g","h","i"]}}}"#,
+            "signals.names.token_latency",
+        ),
         (r#"{"cluster":"p","signals":{"every":1}}"#, "signals"),
     ] {
         let e = parse(json).unwrap_err();

@@ -351,6 +351,8 @@ pub fn decode(value: &[u8]) -> Option<(u64, Vec<SharedRecord>)> {
                 waiting,
                 running,
                 kv_permille,
+                // Not shared: each replica times the pods it scrapes.
+                token_us: None,
             },
         });
     }

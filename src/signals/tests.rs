@@ -31,7 +31,8 @@ fn vllm_body_gives_waiting_running_and_kv_usage_by_the_first_listed_name() {
         PodSignals {
             waiting: 2,
             running: 3,
-            kv_permille: Some(500)
+            kv_permille: Some(500),
+            token_us: None,
         }
     );
 }
@@ -114,6 +115,7 @@ fn names_are_configurable_for_other_servers() {
         waiting: vec!["sglang:num_queue_reqs".into()],
         running: vec!["sglang:num_running_reqs".into()],
         kv_usage: vec!["sglang:token_usage".into()],
+        token_latency: vec!["sglang:inter_token_latency_seconds".into()],
     };
     let body = "sglang:num_queue_reqs{model_name=\"m\"} 3\n\
                 sglang:num_running_reqs{model_name=\"m\"} 8\n\
@@ -157,6 +159,7 @@ fn records_round_trip_and_a_partial_record_is_ignored() {
                 waiting: 1,
                 running: 2,
                 kv_permille: Some(999),
+                token_us: Some(3_000),
             },
         },
         Record {
@@ -166,6 +169,7 @@ fn records_round_trip_and_a_partial_record_is_ignored() {
                 waiting: u32::MAX,
                 running: 0,
                 kv_permille: None,
+                token_us: None,
             },
         },
     ];
@@ -196,12 +200,108 @@ fn workers_ignore_stale_records() {
             waiting: 1,
             running: 1,
             kv_permille: None,
+            token_us: None,
         },
     };
     let bytes = encode(&[rec(p(1), 1_000), rec(p(2), 9_000)]);
     let view = SignalView::from_published(&bytes, 10_000, 2_000);
     assert_eq!(view.get(p(1)), None);
     assert!(view.get(p(2)).is_some());
+}
+
+/// A vLLM body whose inter-token latency histogram holds `count` tokens
+/// over `sum` seconds (two models' series; `extra` lines after).
+fn with_tokens(sum: f64, count: u64, extra: &str) -> String {
+    let half = sum / 2.0;
+    format!(
+        "{VLLM}\
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{{model_name=\"m\",le=\"0.01\"}} {count}
+vllm:inter_token_latency_seconds_sum{{model_name=\"m\"}} {half}
+vllm:inter_token_latency_seconds_count{{model_name=\"m\"}} {c1}
+vllm:inter_token_latency_seconds_sum{{model_name=\"n\"}} {half}
+vllm:inter_token_latency_seconds_count{{model_name=\"n\"}} {c2}
+{extra}",
+        c1 = count / 2,
+        c2 = count - count / 2,
+    )
+}
+
+#[test]
+fn token_latency_totals_are_summed_over_series_and_need_sum_and_count_of_one_name() {
+    let (s, t) = parse_with_totals(with_tokens(0.3, 100, "").as_bytes(), &names()).unwrap();
+    assert_eq!(s.token_us, None, "parse leaves the mean to the scraper");
+    let t = t.unwrap();
+    assert!((t.sum_secs - 0.3).abs() < 1e-9 && t.count == 100.0, "{t:?}");
+    // The older name counts only when the newer is absent.
+    let older = format!(
+        "{}vllm:time_per_output_token_seconds_sum 9\nvllm:time_per_output_token_seconds_count 1\n",
+        with_tokens(0.3, 100, "")
+    );
+    let t = parse_with_totals(older.as_bytes(), &names())
+        .unwrap()
+        .1
+        .unwrap();
+    assert_eq!(t.count, 100.0);
+    // A sum of one name and a count of the other, a bad value, or only
+    // the buckets: no totals, and the scrape is still good.
+    for body in [
+        format!("{VLLM}vllm:inter_token_latency_seconds_sum 1\nvllm:time_per_output_token_seconds_count 5\n"),
+        format!("{VLLM}vllm:inter_token_latency_seconds_sum NaN\nvllm:inter_token_latency_seconds_count 5\n"),
+        format!("{VLLM}vllm:inter_token_latency_seconds_bucket{{le=\"+Inf\"}} 5\n"),
+        VLLM.to_string(),
+    ] {
+        let (s, t) = parse_with_totals(body.as_bytes(), &names()).unwrap();
+        assert_eq!((s.waiting, t), (2, None), "{body}");
+    }
+}
+
+#[test]
+fn the_scraper_times_tokens_since_its_last_scrape_and_smooths() {
+    let mut s = Scraper::new(250, names());
+    let at = std::cell::Cell::new(0);
+    let scrape = |s: &mut Scraper, sum: f64, count: u64| {
+        s.due(at.get(), &[target(1)]);
+        s.on_reply(p(1), Ok(with_tokens(sum, count, "").as_bytes()), at.get());
+        at.set(at.get() + 250);
+        decode(&s.take_publish().unwrap())[0].signals.token_us
+    };
+    // First scrape: the mean over all the pod's tokens.
+    assert_eq!(scrape(&mut s, 0.09, 30), Some(3_000));
+    // 10 more tokens at 9 ms: the interval's 9 ms averaged with 3 ms.
+    assert_eq!(scrape(&mut s, 0.18, 40), Some(6_000));
+    // No token since: the value stands.
+    assert_eq!(scrape(&mut s, 0.18, 40), Some(6_000));
+    assert_eq!(scrape(&mut s, 0.27, 50), Some(7_500));
+    // The pod restarted (its count went back): its new totals alone.
+    assert_eq!(scrape(&mut s, 0.01, 10), Some(1_000));
+    // A pod without the histogram, or one with no token yet: none.
+    assert_eq!(scrape(&mut s, 0.0, 0), None);
+    s.due(at.get(), &[target(1)]);
+    s.on_reply(p(1), Ok(VLLM.as_bytes()), at.get());
+    at.set(at.get() + 250);
+    assert_eq!(decode(&s.take_publish().unwrap())[0].signals.token_us, None);
+    // An absurd mean (over a minute per token) is ignored.
+    assert_eq!(scrape(&mut s, 120.0, 1), None);
+}
+
+#[test]
+fn a_shared_record_keeps_this_replicas_token_latency() {
+    let mut s = Scraper::new(250, names());
+    s.due(0, &[target(1)]);
+    s.on_reply(p(1), Ok(with_tokens(0.03, 10, "").as_bytes()), 100);
+    s.set_remote([Record {
+        slot: p(1),
+        at_ms: 200,
+        signals: PodSignals {
+            waiting: 7,
+            running: 1,
+            kv_permille: None,
+            token_us: None,
+        },
+    }]);
+    let r = decode(&s.take_publish().unwrap())[0];
+    assert_eq!((r.signals.waiting, r.signals.token_us), (7, Some(3_000)));
 }
 
 fn target(n: u16) -> Target {
@@ -280,6 +380,7 @@ fn workers_remember_the_most_a_pod_ran_at_once() {
             waiting: 0,
             running,
             kv_permille: None,
+            token_us: None,
         },
     };
     let mut view = SignalView::default();
@@ -302,6 +403,7 @@ fn a_report_counts_as_foreign_only_what_this_replica_did_not_send() {
             waiting,
             running,
             kv_permille: None,
+            token_us: None,
         },
     };
     let mut view = SignalView::default();
@@ -335,6 +437,7 @@ fn shared_records_fill_the_pods_this_replica_does_not_scrape() {
             waiting,
             running: 1,
             kv_permille: None,
+            token_us: None,
         },
     };
     // Pod 1 only from another replica; pod 0 from both, this one's fresher.

@@ -708,6 +708,7 @@ fn pod_signals_add_no_hostcall_to_a_request_and_one_read_per_tick() {
                 waiting: 1,
                 running: 2,
                 kv_permille: Some(300),
+                token_us: None,
             },
         };
         host.store

@@ -518,6 +518,7 @@ fn effective_load_is_the_queue_beyond_what_the_pod_runs_at_once() {
             waiting,
             running,
             kv_permille: kv,
+            token_us: None,
         },
         foreign,
     };

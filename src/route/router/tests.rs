@@ -383,6 +383,7 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
                     waiting: 0,
                     running: 0,
                     kv_permille: Some(0),
+                    token_us: None,
                 },
             })
             .collect();

@@ -10,6 +10,7 @@ fn rec(pod: &str, at_ms: u64, waiting: u32) -> SharedRecord {
             waiting,
             running: 2,
             kv_permille: Some(300),
+            token_us: None,
         },
     }
 }

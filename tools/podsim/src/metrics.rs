@@ -21,6 +21,59 @@ pub struct Metrics {
     pub prefix_hits: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generation_tokens: AtomicU64,
+    /// Time between consecutive output tokens of a request, as vLLM's
+    /// `vllm:inter_token_latency_seconds`.
+    pub inter_token: Histogram,
+}
+
+/// Upper bounds (seconds) of vLLM's inter-token latency buckets.
+const ITL_BUCKETS: [f64; 18] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0,
+];
+
+/// A Prometheus histogram over [`ITL_BUCKETS`], its sum kept in microseconds.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations at or below each bound (not cumulative; rendered so).
+    buckets: [AtomicU64; ITL_BUCKETS.len()],
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    /// Counts `n` observations of `secs` each.
+    pub fn observe(&self, secs: f64, n: u64) {
+        if n == 0 || !secs.is_finite() || secs < 0.0 {
+            return;
+        }
+        if let Some(i) = ITL_BUCKETS.iter().position(|&b| secs <= b) {
+            self.buckets[i].fetch_add(n, Ordering::Relaxed);
+        }
+        let us = (secs * 1e6).round() as u64;
+        self.sum_us
+            .fetch_add(us.saturating_mul(n), Ordering::Relaxed);
+        self.count.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, model: &str) {
+        let mut below = 0;
+        for (bound, n) in ITL_BUCKETS.iter().zip(&self.buckets) {
+            below += n.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{model_name=\"{model}\",le=\"{bound}\"}} {below}"
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{model_name=\"{model}\",le=\"+Inf\"}} {count}"
+        );
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum{{model_name=\"{model}\"}} {sum}");
+        let _ = writeln!(out, "{name}_count{{model_name=\"{model}\"}} {count}");
+    }
 }
 
 /// What the KV cache adds to a scrape.
@@ -100,6 +153,15 @@ impl Metrics {
             "Number of generation tokens processed.",
             get(&self.generation_tokens).to_string(),
         );
+        let itl = "vllm:inter_token_latency_seconds";
+        family(
+            &mut out,
+            itl,
+            "histogram",
+            "Histogram of inter-token latency in seconds.",
+        );
+        self.inter_token
+            .render(&mut out, itl, &escape_label(model_name));
         family(
             &mut out,
             "podsim_requests_total",
@@ -182,6 +244,26 @@ mod tests {
         assert_eq!(value(&page, "podsim_requests_total"), "7");
         assert_eq!(value(&page, "podsim_kv_cached_blocks"), "10");
         assert!(page.contains("# TYPE vllm:prefix_cache_hits_total counter\n"));
+        let itl = "vllm:inter_token_latency_seconds";
+        assert_eq!(value(&page, &format!("{itl}_count{l}")), "0");
+        m.inter_token.observe(0.003, 31);
+        m.inter_token.observe(0.3, 1);
+        let page = m.render(
+            "sim-model",
+            KvSnapshot {
+                cached_blocks: 0,
+                capacity_blocks: 1,
+                evicted_blocks: 0,
+            },
+        );
+        assert_eq!(value(&page, &format!("{itl}_count{l}")), "32");
+        assert_eq!(value(&page, &format!("{itl}_sum{l}")), "0.393");
+        let le = |b: &str| format!("{itl}_bucket{{model_name=\"sim-model\",le=\"{b}\"}}");
+        assert_eq!(value(&page, &le("0.01")), "31");
+        assert_eq!(value(&page, &le("0.2")), "31");
+        assert_eq!(value(&page, &le("0.3")), "32");
+        assert_eq!(value(&page, &le("+Inf")), "32");
+        assert!(page.contains(&format!("# TYPE {itl} histogram\n")));
         assert!(page.ends_with('\n'));
     }
 

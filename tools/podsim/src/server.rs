@@ -416,6 +416,10 @@ async fn complete(state: &AppState, req: InferenceRequest) -> Response<ReplyBody
     )
     .await;
     drop(running);
+    // The modelled gaps between its output tokens (nothing is streamed).
+    let gaps = req.params.max_tokens.saturating_sub(1);
+    let decode = state.engine.latency.token_offset(1).as_secs_f64();
+    state.metrics.inter_token.observe(decode, gaps);
     let usage = usage(&req, lookup.prompt_tokens, lookup.cached_tokens);
     state
         .metrics
@@ -451,10 +455,18 @@ async fn stream(state: Arc<AppState>, req: InferenceRequest, tx: mpsc::Sender<By
     {
         return;
     }
+    let mut last = started;
     for i in 0..n.max(1) {
         let offset = state.engine.latency.token_offset(i);
         if !offset.is_zero() {
             tokio::time::sleep_until(started + offset).await;
+        }
+        if i > 0 {
+            // As vLLM: the time since the previous token, once it is out.
+            let now = tokio::time::Instant::now();
+            let gap = now.saturating_duration_since(last).as_secs_f64();
+            state.metrics.inter_token.observe(gap, 1);
+            last = now;
         }
         let text = if n == 0 { "" } else { output_token_text(i) };
         let finish = (i + 1 >= n).then_some(FINISH_REASON);
