@@ -104,7 +104,8 @@ pub fn effective_load(
 ///    then the pod this VM sent fewer requests to recently (`sent`, times
 ///    `slowness`: a prefix placed now draws its later requests there),
 ///    then the pod it placed fewer new prefixes on (`placed`, so no pod's
-///    cache holds more than its share); remaining ties among unmatched
+///    cache holds more than its share; with `place_by_count`, unmatched
+///    pods compare `placed` first, right after the match); remaining ties among unmatched
 ///    pods rotate with `turn` (as in [`choose`]), among matched pods they
 ///    are shuffled;
 /// 4. a hot prefix is copied. The prompt's prefix group (`share`: its
@@ -173,12 +174,18 @@ pub fn choose_load_aware(
         let cost = (uncached * prefill_slow + queue) / 1000;
         -(cost.min(i128::from(i64::MAX)) as i64)
     };
-    // (-cost, match, -load, -in flight, -sent, -placed) decides; equal
-    // keys tie.
+    // (-cost, match, [-placed,] -load, -in flight, -sent, -placed)
+    // decides; equal keys tie.
     let key = |pod: PodSlot| {
+        let placed_first = if loads.place_by_count && matched_of(pod) == 0 {
+            at(loads.placed, pod)
+        } else {
+            0
+        };
         (
             score(pod),
             matched_of(pod),
+            std::cmp::Reverse(placed_first),
             std::cmp::Reverse(load_of(pod)),
             std::cmp::Reverse(at(loads.inflight, pod)),
             std::cmp::Reverse(sent_of(pod)),
@@ -263,6 +270,11 @@ pub struct PodLoads<'a> {
     /// fastest pod, in thousandths (missing or 0 = 1000): a pod whose
     /// requests take 3x as long makes each one queued ahead cost 3x.
     pub slowness: &'a [u32],
+    /// New prefixes go first to the pod this VM placed fewer on (before
+    /// load and in-flight counts): set while a pod of the pool reports
+    /// itself slow, so that the others, which take its share of new
+    /// prefixes, share them evenly (each pod's cache holds its share).
+    pub place_by_count: bool,
 }
 
 /// The policy's two knobs (AIBrix ships 16 and 2).

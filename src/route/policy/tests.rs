@@ -176,6 +176,7 @@ fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: us
         placed: &[],
         sent: &[],
         slowness: &[],
+        place_by_count: false,
     };
     choose_load_aware(
         &LA,
@@ -311,6 +312,7 @@ fn load_aware_equal_queues_go_to_fewer_in_flight_before_rotating() {
         placed: &[],
         sent: &[],
         slowness: &[],
+        place_by_count: false,
     };
     for turn in 0..8 {
         let c = choose_load_aware(
@@ -336,9 +338,30 @@ fn load_aware_new_prefixes_among_equally_loaded_pods_go_to_the_pod_given_fewest(
         placed: &[5, 2, 3],
         sent: &[],
         slowness: &[],
+        place_by_count: false,
     };
     let c = la_with(&loads, &[0, 1, 2], &[], 4, 0.0);
     assert_eq!((c.pod, c.reason), (p(1), Reason::NoMatch));
+}
+
+/// While a pod reports itself slow, the new prefixes it does not take are
+/// shared by count among the others, before their in-flight counts.
+#[test]
+fn place_by_count_puts_placed_before_in_flight_for_new_prefixes_only() {
+    let mut loads = PodLoads {
+        queue: &[0, 0, 0],
+        inflight: &[0, 2, 2],
+        placed: &[6, 2, 3],
+        sent: &[],
+        slowness: &[],
+        place_by_count: false,
+    };
+    assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(0));
+    loads.place_by_count = true;
+    assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(1));
+    // A match still comes first, and among matched pods placed counts last.
+    let c = la_with(&loads, &[0, 1, 2], &[(0, 3), (2, 3)], 4, 0.0);
+    assert_eq!((c.pod, c.reason), (p(0), Reason::PrefixMatch));
 }
 
 #[test]
@@ -351,6 +374,7 @@ fn load_aware_queue_on_a_slow_pod_costs_in_proportion() {
         placed: &[],
         sent: &[],
         slowness: &[1000, 1000],
+        place_by_count: false,
     };
     let pick = |l: &PodLoads<'_>| la_with(l, &[0, 1], &[(0, 10)], 10, 0.0).pod;
     assert_eq!(pick(&loads), p(0));
@@ -369,6 +393,7 @@ fn load_aware_misses_go_to_fast_pods_and_slow_pods_keep_what_they_hold() {
         placed: &[0, 5],
         sent: &[0, 5],
         slowness: &[3000, 1000],
+        place_by_count: false,
     };
     // A slack wide enough that the bound never decides here.
     let cfg = LoadAwareConfig {
@@ -417,6 +442,7 @@ fn load_aware_traffic_decides_between_equal_pods_before_placements() {
         placed: &[1, 9, 9],
         sent: &[40, 10, 30],
         slowness: &[],
+        place_by_count: false,
     };
     assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(1));
 }
@@ -429,6 +455,7 @@ fn load_aware_copies_a_hot_prefix_to_the_least_busy_pod_until_enough_hold_it() {
         placed: &[],
         sent: &[50, 20, 10],
         slowness: &[],
+        place_by_count: false,
     };
     let pick = |loads: &PodLoads<'_>, matches: &[(u16, u32)], share| {
         la_with(loads, &[0, 1, 2], matches, 40, share)
@@ -493,6 +520,7 @@ fn load_aware_never_overflows_on_extreme_loads() {
         placed: &[u32::MAX, 0],
         sent: &[u32::MAX, 0],
         slowness: &[u32::MAX, 0],
+        place_by_count: false,
     };
     let c = choose_load_aware(
         &cfg,

@@ -30,6 +30,7 @@ use crate::route::load::VmLoad;
 use crate::route::mirror::{Mirror, Mirrored};
 use crate::route::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
+    SLOW_PREFILL,
 };
 use crate::route::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
 use crate::route::request::PromptRequest;
@@ -382,13 +383,14 @@ impl Router {
                 }
                 let placed = self.placed.borrow();
                 let sent = self.sent.borrow();
-                let slowness = slowness(&self.latency.borrow(), pool);
+                let (slowness, reported_slow) = slowness(&self.latency.borrow(), &signals, pool);
                 let loads = PodLoads {
                     queue: &queue,
                     inflight: &ties,
                     placed: &placed,
                     sent: &sent,
                     slowness: &slowness,
+                    place_by_count: reported_slow,
                 };
                 let share = share.unwrap_or(0.0);
                 choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng)
@@ -575,27 +577,54 @@ const MAX_SLOWNESS: u64 = 8_000;
 /// a hit, timed apart for [`slowness`].
 pub(crate) const HIT_PERCENT: u8 = 50;
 
-/// Per slot: how much longer `pool`'s pods' hits take than the fastest
-/// one's (thousandths, 1000..=[`MAX_SLOWNESS`]); 0 (= 1x) for pods with too
-/// few hits completed to tell. Hits, not all requests: a pod's mean over
-/// all of them grows with its share of misses (their prefill), which says
-/// nothing of its speed.
-fn slowness(latency: &PodLatency, pool: &[PodSlot]) -> Vec<u32> {
+/// Per slot: how much slower `pool`'s pods are than the fastest one
+/// (thousandths, 1000..=[`MAX_SLOWNESS`]; 0 = 1x, nothing known), and
+/// whether a pod of the pool reports itself slow (its time per output token
+/// at least [`SLOW_PREFILL`] / 1000 times the fastest reported).
+///
+/// Two measures, the higher counts:
+/// - this VM's own timing of its hits ([`PodLatency::mean_hit_ms`], once a
+///   pod has enough of them completed): hits, not all requests, as a pod's
+///   mean over all of them grows with its share of misses (their prefill),
+///   which says nothing of its speed; it includes queueing;
+/// - where at least two pods report their time per output token (pod
+///   signals, [`crate::signals::PodSignals::token_us`]), its ratio to the
+///   fastest reported: every VM and replica reads it as soon as a pod has
+///   made a few tokens, long before this VM has timed enough hits there.
+fn slowness(latency: &PodLatency, signals: &SignalView, pool: &[PodSlot]) -> (Vec<u32>, bool) {
+    let bound = pool.iter().map(|&p| p.index() + 1).max().unwrap_or(0);
+    let mut out = vec![0; bound];
+    let ratio = |value: u64, fastest: u64| {
+        (value.saturating_mul(1000) / fastest.max(1)).clamp(1000, MAX_SLOWNESS) as u32
+    };
     let means: Vec<(PodSlot, u64)> = pool
         .iter()
         .filter_map(|&p| Some((p, latency.mean_hit_ms(p)?)))
         .collect();
     // 0 ms: requests shorter than a tick were never sampled yet.
-    let Some(fastest) = means.iter().map(|(_, m)| *m).min().filter(|m| *m > 0) else {
-        return Vec::new();
-    };
-    let bound = pool.iter().map(|&p| p.index() + 1).max().unwrap_or(0);
-    let mut out = vec![0; bound];
-    for (pod, mean) in means {
-        let ratio = (mean.saturating_mul(1000) / fastest.max(1)).clamp(1000, MAX_SLOWNESS);
-        out[pod.index()] = ratio as u32;
+    if let Some(fastest) = means.iter().map(|(_, m)| *m).min().filter(|m| *m > 0) {
+        for &(pod, mean) in &means {
+            out[pod.index()] = ratio(mean, fastest);
+        }
     }
-    out
+    let reported: Vec<(PodSlot, u64)> = pool
+        .iter()
+        .filter_map(|&p| Some((p, u64::from(signals.get(p)?.token_us?))))
+        .filter(|&(_, us)| us > 0)
+        .collect();
+    let mut reported_slow = false;
+    if reported.len() >= 2 {
+        let fastest = reported.iter().map(|&(_, us)| us).min().unwrap_or(1);
+        for &(pod, us) in &reported {
+            let r = ratio(us, fastest);
+            reported_slow |= i128::from(r) >= SLOW_PREFILL;
+            out[pod.index()] = out[pod.index()].max(r);
+        }
+    }
+    if out.iter().all(|&s| s == 0) {
+        out.clear();
+    }
+    (out, reported_slow)
 }
 
 /// How long a recorded block counts as fresh: a quarter of the shortest

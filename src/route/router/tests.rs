@@ -405,3 +405,73 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
     let unreported = chosen(false);
     assert!(!unreported.contains(&1), "{unreported:?}");
 }
+
+/// Pods' own time per output token gives their slowness to every VM at
+/// once; it raises, never lowers, what this VM timed of its hits, and
+/// needs two pods reporting.
+#[test]
+fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
+    use crate::signals::{encode, PodSignals, Record, SignalView};
+    let view = |us: &[Option<u32>]| {
+        let records: Vec<Record> = us
+            .iter()
+            .enumerate()
+            .map(|(i, &token_us)| Record {
+                slot: PodSlot::new(i as u16),
+                at_ms: 1_000,
+                signals: PodSignals {
+                    token_us,
+                    ..PodSignals::default()
+                },
+            })
+            .collect();
+        SignalView::from_published(&encode(&records), 1_000, 10_000)
+    };
+    let pool: Vec<PodSlot> = (0..3).map(PodSlot::new).collect();
+    let none = PodLatency::default();
+    assert_eq!(
+        super::slowness(&none, &view(&[None, None, None]), &pool),
+        (vec![], false)
+    );
+    // One pod reporting: nothing to compare with.
+    assert_eq!(
+        super::slowness(&none, &view(&[Some(9_000), None, None]), &pool),
+        (vec![], false)
+    );
+    assert_eq!(
+        super::slowness(
+            &none,
+            &view(&[Some(3_000), Some(9_000), Some(3_300)]),
+            &pool
+        ),
+        (vec![1000, 3000, 1100], true)
+    );
+    // Within 1.5x: slower, not slow.
+    assert_eq!(
+        super::slowness(&none, &view(&[Some(3_000), Some(4_000), None]), &pool),
+        (vec![1000, 1333, 0], false)
+    );
+    // This VM's hits say pod 0 is twice as slow as pod 2: the higher wins.
+    let mut hits = PodLatency::default();
+    hits.tick(&[], 0);
+    for _ in 0..PodLatency::MIN_SAMPLES {
+        hits.started_hit(PodSlot::new(0));
+        hits.started_hit(PodSlot::new(2));
+    }
+    hits.tick(&[], 250);
+    for _ in 0..PodLatency::MIN_SAMPLES {
+        hits.completed(PodSlot::new(2), true);
+    }
+    hits.tick(&[], 500);
+    for _ in 0..PodLatency::MIN_SAMPLES {
+        hits.completed(PodSlot::new(0), true);
+    }
+    assert_eq!(
+        super::slowness(
+            &hits,
+            &view(&[Some(3_000), Some(9_000), Some(3_000)]),
+            &pool
+        ),
+        (vec![2000, 3000, 1000], true)
+    );
+}
