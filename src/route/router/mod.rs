@@ -607,15 +607,15 @@ fn slowness(latency: &PodLatency, signals: &SignalView, pool: &[PodSlot]) -> (Ve
             out[pod.index()] = ratio(mean, fastest);
         }
     }
-    let reported: Vec<(PodSlot, u64)> = pool
-        .iter()
-        .filter_map(|&p| Some((p, u64::from(signals.get(p)?.token_us?))))
-        .filter(|&(_, us)| us > 0)
-        .collect();
+    let reported = || {
+        pool.iter()
+            .filter_map(|&p| Some((p, u64::from(signals.get(p)?.token_us?))))
+            .filter(|&(_, us)| us > 0)
+    };
     let mut reported_slow = false;
-    if reported.len() >= 2 {
-        let fastest = reported.iter().map(|&(_, us)| us).min().unwrap_or(1);
-        for &(pod, us) in &reported {
+    if reported().nth(1).is_some() {
+        let fastest = reported().map(|(_, us)| us).min().unwrap_or(1);
+        for (pod, us) in reported() {
             let r = ratio(us, fastest);
             reported_slow |= i128::from(r) >= SLOW_PREFILL;
             out[pod.index()] = out[pod.index()].max(r);
