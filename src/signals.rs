@@ -426,9 +426,9 @@ pub struct Scraper {
     /// Other replicas' scrapes (`signals.share`); published where they are
     /// fresher than this replica's own.
     remote: BTreeMap<PodSlot, Record>,
-    /// Per pod: the token latency totals of its last good scrape, and the
-    /// mean time per output token made of them (µs).
-    tokens: BTreeMap<PodSlot, (TokenTotals, Option<u32>)>,
+    /// Per pod: the token latency totals of its last good scrape (the mean
+    /// made of them is its record's `token_us`).
+    tokens: BTreeMap<PodSlot, TokenTotals>,
     dirty: bool,
 }
 
@@ -513,9 +513,9 @@ impl Scraper {
             self.tokens.remove(&slot);
             return None;
         };
-        let before = self.tokens.get(&slot).copied();
-        let (sum, count, last) = match before {
-            Some((b, last)) if now.count >= b.count => {
+        let last = self.records.get(&slot).and_then(|r| r.signals.token_us);
+        let (sum, count, last) = match self.tokens.get(&slot) {
+            Some(b) if now.count >= b.count => {
                 (now.sum_secs - b.sum_secs, now.count - b.count, last)
             }
             _ => (now.sum_secs, now.count, None),
@@ -529,7 +529,7 @@ impl Scraper {
             (Some(l), None) => Some(f64::from(l)),
         }
         .map(|us| us.round() as u32);
-        self.tokens.insert(slot, (now, value));
+        self.tokens.insert(slot, now);
         value
     }
 

@@ -2,7 +2,7 @@
 //! one `GET signals.path` per live pod through an Envoy cluster, naming the
 //! pod in `signals.host_header` (the `override_host` policy, or an
 //! `ORIGINAL_DST` cluster with `use_http_header`, sends it there), parses
-//! the reply ([`crate::signals::parse`], at most `signals.max_body_bytes`
+//! the reply ([`crate::signals::parse_with_totals`], at most `signals.max_body_bytes`
 //! read) and publishes one bounded value ([`crate::signals::KEY`]) that the
 //! workers read on their tick. The schedule and the parsing are the pure
 //! [`Scraper`]; this file only does the calls.

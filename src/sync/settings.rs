@@ -378,7 +378,7 @@ impl SyncSettings {
     }
 
     /// True when the engine polls the change log between cycles (and pushes
-    /// deltas every half period): `poll_ms > 0` and the change log is on.
+    /// deltas at most every `push_ms`): `poll_ms > 0` and the change log is on.
     pub(crate) fn polling_enabled(&self) -> bool {
         self.poll_ms > 0 && self.change_log_enabled()
     }

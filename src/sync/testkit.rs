@@ -322,7 +322,7 @@ pub(crate) fn steady_state_cost(
 /// writer holds `entities` entities and changes `churn_per_mille` ‰ of them
 /// once per period (right after each reader cycle); both replicas are
 /// ticked every [`TICK_MS`] on a fake clock, so the writer pushes the change
-/// at its next push (cycle or half-period) and the reader picks it up by a
+/// at its next push (a cycle's or a poll's) and the reader picks it up by a
 /// poll or its cycle. Measured from the end of the reader's first (full)
 /// cycle to the end of its `cycles`-th next one, so with `cycles` a
 /// multiple of `full_scan_every` the full scans are amortised exactly.
