@@ -39,7 +39,7 @@ pub const MAX_REQUESTS: f64 = 1_000_000.0;
 const KV_UNKNOWN: u16 = u16::MAX;
 const TOKEN_UNKNOWN: u32 = u32::MAX;
 /// A mean time per output token above this (µs) is absurd: ignored.
-const MAX_TOKEN_US: f64 = 60_000_000.0;
+pub(crate) const MAX_TOKEN_US: f64 = 60_000_000.0;
 
 /// The metric names read, each a list tried in order (the first present
 /// wins): vLLM renamed `gpu_cache_usage_perc` to `kv_cache_usage_perc`, and
@@ -562,8 +562,8 @@ impl Scraper {
         for (slot, r) in &self.records {
             match all.get_mut(slot) {
                 Some(o) if o.at_ms > r.at_ms => {
-                    // Shared records carry no token latency: keep this
-                    // replica's.
+                    // A shared record from a replica of an earlier version
+                    // carries no token latency: keep this replica's.
                     o.signals.token_us = o.signals.token_us.or(r.signals.token_us);
                 }
                 _ => {

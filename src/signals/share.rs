@@ -18,11 +18,16 @@
 //!   bridge, sent as soon as this replica's scrape round has completed: `HSET key <replica> <own records>`, `PEXPIRE key`, `HDEL` of
 //!   fields long dead (bounded), `HGETALL key`. The key is
 //!   `{key_prefix}:{signals}:pods`.
-//! - **The value** of a field is text: `v1 <written unix ms>` on the first
+//! - **The value** of a field is text: `v2 <written unix ms>` on the first
 //!   line, then one line per pod, `<host:port> <age ms> <waiting> <running>
-//!   <kv permille or ->`. About 30-40 bytes a pod: the reply of a fleet
-//!   of some 1,600 pods fits the bridge's 64 KB; a larger or malformed reply is an
-//!   exchange failure (counted), not a partial read.
+//!   <kv permille or -> <µs per output token or ->`. About 30-45 bytes a
+//!   pod: the reply of a fleet of some 1,400 pods fits the bridge's 64 KB; a
+//!   larger or malformed reply is an exchange failure (counted), not a
+//!   partial read. A `v1` value (the same lines without the token latency,
+//!   from a replica of an earlier version) is read too; an earlier version
+//!   cannot read a `v2` value, so during a rolling upgrade it counts the
+//!   upgraded replicas as absent and scrapes their pods itself, as without
+//!   sharing.
 //!
 //! Pure: the host sends [`Share::request`] and feeds the reply to
 //! [`Share::on_reply`].
@@ -292,7 +297,7 @@ fn score(replica: &str, pod: &str) -> u64 {
 
 /// One replica's value (see the module doc).
 pub fn encode(records: &[SharedRecord], now_ms: u64) -> Vec<u8> {
-    let mut out = format!("v1 {now_ms}\n").into_bytes();
+    let mut out = format!("v2 {now_ms}\n").into_bytes();
     for r in records.iter().take(MAX_PODS) {
         if r.pod.is_empty() || r.pod.len() > MAX_POD_NAME || r.pod.contains([' ', '\n']) {
             continue;
@@ -301,10 +306,14 @@ pub fn encode(records: &[SharedRecord], now_ms: u64) -> Vec<u8> {
             .signals
             .kv_permille
             .map_or_else(|| "-".to_string(), |k| k.to_string());
+        let token = r
+            .signals
+            .token_us
+            .map_or_else(|| "-".to_string(), |t| t.to_string());
         let age = now_ms.saturating_sub(r.at_ms);
         out.extend_from_slice(
             format!(
-                "{} {age} {} {} {kv}\n",
+                "{} {age} {} {} {kv} {token}\n",
                 r.pod, r.signals.waiting, r.signals.running
             )
             .as_bytes(),
@@ -313,20 +322,31 @@ pub fn encode(records: &[SharedRecord], now_ms: u64) -> Vec<u8> {
     out
 }
 
-/// Decodes one replica's value: when it was written and its records (a
-/// malformed line is skipped; absurd numbers are refused as the scrape
-/// parser refuses them). None when the header is not ours.
+/// Decodes one replica's value, `v2` or `v1` (see the module doc): when it
+/// was written and its records (a malformed line is skipped; absurd numbers
+/// are refused as the scrape parser refuses them). None when the header is
+/// not one of ours.
 pub fn decode(value: &[u8]) -> Option<(u64, Vec<SharedRecord>)> {
     let text = std::str::from_utf8(value).ok()?;
     let mut lines = text.lines();
-    let written: u64 = lines.next()?.strip_prefix("v1 ")?.parse().ok()?;
+    let header = lines.next()?;
+    let (written, with_token) = match (header.strip_prefix("v2 "), header.strip_prefix("v1 ")) {
+        (Some(ms), _) => (ms, true),
+        (None, Some(ms)) => (ms, false),
+        _ => return None,
+    };
+    let written: u64 = written.parse().ok()?;
     let max = super::MAX_REQUESTS as u32;
     let mut out = Vec::new();
     for line in lines.take(MAX_PODS) {
         let mut f = line.split(' ');
-        let (Some(pod), Some(age), Some(w), Some(r), Some(kv), None) =
-            (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
+        let (Some(pod), Some(age), Some(w), Some(r), Some(kv)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
         else {
+            continue;
+        };
+        let token = if with_token { f.next() } else { Some("-") };
+        let (Some(token), None) = (token, f.next()) else {
             continue;
         };
         let (Ok(age), Ok(waiting), Ok(running)) =
@@ -341,6 +361,13 @@ pub fn decode(value: &[u8]) -> Option<(u64, Vec<SharedRecord>)> {
                 _ => continue,
             },
         };
+        let token_us = match token {
+            "-" => None,
+            t => match t.parse::<u32>() {
+                Ok(t) if f64::from(t) <= super::MAX_TOKEN_US => Some(t),
+                _ => continue,
+            },
+        };
         if pod.is_empty() || pod.len() > MAX_POD_NAME || waiting > max || running > max {
             continue;
         }
@@ -351,8 +378,7 @@ pub fn decode(value: &[u8]) -> Option<(u64, Vec<SharedRecord>)> {
                 waiting,
                 running,
                 kv_permille,
-                // Not shared: each replica times the pods it scrapes.
-                token_us: None,
+                token_us,
             },
         });
     }

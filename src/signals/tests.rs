@@ -304,6 +304,29 @@ fn a_shared_record_keeps_this_replicas_token_latency() {
     assert_eq!((r.signals.waiting, r.signals.token_us), (7, Some(3_000)));
 }
 
+#[test]
+fn a_shared_record_brings_the_scrapers_token_latency() {
+    // A pod this replica does not scrape: the shared record is all it has.
+    let mut s = Scraper::new(250, names());
+    s.set_remote([Record {
+        slot: p(2),
+        at_ms: 200,
+        signals: PodSignals {
+            waiting: 1,
+            running: 1,
+            kv_permille: None,
+            token_us: Some(9_000),
+        },
+    }]);
+    let r = decode(&s.take_publish().unwrap())[0];
+    assert_eq!((r.slot, r.signals.token_us), (p(2), Some(9_000)));
+    // Fresher than this replica's own scrape: the scraper's timing wins.
+    s.due(0, &[target(2)]);
+    s.on_reply(p(2), Ok(with_tokens(0.03, 10, "").as_bytes()), 100);
+    let r = decode(&s.take_publish().unwrap())[0];
+    assert_eq!(r.signals.token_us, Some(9_000));
+}
+
 fn target(n: u16) -> Target {
     Target {
         slot: p(n),

@@ -44,31 +44,61 @@ fn pods(n: usize) -> Vec<String> {
 
 #[test]
 fn values_round_trip_and_hostile_lines_are_skipped() {
-    let records = vec![rec("10.0.0.1:8000", 900, 3), rec("10.0.0.2:8000", 1000, 0)];
+    let mut timed = rec("10.0.0.2:8000", 1000, 0);
+    timed.signals.token_us = Some(9_000);
+    let records = vec![rec("10.0.0.1:8000", 900, 3), timed];
     let value = encode(&records, 1000);
     assert_eq!(
         String::from_utf8(value.clone()).unwrap(),
-        "v1 1000\n10.0.0.1:8000 100 3 2 300\n10.0.0.2:8000 0 0 2 300\n"
+        "v2 1000\n10.0.0.1:8000 100 3 2 300 -\n10.0.0.2:8000 0 0 2 300 9000\n"
     );
     assert_eq!(decode(&value), Some((1000, records)));
-    let hostile = b"v1 1000\n\
-        a:1 5 1 1 -\n\
-        b:1 5 99999999 1 -\n\
-        c:1 5 1 1 1001\n\
-        d:1 x 1 1 -\n\
-        e:1 5 1 1\n\
-        f:1 5 1 1 - extra\n\
+    let hostile = b"v2 1000\n\
+        a:1 5 1 1 - -\n\
+        b:1 5 99999999 1 - -\n\
+        c:1 5 1 1 1001 -\n\
+        d:1 x 1 1 - -\n\
+        e:1 5 1 1 -\n\
+        f:1 5 1 1 - - extra\n\
+        g:1 5 1 1 - 60000001\n\
+        h:1 5 1 1 - 1.5\n\
+        i:1 5 1 1 - -1\n\
+        j:1 5 1 1 - 60000000\n\
         \xff\n";
     assert_eq!(decode(hostile), None, "not UTF-8");
     let hostile = &hostile[..hostile.len() - 2];
     let (_, got) = decode(hostile).unwrap();
     let names: Vec<&str> = got.iter().map(|r| r.pod.as_str()).collect();
-    assert_eq!(names, ["a:1"]);
+    assert_eq!(names, ["a:1", "j:1"]);
     assert_eq!(got[0].signals.kv_permille, None);
-    assert_eq!(decode(b"v2 1000\n"), None);
+    assert_eq!(got[0].signals.token_us, None);
+    assert_eq!(got[1].signals.token_us, Some(60_000_000));
+    assert_eq!(decode(b"v3 1000\n"), None);
     assert_eq!(decode(b""), None);
     // A name with a space or a newline is not written (it would split).
-    assert_eq!(encode(&[rec("a b", 1, 1)], 1), b"v1 1\n".to_vec());
+    assert_eq!(encode(&[rec("a b", 1, 1)], 1), b"v2 1\n".to_vec());
+}
+
+#[test]
+fn a_value_from_an_earlier_version_is_read_without_token_latency() {
+    // What a replica of the version before wrote: five fields a line.
+    let v1 = b"v1 1000\n10.0.0.1:8000 100 3 2 300\nb:1 5 1 1 - 9000\n";
+    let (written, got) = decode(v1).unwrap();
+    assert_eq!(written, 1000);
+    assert_eq!(
+        got,
+        vec![rec("10.0.0.1:8000", 900, 3)],
+        "six fields are not v1"
+    );
+    // And the replica's exchange takes it as a live peer's.
+    let mut a = Share::new("a", "pr", 250, STALE);
+    let now = 10_000;
+    assert!(a.due(now, 1000, true));
+    let _ = a.request(&[], now, None);
+    let value = b"v1 10000\n10.0.0.1:8000 0 3 2 300\n".to_vec();
+    assert_eq!(a.on_reply(Some(&reply(&[("b", value)], false)), now), Ok(1));
+    let got: Vec<&SharedRecord> = a.remote(now).collect();
+    assert_eq!((got.len(), got[0].signals.token_us), (1, None));
 }
 
 #[test]
