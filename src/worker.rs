@@ -11,6 +11,7 @@ use crate::fleet::{self, Members};
 use crate::rng::SplitMix64;
 use crate::route::feedback::{clearly_less, learned_blocks, Plan, MAX_FORGET_BUCKETS};
 use crate::route::meter::{Count, Meter, MetricSink};
+use crate::route::policy::PolicyMode;
 use crate::route::registry::PodSlot;
 use crate::route::request::PromptRequest;
 use crate::route::router::{RouteError, Routed, Router};
@@ -321,6 +322,9 @@ impl Worker {
         if self.settings().signals.enabled {
             self.read_signals(host, now_nanos / 1_000_000);
         }
+        if self.settings().policy == PolicyMode::LoadAware {
+            self.report_slowness(host);
+        }
         if tick % LIVENESS_TICKS == 0 && self.settings().sync.enabled {
             self.report_liveness(host, now_nanos / 1_000_000);
         }
@@ -383,6 +387,18 @@ impl Worker {
         };
         let stale = self.settings().signals.stale_ms();
         self.router.set_signals(&bytes, now_ms, stale);
+    }
+
+    /// Sets `prefix_router.slowness.<pod>` for every member (a write only
+    /// when it changed): how much slower the load-aware policy takes each
+    /// pod to be than the fastest, from its own hit timing and the pods'
+    /// reported time per output token.
+    fn report_slowness<H: Host>(&self, host: &H) {
+        let slow = self.router.member_slowness();
+        for (slot, _, address) in self.router.fleet().all() {
+            let value = slow.get(slot.index()).copied().unwrap_or(0);
+            self.meter.slowness(host, address, value);
+        }
     }
 
     /// Records the sync liveness gauges from the singleton's heartbeat; they

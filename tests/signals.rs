@@ -196,3 +196,71 @@ fn replicas_share_scrapes_through_redis_and_take_over_a_stopped_ones_pods() {
     );
     assert_eq!(a.stat("prefix_router.signals.pods"), 4);
 }
+
+/// With `signals.share`, each pod's time per output token travels with its
+/// shared record: both replicas take the 5x slower pod as slow (their
+/// `slowness` gauges), including the one that does not scrape it and
+/// never sent it a request.
+#[test]
+fn shared_signals_carry_a_pods_speed_to_the_replicas_that_do_not_scrape_it() {
+    const INTERVAL_MS: u64 = 200;
+    let mut f = harness::fleet::Fleet::new("signals-share-speed");
+    for (i, &port) in f.pod_ports.clone().iter().enumerate() {
+        let scale = if i == 0 { "10" } else { "2" };
+        let pod = harness::Pod::start_with(
+            &f.dir,
+            &format!("pod-{}", i + 1),
+            port,
+            &["--time-scale", scale],
+        );
+        f.pods.push(pod);
+    }
+    // Streamed tokens straight to every pod (not through Envoy): the pods'
+    // inter-token latency histograms fill, the filter times nothing itself.
+    for &port in &f.pod_ports {
+        let url = format!("http://127.0.0.1:{port}/v1/completions");
+        let body = json!({"model": "m", "prompt": text(7, 16), "max_tokens": 20, "stream": true})
+            .to_string();
+        send(
+            "POST",
+            &url,
+            &[("content-type", "application/json")],
+            Some(body.as_bytes()),
+            CLIENT_TIMEOUT,
+        )
+        .unwrap();
+    }
+    f.start_redis();
+    let patch = json!({
+        "signals": {"enabled": true, "cluster": "pods", "interval_ms": INTERVAL_MS, "share": true},
+        "sync": {"period_ms": 2000}
+    });
+    let specs = ["a", "b"]
+        .iter()
+        .map(|n| f.spec(n, "sync.yaml").merge(patch.clone()))
+        .collect();
+    f.launch_all(specs);
+    let gauge = |port: u16| format!("prefix_router.slowness.127_0_0_1_{port}");
+    let slow = gauge(f.pod_ports[0]);
+    let fast: Vec<String> = f.pod_ports[1..].iter().map(|&p| gauge(p)).collect();
+    let settled = wait_until(Duration::from_secs(20), || {
+        f.replicas.iter().all(|r| {
+            r.stat("prefix_router.signals.share_peers") == 1
+                && r.stat("prefix_router.signals.shared") >= 5
+        })
+    });
+    assert!(settled, "replicas never saw each other");
+    // Past the start, when every pod is everyone's (no shared record yet):
+    // by now each pod is scraped by its owner only.
+    thread::sleep(Duration::from_millis(2000));
+    for r in &f.replicas {
+        let v = r.stat(&slow);
+        assert!(v >= 2500, "{}: {slow} = {v} ({:?})", r.name, r.stats());
+    }
+    for r in &f.replicas {
+        for g in &fast {
+            let v = r.stat(g);
+            assert!((1000..2000).contains(&v), "{}: {g} = {v}", r.name);
+        }
+    }
+}

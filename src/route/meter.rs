@@ -142,8 +142,9 @@ pub(crate) struct Meter {
     /// [`crate::sync::liveness`]); defined only with sync on.
     pub(crate) sync_success_age_s: u32,
     pub(crate) sync_singleton_age_s: u32,
-    /// In-flight gauge per pod address and the value last recorded.
-    inflight: RefCell<Vec<(String, u32, u32)>>,
+    /// Per-pod gauges (in flight, slowness) by stat name: id and the value
+    /// last recorded.
+    pod_gauges: RefCell<Vec<(String, u32, u32)>>,
 }
 
 impl Meter {
@@ -172,7 +173,7 @@ impl Meter {
             sample_turn: Cell::new(0),
             sync_success_age_s: gauge("sync.last_success_age_s"),
             sync_singleton_age_s: gauge("sync.singleton_age_s"),
-            inflight: RefCell::new(Vec::new()),
+            pod_gauges: RefCell::new(Vec::new()),
         }
     }
 
@@ -225,14 +226,25 @@ impl Meter {
     /// Sets a pod's in-flight gauge, `prefix_router.inflight.<host>_<port>`,
     /// when its value changed (defined on first use).
     pub(crate) fn inflight(&self, sink: &impl MetricSink, address: &str, value: u32) {
-        let mut gauges = self.inflight.borrow_mut();
-        let i = match gauges.iter().position(|(a, _, _)| a == address) {
+        self.pod_gauge(sink, "inflight", address, value);
+    }
+
+    /// Sets a pod's slowness gauge, `prefix_router.slowness.<host>_<port>`:
+    /// what the load-aware policy takes as its speed, in thousandths of the
+    /// fastest member's time (1000 = as fast; 0 = nothing measured yet).
+    pub(crate) fn slowness(&self, sink: &impl MetricSink, address: &str, value: u32) {
+        self.pod_gauge(sink, "slowness", address, value);
+    }
+
+    fn pod_gauge(&self, sink: &impl MetricSink, family: &str, address: &str, value: u32) {
+        let name = format!("prefix_router.{family}.{}", stat_safe(address));
+        let mut gauges = self.pod_gauges.borrow_mut();
+        let i = match gauges.iter().position(|(n, _, _)| *n == name) {
             Some(i) => i,
             None => {
-                let name = format!("prefix_router.inflight.{}", stat_safe(address));
                 let id = sink.define_metric(MetricKind::Gauge, &name);
                 // u32::MAX: never recorded yet, so the first value is.
-                gauges.push((address.to_string(), id, u32::MAX));
+                gauges.push((name, id, u32::MAX));
                 gauges.len() - 1
             }
         };
@@ -368,6 +380,12 @@ mod tests {
         m.inflight(&sink, "10.0.0.1:8000", 0);
         m.inflight(&sink, "10.0.0.1:8000", 2);
         assert_eq!(sink.calls.get(), 2);
+        assert_eq!(sink.value("prefix_router.inflight.10_0_0_1_8000"), 2);
+        // Another family for the same pod is a gauge of its own.
+        m.slowness(&sink, "10.0.0.1:8000", 3000);
+        m.slowness(&sink, "10.0.0.1:8000", 3000);
+        assert_eq!(sink.calls.get(), 3);
+        assert_eq!(sink.value("prefix_router.slowness.10_0_0_1_8000"), 3000);
         assert_eq!(sink.value("prefix_router.inflight.10_0_0_1_8000"), 2);
     }
 }

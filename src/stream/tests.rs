@@ -736,6 +736,49 @@ fn pod_signals_add_no_hostcall_to_a_request_and_one_read_per_tick() {
     );
 }
 
+/// The slowness gauges show what the policy takes each pod's speed to be:
+/// 0 while nothing is measured, then the reported time per output token
+/// against the fastest member's, in thousandths.
+#[test]
+fn slowness_gauges_follow_the_reported_token_latency() {
+    let host = TestHost::default();
+    let w = worker_on(&host, r#","signals":{"enabled":true,"cluster":"pods"}"#);
+    let gauge = |pod: &str| format!("prefix_router.slowness.{}", pod.replace(['.', ':'], "_"));
+    w.on_tick(&host);
+    for pod in PODS {
+        assert_eq!(host.stat(&gauge(pod)), 0, "nothing measured yet");
+    }
+    let records: Vec<crate::signals::Record> = [(0, 3_000), (1, 9_000)]
+        .iter()
+        .map(|&(slot, us)| crate::signals::Record {
+            slot: crate::route::registry::PodSlot::new(slot),
+            at_ms: host.now.get() / 1_000_000,
+            signals: crate::signals::PodSignals {
+                waiting: 0,
+                running: 1,
+                kv_permille: None,
+                token_us: Some(us),
+            },
+        })
+        .collect();
+    host.store
+        .set(crate::signals::KEY, &crate::signals::encode(&records), None)
+        .unwrap();
+    w.on_tick(&host);
+    let slot_of = |pod: &str| {
+        w.router
+            .fleet()
+            .all()
+            .find(|(_, _, a)| *a == pod)
+            .map(|(s, _, _)| s.index())
+            .unwrap()
+    };
+    for pod in PODS {
+        let want = if slot_of(pod) == 0 { 1000 } else { 3000 };
+        assert_eq!(host.stat(&gauge(pod)), want, "{pod}");
+    }
+}
+
 // ---- feedback.cached_tokens ----
 
 const FEEDBACK_ON: &str = r#","feedback":{"cached_tokens":true}"#;

@@ -200,6 +200,14 @@ impl Router {
     }
 
     /// This VM's view of the fleet (members, health, cooldowns).
+    /// Each member's slowness as the load-aware policy would weigh it
+    /// against all members (see [`slowness`]), indexed by slot; empty when
+    /// nothing is measured yet.
+    pub(crate) fn member_slowness(&self) -> Vec<u32> {
+        let pool: Vec<PodSlot> = self.fleet.borrow().all().map(|(slot, _, _)| slot).collect();
+        slowness(&self.latency.borrow(), &self.signals.borrow(), &pool).0
+    }
+
     pub(crate) fn fleet(&self) -> Ref<'_, FleetView> {
         self.fleet.borrow()
     }
