@@ -447,12 +447,14 @@ pub struct PodModel {
     pub kv_block_tokens: u32,
     pub kv_capacity_blocks: u32,
     pub time_scale: f64,
+    /// podsim --prefill-stalls-decode.
+    pub prefill_stalls_decode: bool,
 }
 
 impl PodModel {
     /// The podsim flags.
     pub fn args(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             "--slots".into(),
             self.slots.to_string(),
             "--prefill-us-per-token".into(),
@@ -465,7 +467,11 @@ impl PodModel {
             self.kv_capacity_blocks.to_string(),
             "--time-scale".into(),
             self.time_scale.to_string(),
-        ]
+        ];
+        if self.prefill_stalls_decode {
+            args.push("--prefill-stalls-decode".into());
+        }
+        args
     }
 
     /// Modelled seconds one request holds a slot with `uncached` prompt
@@ -587,6 +593,7 @@ mod tests {
             kv_block_tokens: 16,
             kv_capacity_blocks: 3072,
             time_scale: 1.0,
+            prefill_stalls_decode: false,
         };
         // 1000 uncached tokens: 50 ms; 32 output tokens: 31 x 3 ms.
         assert!((m.service_s(1000.0, 32.0) - 0.143).abs() < 1e-9);

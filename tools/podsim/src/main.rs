@@ -74,6 +74,11 @@ struct Args {
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
 
+    /// A prefill also delays the tokens of the requests already decoding by
+    /// its own duration (as a vLLM step carrying a prefill chunk does).
+    #[arg(long)]
+    prefill_stalls_decode: bool,
+
     /// Output tokens of a request that sets no `max_tokens`.
     #[arg(long, default_value_t = 16)]
     default_max_tokens: u64,
@@ -181,7 +186,8 @@ async fn run(args: Args) -> Result<(), String> {
         args.kv_block_tokens,
         args.kv_capacity_blocks,
         Arc::clone(&metrics),
-    );
+    )
+    .with_prefill_stalls(args.prefill_stalls_decode);
     let state = Arc::new(AppState::new(
         name,
         args.models.clone(),

@@ -13,8 +13,14 @@
 //! delay is multiplied by `time_scale` (0 = no delay at all). A batch of
 //! prompts (a completions `prompt` list) is prefilled together (the sum of
 //! their uncached tokens) and decoded in lockstep.
+//!
+//! With `--prefill-stalls-decode`, a prefill also holds back the tokens of
+//! the requests already decoding by its own duration, as a vLLM step that
+//! carries a prefill chunk delays every decode in its batch: a pod that
+//! computes many misses then reports a longer inter-token latency. (Still a
+//! simplification: concurrent prefills do not slow each other.)
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -81,6 +87,9 @@ pub struct Engine {
     slots: Arc<Semaphore>,
     kv: Mutex<KvCache>,
     metrics: Arc<Metrics>,
+    /// `--prefill-stalls-decode`: prefill time summed (ns), what decoding
+    /// requests wait for on top of their own token times.
+    stalls: Option<AtomicU64>,
 }
 
 /// Held while a request waits in the queue.
@@ -123,7 +132,23 @@ impl Engine {
             slots: Arc::new(Semaphore::new(slots)),
             kv: Mutex::new(KvCache::new(kv_capacity_blocks)),
             metrics,
+            stalls: None,
         }
+    }
+
+    /// Prefills hold back the decoding requests (see the module doc).
+    pub fn with_prefill_stalls(mut self, on: bool) -> Self {
+        self.stalls = on.then(|| AtomicU64::new(0));
+        self
+    }
+
+    /// Prefill time that held back decoding so far (zero without
+    /// `--prefill-stalls-decode`); a decoding request's tokens are late by
+    /// how much it grew since its own prefill ended.
+    pub fn stalled(&self) -> Duration {
+        self.stalls.as_ref().map_or(Duration::ZERO, |s| {
+            Duration::from_nanos(s.load(Ordering::Relaxed))
+        })
     }
 
     fn kv(&self) -> MutexGuard<'_, KvCache> {
@@ -198,10 +223,28 @@ impl Engine {
         }
     }
 
+    /// Sleeps until `due`, plus however much prefills held decoding back
+    /// since `stall` (what [`Self::stalled`] read when the request's own
+    /// prefill ended). Without `--prefill-stalls-decode`: until `due`.
+    pub async fn wait_decoded(&self, due: tokio::time::Instant, stall: Duration) {
+        loop {
+            let at = due + self.stalled().saturating_sub(stall);
+            if tokio::time::Instant::now() >= at {
+                return;
+            }
+            tokio::time::sleep_until(at).await;
+        }
+    }
+
     /// Lookup, prefill delay, commit: the part of a request up to its first token.
     pub async fn prefill(&self, prompts: &[Vec<u32>]) -> CacheLookup {
         let lookup = self.lookup(prompts);
-        sleep(self.latency.prefill(lookup.uncached_tokens())).await;
+        let prefill = self.latency.prefill(lookup.uncached_tokens());
+        if let Some(s) = &self.stalls {
+            let ns = u64::try_from(prefill.as_nanos()).unwrap_or(u64::MAX);
+            s.fetch_add(ns, Ordering::Relaxed);
+        }
+        sleep(prefill).await;
         self.commit(&lookup);
         lookup
     }
@@ -263,6 +306,33 @@ mod tests {
             Engine::new(model(0.0), slots, 16, 100, Arc::clone(&metrics)),
             metrics,
         )
+    }
+
+    #[tokio::test]
+    async fn a_prefill_holds_back_decoding_only_with_stalls_on() {
+        let prompt: Vec<u32> = (0..400).collect(); // 20 ms of prefill at 50 us/token
+        for on in [false, true] {
+            let metrics = Arc::new(Metrics::default());
+            let e = Arc::new(Engine::new(model(1.0), 4, 16, 100, metrics).with_prefill_stalls(on));
+            let stall = e.stalled();
+            let start = tokio::time::Instant::now();
+            let other = {
+                let (e, p) = (Arc::clone(&e), prompt.clone());
+                tokio::spawn(async move { e.prefill(&[p]).await })
+            };
+            tokio::task::yield_now().await;
+            e.wait_decoded(start + Duration::from_millis(2), stall)
+                .await;
+            let waited = start.elapsed();
+            other.await.unwrap();
+            if on {
+                assert_eq!(e.stalled(), Duration::from_millis(20));
+                assert!(waited >= Duration::from_millis(22), "{waited:?}");
+            } else {
+                assert_eq!(e.stalled(), Duration::ZERO);
+                assert!(waited >= Duration::from_millis(2), "{waited:?}");
+            }
+        }
     }
 
     #[tokio::test]

@@ -408,18 +408,19 @@ async fn complete(state: &AppState, req: InferenceRequest) -> Response<ReplyBody
         return error_reply(state, StatusCode::SERVICE_UNAVAILABLE, "scheduler closed");
     };
     let lookup = state.engine.prefill(&req.prompts).await;
-    sleep(
-        state
-            .engine
-            .latency
-            .token_offset(req.params.max_tokens.saturating_sub(1)),
-    )
-    .await;
-    drop(running);
-    // The modelled gaps between its output tokens (nothing is streamed).
     let gaps = req.params.max_tokens.saturating_sub(1);
-    let decode = state.engine.latency.token_offset(1).as_secs_f64();
-    state.metrics.inter_token.observe(decode, gaps);
+    let decode = state.engine.latency.token_offset(gaps);
+    let stall = state.engine.stalled();
+    state
+        .engine
+        .wait_decoded(tokio::time::Instant::now() + decode, stall)
+        .await;
+    drop(running);
+    // The modelled gaps between its output tokens (nothing is streamed),
+    // with what prefills held them back by.
+    let held = state.engine.stalled().saturating_sub(stall);
+    let per_gap = (decode + held).as_secs_f64() / gaps.max(1) as f64;
+    state.metrics.inter_token.observe(per_gap, gaps);
     let usage = usage(&req, lookup.prompt_tokens, lookup.cached_tokens);
     state
         .metrics
@@ -451,6 +452,7 @@ async fn stream(state: Arc<AppState>, req: InferenceRequest, tx: mpsc::Sender<By
     let meta = state.reply_meta(req.kind, &req.params.model);
     let n = req.params.max_tokens;
     let started = tokio::time::Instant::now();
+    let stall = state.engine.stalled();
     if req.kind == Kind::Chat && !send(openai::chat_chunk(&meta, Some("assistant"), "", None)).await
     {
         return;
@@ -458,9 +460,7 @@ async fn stream(state: Arc<AppState>, req: InferenceRequest, tx: mpsc::Sender<By
     let mut last = started;
     for i in 0..n.max(1) {
         let offset = state.engine.latency.token_offset(i);
-        if !offset.is_zero() {
-            tokio::time::sleep_until(started + offset).await;
-        }
+        state.engine.wait_decoded(started + offset, stall).await;
         if i > 0 {
             // As vLLM: the time since the previous token, once it is out.
             let now = tokio::time::Instant::now();

@@ -306,6 +306,10 @@ pub struct CompareCli {
     /// podsim --time-scale (multiplies every modelled delay).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
+    /// podsim --prefill-stalls-decode: a prefill delays the tokens of the
+    /// requests decoding on its pod (off: the pods' slots are independent).
+    #[arg(long)]
+    pub prefill_stalls_decode: bool,
     /// Sync period of the 3-replica fleets, ms.
     #[arg(long, default_value_t = 2000)]
     pub sync_period_ms: u64,
@@ -380,6 +384,7 @@ impl CompareCli {
                 kv_capacity_blocks: self.kv_blocks,
                 time_scale: self.time_scale,
                 kv_block_tokens: 16,
+                prefill_stalls_decode: self.prefill_stalls_decode,
             },
             sync_period_ms: self.sync_period_ms,
             fresh_connections: !self.keep_alive,
@@ -1572,8 +1577,8 @@ fn setup_lines(args: &CompareArgs, opts: &GatewayOptions) -> Vec<String> {
     let mut lines = vec![
         format!(
             "pods: {} x podsim --slots {} --prefill-us-per-token {} --decode-us-per-token {} \
-             --kv-block-tokens {} --kv-capacity-blocks {} ({} tokens each) --time-scale {}; fresh \
-             (cold) pods for every router and workload",
+             --kv-block-tokens {} --kv-capacity-blocks {} ({} tokens each) --time-scale {}{}; \
+             fresh (cold) pods for every router and workload",
             args.pods,
             m.slots,
             m.prefill_us_per_token,
@@ -1581,7 +1586,12 @@ fn setup_lines(args: &CompareArgs, opts: &GatewayOptions) -> Vec<String> {
             m.kv_block_tokens,
             m.kv_capacity_blocks,
             kv_tokens,
-            m.time_scale
+            m.time_scale,
+            if m.prefill_stalls_decode {
+                " --prefill-stalls-decode"
+            } else {
+                ""
+            }
         ),
         format!(
             "cache pressure: {} distinct system-prompt tokens in shared-prefix = {:.2} x one pod's \
