@@ -16,6 +16,7 @@ use std::cell::{Cell, RefCell};
 
 use crate::config::Settings;
 use crate::route::policy::Reason;
+use crate::route::registry::MAX_SLOTS;
 use crate::route::request::PassReason;
 
 /// One routed request in this many is timed for `route_time_us`.
@@ -142,9 +143,9 @@ pub(crate) struct Meter {
     /// [`crate::sync::liveness`]); defined only with sync on.
     pub(crate) sync_success_age_s: u32,
     pub(crate) sync_singleton_age_s: u32,
-    /// Per-pod gauges (in flight, slowness) by stat name: id and the value
-    /// last recorded.
-    pod_gauges: RefCell<Vec<(String, u32, u32)>>,
+    /// Per-pod gauges (in flight, slowness) by family and pod address: id
+    /// and the value last recorded. At most [`MAX_POD_GAUGES`].
+    pod_gauges: RefCell<Vec<(&'static str, String, u32, u32)>>,
 }
 
 impl Meter {
@@ -236,25 +237,36 @@ impl Meter {
         self.pod_gauge(sink, "slowness", address, value);
     }
 
-    fn pod_gauge(&self, sink: &impl MetricSink, family: &str, address: &str, value: u32) {
-        let name = format!("prefix_router.{family}.{}", stat_safe(address));
+    /// A per-pod gauge, defined on first use. Pods that left keep theirs
+    /// (Envoy cannot drop a stat), so past [`MAX_POD_GAUGES`] a new pod
+    /// gets none: a fleet that churns through addresses stays bounded.
+    fn pod_gauge(&self, sink: &impl MetricSink, family: &'static str, address: &str, value: u32) {
         let mut gauges = self.pod_gauges.borrow_mut();
-        let i = match gauges.iter().position(|(n, _, _)| *n == name) {
+        let found = gauges
+            .iter()
+            .position(|(f, a, _, _)| *f == family && a == address);
+        let i = match found {
             Some(i) => i,
+            None if gauges.len() >= MAX_POD_GAUGES => return,
             None => {
+                let name = format!("prefix_router.{family}.{}", stat_safe(address));
                 let id = sink.define_metric(MetricKind::Gauge, &name);
                 // u32::MAX: never recorded yet, so the first value is.
-                gauges.push((name, id, u32::MAX));
+                gauges.push((family, address.to_string(), id, u32::MAX));
                 gauges.len() - 1
             }
         };
-        let (_, id, last) = &mut gauges[i];
+        let (_, _, id, last) = &mut gauges[i];
         if *last != value {
             *last = value;
             sink.record_metric(*id, u64::from(value));
         }
     }
 }
+
+/// Per-pod gauges defined at most (two families of 2 x [`MAX_SLOTS`]
+/// addresses).
+pub(crate) const MAX_POD_GAUGES: usize = 4 * MAX_SLOTS;
 
 /// Stat names split on `.`; endpoint names become one segment.
 fn stat_safe(s: &str) -> String {
@@ -387,5 +399,23 @@ mod tests {
         assert_eq!(sink.calls.get(), 3);
         assert_eq!(sink.value("prefix_router.slowness.10_0_0_1_8000"), 3000);
         assert_eq!(sink.value("prefix_router.inflight.10_0_0_1_8000"), 2);
+    }
+
+    #[test]
+    fn pod_gauges_stop_at_their_bound() {
+        let sink = Sink::default();
+        let m = Meter::define(&settings(), &sink);
+        for i in 0..MAX_POD_GAUGES + 10 {
+            m.inflight(&sink, &format!("10.1.{}.{}:8000", i / 256, i % 256), 1);
+        }
+        assert_eq!(m.pod_gauges.borrow().len(), MAX_POD_GAUGES);
+        assert_eq!(sink.value("prefix_router.inflight.10_1_0_0_8000"), 1);
+        let defined = sink
+            .names
+            .borrow()
+            .iter()
+            .filter(|(_, n)| n.starts_with("prefix_router.inflight."))
+            .count();
+        assert_eq!(defined, MAX_POD_GAUGES, "past the bound: no gauge");
     }
 }

@@ -20,7 +20,7 @@
 //!   `{key_prefix}:{signals}:pods`.
 //! - **The value** of a field is text: `v2 <written unix ms>` on the first
 //!   line, then one line per pod, `<host:port> <age ms> <waiting> <running>
-//!   <kv permille or -> <µs per output token or ->`. About 30-45 bytes a
+//!   <kv permille or -> <µs per output token or ->`. About 35-45 bytes a
 //!   pod: the reply of a fleet of some 1,400 pods fits the bridge's 64 KB; a
 //!   larger or malformed reply is an exchange failure (counted), not a
 //!   partial read. A `v1` value (the same lines without the token latency,
