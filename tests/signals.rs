@@ -12,6 +12,20 @@ use std::time::Duration;
 use harness::{completion_body, send, text, wait_until, Running, Setup, CLIENT_TIMEOUT};
 use serde_json::json;
 
+/// POSTs a completions request straight to the pod on `port`, bypassing
+/// Envoy.
+fn post_to_pod(port: u16, body: &serde_json::Value) -> Result<harness::Reply, String> {
+    let url = format!("http://127.0.0.1:{port}/v1/completions");
+    let body = body.to_string();
+    send(
+        "POST",
+        &url,
+        &[("content-type", "application/json")],
+        Some(body.as_bytes()),
+        CLIENT_TIMEOUT,
+    )
+}
+
 fn with_signals() -> Running {
     Setup::new("single.yaml")
         .plugin_field(
@@ -51,18 +65,8 @@ fn load_the_filter_never_saw_moves_a_matched_prefix_off_the_busy_pod() {
     // 4), bypassing Envoy: only the pod's own metrics show them.
     let holders: Vec<_> = (0..8)
         .map(|i| {
-            let url = format!("http://127.0.0.1:{port}/v1/completions");
-            let body =
-                json!({"model": "m", "prompt": text(500 + i, 64), "max_tokens": 1500}).to_string();
-            thread::spawn(move || {
-                send(
-                    "POST",
-                    &url,
-                    &[("content-type", "application/json")],
-                    Some(body.as_bytes()),
-                    CLIENT_TIMEOUT,
-                )
-            })
+            let body = json!({"model": "m", "prompt": text(500 + i, 64), "max_tokens": 1500});
+            thread::spawn(move || post_to_pod(port, &body))
         })
         .collect();
     let busy = wait_until(Duration::from_secs(5), || {
@@ -218,17 +222,8 @@ fn shared_signals_carry_a_pods_speed_to_the_replicas_that_do_not_scrape_it() {
     // Streamed tokens straight to every pod (not through Envoy): the pods'
     // inter-token latency histograms fill, the filter times nothing itself.
     for &port in &f.pod_ports {
-        let url = format!("http://127.0.0.1:{port}/v1/completions");
-        let body = json!({"model": "m", "prompt": text(7, 16), "max_tokens": 20, "stream": true})
-            .to_string();
-        send(
-            "POST",
-            &url,
-            &[("content-type", "application/json")],
-            Some(body.as_bytes()),
-            CLIENT_TIMEOUT,
-        )
-        .unwrap();
+        let body = json!({"model": "m", "prompt": text(7, 16), "max_tokens": 20, "stream": true});
+        post_to_pod(port, &body).unwrap();
     }
     f.start_redis();
     let patch = json!({
