@@ -121,6 +121,21 @@ fn a_pod_whose_metrics_fail_is_counted_and_leaves_the_published_signals() {
     assert!(gauge, "{:?}", run.envoy.router_stats());
 }
 
+/// Starts Redis and two replicas, `a` and `b` (`sync.yaml`: the filter and
+/// the singleton), sharing their scrapes every `interval_ms`.
+fn start_sharing_pair(f: &mut harness::fleet::Fleet, interval_ms: u64) {
+    f.start_redis();
+    let patch = json!({
+        "signals": {"enabled": true, "cluster": "pods", "interval_ms": interval_ms, "share": true},
+        "sync": {"period_ms": 2000}
+    });
+    let specs = ["a", "b"]
+        .iter()
+        .map(|n| f.spec(n, "sync.yaml").merge(patch.clone()).plugins(2))
+        .collect();
+    f.launch_all(specs);
+}
+
 /// Two replicas with `signals.share`: each pod is scraped about once per
 /// interval by the pair (not once per replica), each replica publishes all
 /// four pods' signals, the ones it scraped and the ones the other did, and
@@ -130,16 +145,7 @@ fn replicas_share_scrapes_through_redis_and_take_over_a_stopped_ones_pods() {
     const INTERVAL_MS: u64 = 200;
     let mut f = harness::fleet::Fleet::new("signals-share");
     f.start_pods(&["--time-scale", "0"]);
-    f.start_redis();
-    let patch = json!({
-        "signals": {"enabled": true, "cluster": "pods", "interval_ms": INTERVAL_MS, "share": true},
-        "sync": {"period_ms": 2000}
-    });
-    let specs = ["a", "b"]
-        .iter()
-        .map(|n| f.spec(n, "sync.yaml").merge(patch.clone()).plugins(2))
-        .collect();
-    f.launch_all(specs);
+    start_sharing_pair(&mut f, INTERVAL_MS);
     let settled = wait_until(Duration::from_secs(20), || {
         f.replicas.iter().all(|r| {
             r.stat("prefix_router.signals.share_peers") == 1
@@ -225,16 +231,7 @@ fn shared_signals_carry_a_pods_speed_to_the_replicas_that_do_not_scrape_it() {
         let body = json!({"model": "m", "prompt": text(7, 16), "max_tokens": 20, "stream": true});
         post_to_pod(port, &body).unwrap();
     }
-    f.start_redis();
-    let patch = json!({
-        "signals": {"enabled": true, "cluster": "pods", "interval_ms": INTERVAL_MS, "share": true},
-        "sync": {"period_ms": 2000}
-    });
-    let specs = ["a", "b"]
-        .iter()
-        .map(|n| f.spec(n, "sync.yaml").merge(patch.clone()))
-        .collect();
-    f.launch_all(specs);
+    start_sharing_pair(&mut f, INTERVAL_MS);
     let gauge = |port: u16| format!("prefix_router.slowness.127_0_0_1_{port}");
     let slow = gauge(f.pod_ports[0]);
     let fast: Vec<String> = f.pod_ports[1..].iter().map(|&p| gauge(p)).collect();
