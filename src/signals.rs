@@ -25,7 +25,10 @@ use serde::Deserialize;
 
 use crate::route::registry::{PodSlot, MAX_SLOTS};
 
+pub mod buckets;
 pub mod share;
+
+use buckets::{Buckets, Span};
 
 /// Shared-data key of the published signals.
 pub const KEY: &str = "signals/pods";
@@ -38,6 +41,9 @@ pub const RECORD: usize = 24;
 pub const MAX_REQUESTS: f64 = 1_000_000.0;
 const KV_UNKNOWN: u16 = u16::MAX;
 const TOKEN_UNKNOWN: u32 = u32::MAX;
+/// Weight of a pod's older tokens at each scrape that saw new ones: at the
+/// 250 ms default interval, tokens of a second ago weigh 0.41.
+pub const TOKEN_DECAY: f64 = 0.8;
 /// A mean time per output token above this (µs) is absurd: ignored.
 pub(crate) const MAX_TOKEN_US: f64 = 60_000_000.0;
 
@@ -89,11 +95,14 @@ pub struct PodSignals {
     pub token_us: Option<u32>,
 }
 
-/// A histogram's running totals: its `_sum` (seconds) and `_count`.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+/// A histogram's running totals: its `_sum` (seconds) and `_count`, and
+/// its buckets when they are usable ([`Buckets::finish`]) and add up to the
+/// count.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct TokenTotals {
     pub sum_secs: f64,
     pub count: f64,
+    pub buckets: Option<Buckets>,
 }
 
 /// Why a body gave no signals.
@@ -159,8 +168,10 @@ pub fn parse_with_totals(
 ) -> Result<(PodSignals, Option<TokenTotals>), SignalError> {
     let (mut waiting, mut running, mut kv) = (None, None, None);
     let (mut token_sum, mut token_count) = (None, None);
+    // The buckets of the best-ranked token latency name seen so far.
+    let mut token_buckets: Option<(usize, Buckets)> = None;
     for line in body.split(|&b| b == b'\n') {
-        let Some((name, value)) = sample(line) else {
+        let Some((name, labels, value)) = sample(line) else {
             continue;
         };
         let rank = |list: &[String]| list.iter().position(|n| n.as_bytes() == name);
@@ -186,11 +197,26 @@ pub fn parse_with_totals(
         if let Some(r) = series(b"_count") {
             fold(&mut token_count, r, value, true);
         }
+        if let Some(r) = series(b"_bucket") {
+            match &mut token_buckets {
+                Some((rank, _)) if *rank < r => {}
+                Some((rank, b)) if *rank == r => b.add(label(labels, b"le"), value),
+                _ => {
+                    let mut b = Buckets::default();
+                    b.add(label(labels, b"le"), value);
+                    token_buckets = Some((r, b));
+                }
+            }
+        }
     }
     let totals = match (token_sum, token_count) {
         (Some(s), Some(c)) if s.rank == c.rank && !s.bad && !c.bad => Some(TokenTotals {
             sum_secs: s.value,
             count: c.value,
+            buckets: token_buckets
+                .filter(|(r, _)| *r == s.rank)
+                .and_then(|(_, b)| b.finish())
+                .filter(|b| (b.total() - c.value).abs() < 0.5),
         }),
         _ => None,
     };
@@ -219,9 +245,10 @@ pub fn parse_with_totals(
     Ok((signals, totals))
 }
 
-/// One sample line: its metric name and value (None if the value is not a
-/// finite number >= 0). None for comments, blank and malformed lines.
-fn sample(line: &[u8]) -> Option<(&[u8], Option<f64>)> {
+/// One sample line: its metric name, its label set's text (between the
+/// braces; empty without) and value (None if the value is not a finite
+/// number >= 0). None for comments, blank and malformed lines.
+fn sample(line: &[u8]) -> Option<(&[u8], &[u8], Option<f64>)> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let start = line.iter().position(|b| !b.is_ascii_whitespace())?;
     let line = &line[start..];
@@ -233,8 +260,11 @@ fn sample(line: &[u8]) -> Option<(&[u8], Option<f64>)> {
         .position(|&b| b == b'{' || b.is_ascii_whitespace())?;
     let name = &line[..name_end];
     let mut rest = &line[name_end..];
+    let mut labels: &[u8] = &[];
     if rest.first() == Some(&b'{') {
-        rest = &rest[labels_end(rest)?..];
+        let end = labels_end(rest)?;
+        labels = &rest[1..end - 1];
+        rest = &rest[end..];
     }
     let value = rest
         .split(|b| b.is_ascii_whitespace())
@@ -243,7 +273,30 @@ fn sample(line: &[u8]) -> Option<(&[u8], Option<f64>)> {
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
         .filter(|v| v.is_finite() && *v >= 0.0);
-    Some((name, value))
+    Some((name, labels, value))
+}
+
+/// The raw value of label `key` in a label set's text (`a="x",le="0.5"`),
+/// escapes left as they are. None if absent or malformed.
+fn label<'a>(mut labels: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    loop {
+        let start = labels.iter().position(|b| !b.is_ascii_whitespace() && *b != b',')?;
+        labels = &labels[start..];
+        let eq = labels.iter().position(|&b| b == b'=')?;
+        let name = labels[..eq].trim_ascii();
+        let rest = labels[eq + 1..].trim_ascii_start();
+        let rest = rest.strip_prefix(b"\"")?;
+        let mut escaped = false;
+        let close = rest.iter().position(|&b| {
+            let quote = b == b'"' && !escaped;
+            escaped = b == b'\\' && !escaped;
+            quote
+        })?;
+        if name == key {
+            return Some(&rest[..close]);
+        }
+        labels = &rest[close + 1..];
+    }
 }
 
 /// Index just past the `}` closing a label set that starts at 0 (quoted
@@ -426,9 +479,9 @@ pub struct Scraper {
     /// Other replicas' scrapes (`signals.share`); published where they are
     /// fresher than this replica's own.
     remote: BTreeMap<PodSlot, Record>,
-    /// Per pod: the token latency totals of its last good scrape (the mean
-    /// made of them is its record's `token_us`).
-    tokens: BTreeMap<PodSlot, TokenTotals>,
+    /// Per pod: the token latency totals of its last good scrape, and the
+    /// decayed span of tokens its record's `token_us` is made of.
+    tokens: BTreeMap<PodSlot, (TokenTotals, Span)>,
     dirty: bool,
 }
 
@@ -503,33 +556,39 @@ impl Scraper {
         }
     }
 
-    /// The pod's mean time per output token (µs) after a scrape read
-    /// `totals`: the mean over the tokens made since its previous scrape,
-    /// averaged with the value before; the value before while no token was
-    /// made; on the first scrape (or after the pod's counts went back, a
-    /// restart) the mean over all its tokens. None without totals or tokens.
+    /// The pod's time per output token (µs) after a scrape read `totals`:
+    /// over its tokens since its first scrape (or since its counts went
+    /// back, a restart), each scrape's older ones weighted by
+    /// [`TOKEN_DECAY`]; the value stands while no token is made. With
+    /// usable buckets, the typical time ([`buckets::Span::typical_secs`]:
+    /// tokens held back by a prefill left out), else the mean. None
+    /// without totals or tokens.
     fn token_us(&mut self, slot: PodSlot, totals: Option<TokenTotals>) -> Option<u32> {
         let Some(now) = totals else {
             self.tokens.remove(&slot);
             return None;
         };
-        let last = self.records.get(&slot).and_then(|r| r.signals.token_us);
-        let (sum, count, last) = match self.tokens.get(&slot) {
-            Some(b) if now.count >= b.count => {
-                (now.sum_secs - b.sum_secs, now.count - b.count, last)
+        let span = match self.tokens.remove(&slot) {
+            Some((b, mut acc)) if now.count >= b.count => {
+                let new = Span::between(
+                    now.buckets.as_ref(),
+                    b.buckets.as_ref(),
+                    now.sum_secs - b.sum_secs,
+                    now.count - b.count,
+                );
+                if new.count > 0.0 {
+                    acc.decay_add(TOKEN_DECAY, &new);
+                }
+                acc
             }
-            _ => (now.sum_secs, now.count, None),
+            _ => Span::between(now.buckets.as_ref(), None, now.sum_secs, now.count),
         };
-        let mean = (count >= 1.0)
-            .then(|| sum.max(0.0) / count * 1e6)
-            .filter(|us| us.is_finite() && *us <= MAX_TOKEN_US);
-        let value = match (last, mean) {
-            (Some(l), Some(m)) => Some((f64::from(l) + m) / 2.0),
-            (None, m) => m,
-            (Some(l), None) => Some(f64::from(l)),
-        }
-        .map(|us| us.round() as u32);
-        self.tokens.insert(slot, now);
+        let value = span
+            .time_secs()
+            .map(|secs| secs * 1e6)
+            .filter(|us| us.is_finite() && *us <= MAX_TOKEN_US)
+            .map(|us| us.round() as u32);
+        self.tokens.insert(slot, (now, span));
         value
     }
 

@@ -257,7 +257,7 @@ fn token_latency_totals_are_summed_over_series_and_need_sum_and_count_of_one_nam
 }
 
 #[test]
-fn the_scraper_times_tokens_since_its_last_scrape_and_smooths() {
+fn the_scraper_weighs_a_pods_recent_tokens_most() {
     let mut s = Scraper::new(250, names());
     let at = std::cell::Cell::new(0);
     let scrape = |s: &mut Scraper, sum: f64, count: u64| {
@@ -268,11 +268,13 @@ fn the_scraper_times_tokens_since_its_last_scrape_and_smooths() {
     };
     // First scrape: the mean over all the pod's tokens.
     assert_eq!(scrape(&mut s, 0.09, 30), Some(3_000));
-    // 10 more tokens at 9 ms: the interval's 9 ms averaged with 3 ms.
-    assert_eq!(scrape(&mut s, 0.18, 40), Some(6_000));
-    // No token since: the value stands.
-    assert_eq!(scrape(&mut s, 0.18, 40), Some(6_000));
-    assert_eq!(scrape(&mut s, 0.27, 50), Some(7_500));
+    // 10 more tokens at 9 ms, the 30 before weighing 0.8 each:
+    // (0.072 + 0.09) s over 34.
+    assert_eq!(scrape(&mut s, 0.18, 40), Some(4_765));
+    // No token since: the value stands (nothing decays).
+    assert_eq!(scrape(&mut s, 0.18, 40), Some(4_765));
+    // (0.162 x 0.8 + 0.09) s over 37.2.
+    assert_eq!(scrape(&mut s, 0.27, 50), Some(5_903));
     // The pod restarted (its count went back): its new totals alone.
     assert_eq!(scrape(&mut s, 0.01, 10), Some(1_000));
     // A pod without the histogram, or one with no token yet: none.
@@ -283,6 +285,57 @@ fn the_scraper_times_tokens_since_its_last_scrape_and_smooths() {
     assert_eq!(decode(&s.take_publish().unwrap())[0].signals.token_us, None);
     // An absurd mean (over a minute per token) is ignored.
     assert_eq!(scrape(&mut s, 120.0, 1), None);
+}
+
+/// A vLLM body whose inter-token latency histogram (with its buckets, one
+/// model's series; a label before `le` whose name ends like it) holds
+/// `fast` tokens of 3 ms and `late` ones of 625 ms.
+fn with_late_tokens(fast: u64, late: u64) -> String {
+    let name = "vllm:inter_token_latency_seconds";
+    let mut body = format!("{VLLM}# TYPE {name} histogram\n");
+    for le in ["0.01", "0.025", "0.05", "0.1", "0.5", "0.75", "1.0", "+Inf"] {
+        let n = if le == "0.01" || le == "0.025" || le == "0.05" || le == "0.1" || le == "0.5" {
+            fast
+        } else {
+            fast + late
+        };
+        body += &format!("{name}_bucket{{handle=\"le\",model_name=\"m\",le=\"{le}\"}} {n}\n");
+    }
+    let sum = fast as f64 * 0.003 + late as f64 * 0.625;
+    body += &format!("{name}_sum{{model_name=\"m\"}} {sum}\n");
+    body += &format!("{name}_count{{model_name=\"m\"}} {}\n", fast + late);
+    body
+}
+
+#[test]
+fn the_buckets_are_read_by_their_le_label() {
+    let (_, t) = parse_with_totals(with_late_tokens(90, 10).as_bytes(), &names()).unwrap();
+    assert_eq!(t.unwrap().buckets.map(|b| b.total()), Some(100.0));
+    // Buckets that do not add up to the count are not used.
+    let short = with_late_tokens(90, 10).replace("le=\"+Inf\"} 100", "le=\"+Inf\"} 90");
+    let (_, t) = parse_with_totals(short.as_bytes(), &names()).unwrap();
+    assert_eq!(t.unwrap().buckets, None);
+}
+
+#[test]
+fn tokens_held_back_by_prefills_do_not_make_a_pod_read_slow() {
+    let mut s = Scraper::new(250, names());
+    let at = std::cell::Cell::new(0);
+    let scrape = |s: &mut Scraper, body: String| {
+        s.due(at.get(), &[target(1)]);
+        s.on_reply(p(1), Ok(body.as_bytes()), at.get());
+        at.set(at.get() + 250);
+        decode(&s.take_publish().unwrap())[0].signals.token_us
+    };
+    // A tenth of the tokens 625 ms late: the mean would say 65 ms.
+    assert_eq!(scrape(&mut s, with_late_tokens(900, 100)), Some(3_000));
+    // 100 more tokens and 1,000 more late ones: with the older tokens at
+    // 0.8, 820 on time and 1,080 late. Most are late: they are the pod's
+    // pace, none is left out (the mean, 357 ms).
+    assert_eq!(scrape(&mut s, with_late_tokens(1_000, 1_100)), Some(356_558));
+    // Without buckets, the mean (as servers without them).
+    let mut s = Scraper::new(250, names());
+    assert_eq!(scrape(&mut s, with_tokens(0.09, 30, "")), Some(3_000));
 }
 
 #[test]

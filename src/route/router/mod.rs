@@ -588,7 +588,7 @@ pub(crate) const HIT_PERCENT: u8 = 50;
 /// Per slot: how much slower `pool`'s pods are than the fastest one
 /// (thousandths, 1000..=[`MAX_SLOWNESS`]; 0 = 1x, nothing known), and
 /// whether a pod of the pool reports itself slow (its time per output token
-/// at least [`SLOW_PREFILL`] / 1000 times the fastest reported).
+/// at least [`SLOW_PREFILL`] / 1000 times the reference below).
 ///
 /// Two measures, the higher counts:
 /// - this VM's own timing of its hits ([`PodLatency::mean_hit_ms`], once a
@@ -597,8 +597,9 @@ pub(crate) const HIT_PERCENT: u8 = 50;
 ///   which says nothing of its speed; it includes queueing;
 /// - where at least two pods report their time per output token (pod
 ///   signals, [`crate::signals::PodSignals::token_us`]), its ratio to the
-///   fastest reported: every VM and replica reads it as soon as a pod has
-///   made a few tokens, long before this VM has timed enough hits there.
+///   fastest reported, or with three or more the second fastest: every VM
+///   and replica reads it as soon as a pod has made a few tokens, long
+///   before this VM has timed enough hits there.
 fn slowness(latency: &PodLatency, signals: &SignalView, pool: &[PodSlot]) -> (Vec<u32>, bool) {
     let bound = pool.iter().map(|&p| p.index() + 1).max().unwrap_or(0);
     let mut out = vec![0; bound];
@@ -621,10 +622,15 @@ fn slowness(latency: &PodLatency, signals: &SignalView, pool: &[PodSlot]) -> (Ve
             .filter(|&(_, us)| us > 0)
     };
     let mut reported_slow = false;
-    if reported().nth(1).is_some() {
-        let fastest = reported().map(|(_, us)| us).min().unwrap_or(1);
+    let mut times: Vec<u64> = reported().map(|(_, us)| us).collect();
+    if times.len() >= 2 {
+        // From three pods on, the second fastest: one pod read too fast
+        // (few tokens, or its late ones valued high) does not make all the
+        // others slow.
+        let rank = usize::from(times.len() >= 3);
+        let reference = *times.select_nth_unstable(rank).1;
         for (pod, us) in reported() {
-            let r = ratio(us, fastest);
+            let r = ratio(us, reference);
             reported_slow |= i128::from(r) >= SLOW_PREFILL;
             out[pod.index()] = out[pod.index()].max(r);
         }

@@ -408,7 +408,8 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
 
 /// Pods' own time per output token gives their slowness to every VM at
 /// once; it raises, never lowers, what this VM timed of its hits, and
-/// needs two pods reporting.
+/// needs two pods reporting; from three, the reference is the second
+/// fastest.
 #[test]
 fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
     use crate::signals::{encode, PodSignals, Record, SignalView};
@@ -444,7 +445,17 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
             &view(&[Some(3_000), Some(9_000), Some(3_300)]),
             &pool
         ),
-        (vec![1000, 3000, 1100], true)
+        (vec![1000, 2727, 1000], true)
+    );
+    // From three pods on, each is compared with the second fastest: one
+    // pod read far too fast does not make the others slow.
+    assert_eq!(
+        super::slowness(
+            &none,
+            &view(&[Some(1_000), Some(3_000), Some(3_300)]),
+            &pool
+        ),
+        (vec![1000, 1000, 1100], false)
     );
     // Within 1.5x: slower, not slow.
     assert_eq!(
