@@ -391,8 +391,9 @@ impl Worker {
 
     /// Sets `prefix_router.slowness.<pod>` for every member (a write only
     /// when it changed): how much slower the load-aware policy takes each
-    /// pod to be than the fastest, from its own hit timing and the pods'
-    /// reported time per output token.
+    /// pod to be than the fastest (the second fastest, for the reported
+    /// time per output token of three pods or more), from its own hit
+    /// timing and the pods' reported time per output token.
     fn report_slowness<H: Host>(&self, host: &H) {
         let slow = self.router.member_slowness();
         for (slot, _, address) in self.router.fleet().all() {

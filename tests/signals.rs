@@ -256,3 +256,85 @@ fn shared_signals_carry_a_pods_speed_to_the_replicas_that_do_not_scrape_it() {
         }
     }
 }
+
+/// A pod whose decoding is held back by the prefills it computes (podsim
+/// `--prefill-stalls-decode`, as a vLLM step carrying a prefill chunk) is
+/// not taken for a slow pod: its late tokens are left out of its time per
+/// output token. Its mean inter-token latency is over twice the others'
+/// here, and the `slowness` gauges stay under the 1.5x that counts as slow
+/// for every pod.
+#[test]
+fn prefills_holding_back_a_pods_decoding_do_not_make_it_read_slow() {
+    let run = Setup::new("single.yaml")
+        .pod_args(&[
+            "--time-scale",
+            "1",
+            "--slots",
+            "8",
+            "--decode-us-per-token",
+            "3000",
+            "--prefill-stalls-decode",
+        ])
+        .plugin_field(
+            "signals",
+            json!({"enabled": true, "cluster": "pods", "interval_ms": 100}),
+        )
+        .plugin_field("policy", json!({"mode": "load_aware"}))
+        .start();
+    let ports: Vec<u16> = run.pods.iter().map(|p| p.port).collect();
+    // Every pod decodes three streams of 150 tokens (~0.45 s); the first
+    // also computes six 4,096-token prompts (~0.2 s each) meanwhile.
+    let mut clients = Vec::new();
+    for (i, &port) in ports.iter().enumerate() {
+        for s in 0..3 {
+            let body = json!({"model": "m", "prompt": text(100 + s, 16), "max_tokens": 150, "stream": true});
+            clients.push(thread::spawn(move || post_to_pod(port, &body)));
+        }
+        if i == 0 {
+            let port = ports[0];
+            clients.push(thread::spawn(move || {
+                for n in 0..6 {
+                    thread::sleep(Duration::from_millis(60));
+                    let body =
+                        json!({"model": "m", "prompt": text(900 + n, 16_384), "max_tokens": 1});
+                    post_to_pod(port, &body)?;
+                }
+                post_to_pod(port, &json!({"model": "m", "prompt": "x", "max_tokens": 1}))
+            }));
+        }
+    }
+    for c in clients {
+        assert_eq!(c.join().unwrap().unwrap().status, 200);
+    }
+    let mean_ms = |port: u16| {
+        let page = harness::get(&format!("http://127.0.0.1:{port}/metrics"))
+            .unwrap()
+            .body;
+        let value = |suffix: &str| -> f64 {
+            let name = format!("vllm:inter_token_latency_seconds_{suffix}{{");
+            let line = page.lines().find(|l| l.starts_with(&name)).unwrap();
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        value("sum") / value("count") * 1e3
+    };
+    let means: Vec<f64> = ports.iter().map(|&p| mean_ms(p)).collect();
+    assert!(
+        means[1..].iter().all(|&m| means[0] > 2.0 * m),
+        "the prefills did not hold the first pod back: mean ms {means:?}"
+    );
+    let gauge = |port: u16| format!("prefix_router.slowness.127_0_0_1_{port}");
+    let read = wait_until(Duration::from_secs(5), || {
+        ports.iter().all(|&p| run.envoy.router_stat(&gauge(p)) > 0)
+    });
+    assert!(read, "{:?}", run.envoy.router_stats());
+    // Past a few more scrapes and worker ticks: the values stand.
+    thread::sleep(Duration::from_millis(600));
+    for &port in &ports {
+        let v = run.envoy.router_stat(&gauge(port));
+        assert!(
+            (1000..1500).contains(&v),
+            "{} = {v}, mean ms {means:?}",
+            gauge(port)
+        );
+    }
+}

@@ -232,7 +232,9 @@ impl Meter {
 
     /// Sets a pod's slowness gauge, `prefix_router.slowness.<host>_<port>`:
     /// what the load-aware policy takes as its speed, in thousandths of the
-    /// fastest member's time (1000 = as fast; 0 = nothing measured yet).
+    /// fastest member's time (for the reported time per output token, from
+    /// three members reporting on, the second fastest's); 1000 = as fast,
+    /// 0 = nothing measured yet.
     pub(crate) fn slowness(&self, sink: &impl MetricSink, address: &str, value: u32) {
         self.pod_gauge(sink, "slowness", address, value);
     }

@@ -738,7 +738,7 @@ fn pod_signals_add_no_hostcall_to_a_request_and_one_read_per_tick() {
 
 /// The slowness gauges show what the policy takes each pod's speed to be:
 /// 0 while nothing is measured, then the reported time per output token
-/// against the fastest member's, in thousandths.
+/// against the fastest member's (of two reporting), in thousandths.
 #[test]
 fn slowness_gauges_follow_the_reported_token_latency() {
     let host = TestHost::default();

@@ -88,8 +88,9 @@ pub struct Engine {
     kv: Mutex<KvCache>,
     metrics: Arc<Metrics>,
     /// `--prefill-stalls-decode`: prefill time summed (ns), what decoding
-    /// requests wait for on top of their own token times.
-    stalls: Option<AtomicU64>,
+    /// requests wait for on top of their own token times, and the prefills
+    /// counted (each holds back one token of every decoding request).
+    stalls: Option<(AtomicU64, AtomicU64)>,
 }
 
 /// Held while a request waits in the queue.
@@ -138,7 +139,7 @@ impl Engine {
 
     /// Prefills hold back the decoding requests (see the module doc).
     pub fn with_prefill_stalls(mut self, on: bool) -> Self {
-        self.stalls = on.then(|| AtomicU64::new(0));
+        self.stalls = on.then(|| (AtomicU64::new(0), AtomicU64::new(0)));
         self
     }
 
@@ -147,8 +148,17 @@ impl Engine {
     /// how much it grew since its own prefill ended.
     pub fn stalled(&self) -> Duration {
         self.stalls.as_ref().map_or(Duration::ZERO, |s| {
-            Duration::from_nanos(s.load(Ordering::Relaxed))
+            Duration::from_nanos(s.0.load(Ordering::Relaxed))
         })
+    }
+
+    /// Prefills that held back decoding so far (zero without
+    /// `--prefill-stalls-decode`): each delays one token of every request
+    /// decoding meanwhile.
+    pub fn stall_count(&self) -> u64 {
+        self.stalls
+            .as_ref()
+            .map_or(0, |s| s.1.load(Ordering::Relaxed))
     }
 
     fn kv(&self) -> MutexGuard<'_, KvCache> {
@@ -242,7 +252,8 @@ impl Engine {
         let prefill = self.latency.prefill(lookup.uncached_tokens());
         if let Some(s) = &self.stalls {
             let ns = u64::try_from(prefill.as_nanos()).unwrap_or(u64::MAX);
-            s.fetch_add(ns, Ordering::Relaxed);
+            s.0.fetch_add(ns, Ordering::Relaxed);
+            s.1.fetch_add(1, Ordering::Relaxed);
         }
         sleep(prefill).await;
         self.commit(&lookup);

@@ -410,17 +410,23 @@ async fn complete(state: &AppState, req: InferenceRequest) -> Response<ReplyBody
     let lookup = state.engine.prefill(&req.prompts).await;
     let gaps = req.params.max_tokens.saturating_sub(1);
     let decode = state.engine.latency.token_offset(gaps);
-    let stall = state.engine.stalled();
+    let (stall, stalls) = (state.engine.stalled(), state.engine.stall_count());
     state
         .engine
         .wait_decoded(tokio::time::Instant::now() + decode, stall)
         .await;
     drop(running);
-    // The modelled gaps between its output tokens (nothing is streamed),
-    // with what prefills held them back by.
+    // The modelled gaps between its output tokens (nothing is streamed):
+    // as vLLM counts them, each prefill meanwhile made one gap late by its
+    // duration (here the late gaps share what the prefills held back).
     let held = state.engine.stalled().saturating_sub(stall);
-    let per_gap = (decode + held).as_secs_f64() / gaps.max(1) as f64;
-    state.metrics.inter_token.observe(per_gap, gaps);
+    let late = state.engine.stall_count().saturating_sub(stalls).min(gaps);
+    let per_gap = decode.as_secs_f64() / gaps.max(1) as f64;
+    state.metrics.inter_token.observe(per_gap, gaps - late);
+    if late > 0 {
+        let extra = held.as_secs_f64() / late as f64;
+        state.metrics.inter_token.observe(per_gap + extra, late);
+    }
     let usage = usage(&req, lookup.prompt_tokens, lookup.cached_tokens);
     state
         .metrics

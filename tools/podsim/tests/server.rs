@@ -418,6 +418,56 @@ fn sim_delay_and_latency_model() {
     );
 }
 
+/// With `--prefill-stalls-decode`, a prefill makes one gap of each request
+/// decoding meanwhile late by its duration, in the inter-token latency
+/// histogram too when the reply is not streamed (as vLLM counts its steps),
+/// rather than stretching every gap a little.
+#[test]
+fn a_prefill_makes_one_gap_of_a_non_streamed_reply_late() {
+    let pod = start(
+        "stalls",
+        &[
+            "--slots",
+            "2",
+            "--prefill-us-per-token",
+            "1000",
+            "--decode-us-per-token",
+            "8000",
+            "--prefill-stalls-decode",
+        ],
+    );
+    let port = pod.port;
+    // 40 gaps of 8 ms; 100 ms in, a 200-token prompt (200 ms of prefill).
+    let decoding = std::thread::spawn(move || {
+        post(
+            port,
+            "/v1/completions",
+            &json!({"prompt": "hi", "max_tokens": 41}),
+        )
+        .status
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let prompt = "abcd".repeat(200);
+    let r = post(
+        port,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 1}),
+    );
+    assert_eq!((r.status, decoding.join().unwrap()), (200, 200));
+    let bucket = |le: &str| {
+        metric(
+            port,
+            &format!(
+                "vllm:inter_token_latency_seconds_bucket{{model_name=\"sim-model\",le=\"{le}\"}}"
+            ),
+        )
+    };
+    assert_eq!(
+        (bucket("0.01"), bucket("0.2"), bucket("0.3"), bucket("+Inf")),
+        (39.0, 39.0, 40.0, 40.0)
+    );
+}
+
 #[test]
 fn exits_by_itself() {
     let ready = ready_path("exit");
