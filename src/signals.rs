@@ -280,7 +280,9 @@ fn sample(line: &[u8]) -> Option<(&[u8], &[u8], Option<f64>)> {
 /// escapes left as they are. None if absent or malformed.
 fn label<'a>(mut labels: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
     loop {
-        let start = labels.iter().position(|b| !b.is_ascii_whitespace() && *b != b',')?;
+        let start = labels
+            .iter()
+            .position(|b| !b.is_ascii_whitespace() && *b != b',')?;
         labels = &labels[start..];
         let eq = labels.iter().position(|&b| b == b'=')?;
         let name = labels[..eq].trim_ascii();

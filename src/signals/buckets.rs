@@ -65,7 +65,11 @@ impl Buckets {
 
     fn same_bounds(&self, other: &Self) -> bool {
         self.bounds.len() == other.bounds.len()
-            && self.bounds.iter().zip(&other.bounds).all(|(a, b)| a.0 == b.0)
+            && self
+                .bounds
+                .iter()
+                .zip(&other.bounds)
+                .all(|(a, b)| a.0 == b.0)
     }
 }
 

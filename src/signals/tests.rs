@@ -332,7 +332,10 @@ fn tokens_held_back_by_prefills_do_not_make_a_pod_read_slow() {
     // 100 more tokens and 1,000 more late ones: with the older tokens at
     // 0.8, 820 on time and 1,080 late. Most are late: they are the pod's
     // pace, none is left out (the mean, 357 ms).
-    assert_eq!(scrape(&mut s, with_late_tokens(1_000, 1_100)), Some(356_558));
+    assert_eq!(
+        scrape(&mut s, with_late_tokens(1_000, 1_100)),
+        Some(356_558)
+    );
     // Without buckets, the mean (as servers without them).
     let mut s = Scraper::new(250, names());
     assert_eq!(scrape(&mut s, with_tokens(0.09, 30, "")), Some(3_000));
