@@ -430,36 +430,23 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
     };
     let pool: Vec<PodSlot> = (0..3).map(PodSlot::new).collect();
     let none = PodLatency::default();
-    assert_eq!(
-        super::slowness(&none, &view(&[None, None, None]), &pool),
-        (vec![], false)
-    );
+    let reported = |us: &[Option<u32>]| super::slowness(&none, &view(us), &pool);
+    assert_eq!(reported(&[None, None, None]), (vec![], false));
     // One pod reporting: nothing to compare with.
+    assert_eq!(reported(&[Some(9_000), None, None]), (vec![], false));
     assert_eq!(
-        super::slowness(&none, &view(&[Some(9_000), None, None]), &pool),
-        (vec![], false)
-    );
-    assert_eq!(
-        super::slowness(
-            &none,
-            &view(&[Some(3_000), Some(9_000), Some(3_300)]),
-            &pool
-        ),
+        reported(&[Some(3_000), Some(9_000), Some(3_300)]),
         (vec![1000, 2727, 1000], true)
     );
     // From three pods on, each is compared with the second fastest: one
     // pod read far too fast does not make the others slow.
     assert_eq!(
-        super::slowness(
-            &none,
-            &view(&[Some(1_000), Some(3_000), Some(3_300)]),
-            &pool
-        ),
+        reported(&[Some(1_000), Some(3_000), Some(3_300)]),
         (vec![1000, 1000, 1100], false)
     );
     // Within 1.5x: slower, not slow.
     assert_eq!(
-        super::slowness(&none, &view(&[Some(3_000), Some(4_000), None]), &pool),
+        reported(&[Some(3_000), Some(4_000), None]),
         (vec![1000, 1333, 0], false)
     );
     // This VM's hits say pod 0 is twice as slow as pod 2: the higher wins.
