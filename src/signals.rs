@@ -561,7 +561,8 @@ impl Scraper {
     /// The pod's time per output token (µs) after a scrape read `totals`:
     /// over its tokens since its first scrape (or since its counts went
     /// back, a restart), each scrape's older ones weighted by
-    /// [`TOKEN_DECAY`]; the value stands while no token is made. With
+    /// [`TOKEN_DECAY`]; the value stands while no token is made (or the
+    /// span's mean is absurd, over [`MAX_TOKEN_US`]). With
     /// usable buckets, the typical time ([`buckets::Span::typical_secs`]:
     /// tokens held back by a prefill left out), else the mean. None
     /// without totals or tokens.
@@ -572,13 +573,17 @@ impl Scraper {
         };
         let span = match self.tokens.remove(&slot) {
             Some((b, mut acc)) if now.count >= b.count => {
+                // Buckets only where the scrape before had them too.
                 let new = Span::between(
-                    now.buckets.as_ref(),
+                    now.buckets.as_ref().filter(|_| b.buckets.is_some()),
                     b.buckets.as_ref(),
                     now.sum_secs - b.sum_secs,
                     now.count - b.count,
                 );
-                if new.count > 0.0 {
+                // A span whose mean is absurd is not added: it would
+                // linger in the sum for many scrapes.
+                let sane = new.sum_secs * 1e6 <= new.count * MAX_TOKEN_US;
+                if new.count > 0.0 && sane {
                     acc.decay_add(TOKEN_DECAY, &new);
                 }
                 acc

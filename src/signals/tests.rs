@@ -275,6 +275,10 @@ fn the_scraper_weighs_a_pods_recent_tokens_most() {
     assert_eq!(scrape(&mut s, 0.18, 40), Some(4_765));
     // (0.162 x 0.8 + 0.09) s over 37.2.
     assert_eq!(scrape(&mut s, 0.27, 50), Some(5_903));
+    // A span whose mean is absurd (a minute per token) is not added.
+    assert_eq!(scrape(&mut s, 120.27, 51), Some(5_903));
+    // 10 more at 9 ms: (0.2196 x 0.8 + 0.09) s over 39.76.
+    assert_eq!(scrape(&mut s, 120.36, 61), Some(6_682));
     // The pod restarted (its count went back): its new totals alone.
     assert_eq!(scrape(&mut s, 0.01, 10), Some(1_000));
     // A pod without the histogram, or one with no token yet: none.
