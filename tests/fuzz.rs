@@ -2353,14 +2353,24 @@ fn heartbeat_decode() {
 }
 
 fn metrics_input(r: &mut SplitMix64) -> Vec<u8> {
-    const NAMES: [&str; 5] = [
+    const NAMES: [&str; 8] = [
         "vllm:num_requests_waiting",
         "vllm:num_requests_running",
         "vllm:kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc",
         "other_metric",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:inter_token_latency_seconds_sum",
+        "vllm:inter_token_latency_seconds_count",
     ];
     const VALUES: [&str; 9] = ["0", "1", "3.0", "0.5", "-1", "NaN", "+Inf", "1e300", "x"];
+    const LABELS: [&str; 5] = [
+        "{model_name=\"m\",q=\"}\\\"\"}",
+        "{le=\"0.01\"}",
+        "{model_name=\"n\",le=\"+Inf\"}",
+        "{handle=\"le\", le = \"1e300\",}",
+        "{le=\"-1\",le=\"x}",
+    ];
     let mut out = String::new();
     for _ in 0..r.below(12) {
         match r.below(5) {
@@ -2368,7 +2378,7 @@ fn metrics_input(r: &mut SplitMix64) -> Vec<u8> {
             _ => {
                 out.push_str(NAMES[r.below(NAMES.len())]);
                 if r.below(2) == 0 {
-                    out.push_str("{model_name=\"m\",q=\"}\\\"\"}");
+                    out.push_str(LABELS[r.below(LABELS.len())]);
                 }
                 out.push(' ');
                 out.push_str(VALUES[r.below(VALUES.len())]);
@@ -2380,8 +2390,10 @@ fn metrics_input(r: &mut SplitMix64) -> Vec<u8> {
 }
 
 /// Pods' `/metrics` pages and the published signals value: no panic,
-/// allocation bounded by the input, every accepted value in range, and a
-/// published value decodes to one record per 20 bytes, at most 1,024.
+/// allocation bounded by the input, every accepted value in range (a
+/// scraper fed the page three times publishes a time per output token of at most
+/// a minute), and a published value decodes to one record per
+/// [`signals::RECORD`] bytes, at most 1,024.
 #[test]
 fn signals_parse_and_decode() {
     let spec = Spec {
@@ -2390,6 +2402,10 @@ fn signals_parse_and_decode() {
             b"vllm:num_requests_waiting",
             b"vllm:num_requests_running",
             b"vllm:kv_cache_usage_perc",
+            b"vllm:inter_token_latency_seconds",
+            b"_bucket{le=\"",
+            b"_sum",
+            b"_count",
             b"{",
             b"}",
             b"\"",
@@ -2433,6 +2449,26 @@ fn signals_parse_and_decode() {
             if bad || recs.len() > signals::share::MAX_PODS {
                 return Err(format!("shared value out of range: {recs:?}"));
             }
+        }
+        // The page as a pod's replies: whole, its second half, whole again
+        // (spans with and without tokens, counts that fall and rise).
+        let mut scraper = signals::Scraper::new(1, names.clone());
+        let target = signals::Target {
+            slot: PodSlot::new(0),
+            address: "10.0.0.1:8000".into(),
+            cluster: "pods".into(),
+        };
+        for (at, page) in [input, &input[input.len() / 2..], input]
+            .into_iter()
+            .enumerate()
+        {
+            let at = at as u64;
+            scraper.due(at, std::slice::from_ref(&target));
+            scraper.on_reply(target.slot, Ok(page), at);
+        }
+        let token_us = scraper.own().find_map(|r| r.signals.token_us);
+        if token_us.is_some_and(|us| us > 60_000_000) {
+            return Err(format!("time per output token out of range: {token_us:?}"));
         }
         let view = SignalView::from_published(input, u64::MAX, u64::MAX);
         if records.iter().any(|r| view.get(r.slot).is_none()) {

@@ -26,14 +26,18 @@ fn post_to_pod(port: u16, body: &serde_json::Value) -> Result<harness::Reply, St
     )
 }
 
-fn with_signals() -> Running {
+/// One Envoy, load-aware, scraping its pods every 100 ms.
+fn signals_setup() -> Setup {
     Setup::new("single.yaml")
         .plugin_field(
             "signals",
             json!({"enabled": true, "cluster": "pods", "interval_ms": 100}),
         )
         .plugin_field("policy", json!({"mode": "load_aware"}))
-        .start()
+}
+
+fn with_signals() -> Running {
+    signals_setup().start()
 }
 
 #[test]
@@ -265,7 +269,7 @@ fn shared_signals_carry_a_pods_speed_to_the_replicas_that_do_not_scrape_it() {
 /// for every pod.
 #[test]
 fn prefills_holding_back_a_pods_decoding_do_not_make_it_read_slow() {
-    let run = Setup::new("single.yaml")
+    let run = signals_setup()
         .pod_args(&[
             "--time-scale",
             "1",
@@ -275,11 +279,6 @@ fn prefills_holding_back_a_pods_decoding_do_not_make_it_read_slow() {
             "3000",
             "--prefill-stalls-decode",
         ])
-        .plugin_field(
-            "signals",
-            json!({"enabled": true, "cluster": "pods", "interval_ms": 100}),
-        )
-        .plugin_field("policy", json!({"mode": "load_aware"}))
         .start();
     let ports: Vec<u16> = run.pods.iter().map(|p| p.port).collect();
     // Every pod decodes three streams of 150 tokens (~0.45 s); the first

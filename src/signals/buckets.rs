@@ -96,10 +96,10 @@ pub struct Span {
 
 impl Span {
     /// The observations made between `before` and `now` (all of `now`'s
-    /// when `before` is None); `sum` and `count` are the histogram's `_sum`
-    /// and `_count` over the same span. Without buckets on either side, or
-    /// with buckets that do not match each other or the count, the span
-    /// has none.
+    /// when `before` is None: the caller passes no `now` where the scrape
+    /// before had no buckets); `sum` and `count` are the histogram's `_sum`
+    /// and `_count` over the same span. Without `now`, or with buckets that
+    /// do not match each other or the count, the span has no buckets.
     pub fn between(now: Option<&Buckets>, before: Option<&Buckets>, sum: f64, count: f64) -> Self {
         let mut span = Span {
             buckets: Vec::new(),

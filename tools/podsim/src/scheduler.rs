@@ -87,10 +87,18 @@ pub struct Engine {
     slots: Arc<Semaphore>,
     kv: Mutex<KvCache>,
     metrics: Arc<Metrics>,
-    /// `--prefill-stalls-decode`: prefill time summed (ns), what decoding
-    /// requests wait for on top of their own token times, and the prefills
-    /// counted (each holds back one token of every decoding request).
-    stalls: Option<(AtomicU64, AtomicU64)>,
+    /// `--prefill-stalls-decode` only.
+    stalls: Option<Stalls>,
+}
+
+/// What prefills held decoding back by, so far.
+#[derive(Debug, Default)]
+struct Stalls {
+    /// Prefill time summed (ns): what decoding requests wait for on top of
+    /// their own token times.
+    ns: AtomicU64,
+    /// Prefills counted: each holds back one token of every decoding request.
+    count: AtomicU64,
 }
 
 /// Held while a request waits in the queue.
@@ -139,7 +147,7 @@ impl Engine {
 
     /// Prefills hold back the decoding requests (see the module doc).
     pub fn with_prefill_stalls(mut self, on: bool) -> Self {
-        self.stalls = on.then(|| (AtomicU64::new(0), AtomicU64::new(0)));
+        self.stalls = on.then(Stalls::default);
         self
     }
 
@@ -148,7 +156,7 @@ impl Engine {
     /// how much it grew since its own prefill ended.
     pub fn stalled(&self) -> Duration {
         self.stalls.as_ref().map_or(Duration::ZERO, |s| {
-            Duration::from_nanos(s.0.load(Ordering::Relaxed))
+            Duration::from_nanos(s.ns.load(Ordering::Relaxed))
         })
     }
 
@@ -158,7 +166,7 @@ impl Engine {
     pub fn stall_count(&self) -> u64 {
         self.stalls
             .as_ref()
-            .map_or(0, |s| s.1.load(Ordering::Relaxed))
+            .map_or(0, |s| s.count.load(Ordering::Relaxed))
     }
 
     fn kv(&self) -> MutexGuard<'_, KvCache> {
@@ -252,8 +260,8 @@ impl Engine {
         let prefill = self.latency.prefill(lookup.uncached_tokens());
         if let Some(s) = &self.stalls {
             let ns = u64::try_from(prefill.as_nanos()).unwrap_or(u64::MAX);
-            s.0.fetch_add(ns, Ordering::Relaxed);
-            s.1.fetch_add(1, Ordering::Relaxed);
+            s.ns.fetch_add(ns, Ordering::Relaxed);
+            s.count.fetch_add(1, Ordering::Relaxed);
         }
         sleep(prefill).await;
         self.commit(&lookup);
