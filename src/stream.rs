@@ -1,19 +1,21 @@
 //! One HTTP stream through the filter, as a state machine over [`Host`]:
-//! headers (classify, hold), body (buffer, route, name the pod), response
-//! headers (match header), end of stream (release the in-flight count,
+//! headers (classify, hold), body (buffer, route, name the pod, perhaps
+//! wait for an earlier prefill of the prefix: [`crate::route::hold`]),
+//! response headers (match header), first answer bytes (resume the requests
+//! waiting for this prefill), end of stream (release the in-flight count,
 //! passive health). The `host` module forwards Envoy's callbacks here; the
 //! tests drive it with a host double that counts every hostcall.
 //!
 //! Every failure passes the request on untouched and is counted by reason.
 
 use crate::route::feedback::{
-    streams_without_usage, Plan, UsageScanner, MAX_CHUNK_READS, MAX_SCAN_BYTES,
+    streams, streams_without_usage, Plan, UsageScanner, MAX_CHUNK_READS, MAX_SCAN_BYTES,
 };
 use crate::route::meter::{Count, SAMPLE_EVERY};
 use crate::route::registry::PodSlot;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
 use crate::route::router::RouteError;
-use crate::worker::{Host, Worker};
+use crate::worker::{HoldOutcome, Host, Worker};
 
 /// Header read by Envoy's `override_host` LB policy (Gateway API Inference
 /// Extension endpoint-picker protocol).
@@ -87,6 +89,12 @@ impl RequestHead {
 /// One stream's state.
 #[derive(Debug, Default)]
 pub(crate) struct Stream {
+    /// Envoy's context id of this stream (what a resume names).
+    id: u32,
+    /// Others may wait for this stream's first answer bytes (`hold`).
+    computing: bool,
+    /// This stream waits for another's prefill (`hold`).
+    held: bool,
     /// Set while a body is awaited.
     kind: Option<ApiKind>,
     /// Pod counted in flight for this stream, released exactly once.
@@ -111,6 +119,14 @@ struct Check {
 }
 
 impl Stream {
+    /// The stream of Envoy context `id`.
+    pub(crate) fn new(id: u32) -> Self {
+        Self {
+            id,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn on_request_headers<H: Host>(
         &mut self,
         w: &Worker,
@@ -170,15 +186,14 @@ impl Stream {
         let Some(body) = host.request_body(body_size) else {
             return self.pass(w, host, PassReason::InternalError);
         };
-        self.finish(w, host, kind, &body);
-        Verdict::Continue
+        self.finish(w, host, kind, &body)
     }
 
     /// The body ended with trailers (no end_of_stream on its last frame).
     pub(crate) fn on_request_trailers<H: Host>(&mut self, w: &Worker, host: &H) -> Verdict {
         if let Some(kind) = self.kind.take() {
             match host.request_body(w.settings().max_body_bytes) {
-                Some(body) => self.finish(w, host, kind, &body),
+                Some(body) => return self.finish(w, host, kind, &body),
                 None => self.count_pass(w, host, PassReason::InternalError),
             }
         }
@@ -202,6 +217,11 @@ impl Stream {
         body_size: usize,
         end_of_stream: bool,
     ) {
+        if self.computing && body_size > 0 {
+            // Its prefill is done: the prefix is cached on its pod.
+            self.computing = false;
+            w.answered(host, self.id);
+        }
         let Some(check) = self.feedback.as_mut() else {
             return;
         };
@@ -236,6 +256,13 @@ impl Stream {
 
     /// The stream is done (Envoy calls this before the access log).
     pub(crate) fn on_done<H: Host>(&mut self, w: &Worker, host: &H) {
+        if std::mem::take(&mut self.computing) {
+            // Ended before any answer bytes: whoever waits goes on.
+            w.answered(host, self.id);
+        }
+        if std::mem::take(&mut self.held) {
+            w.left_hold(self.id);
+        }
         self.release(w, host);
     }
 
@@ -276,9 +303,15 @@ impl Stream {
     }
 
     /// Routes a complete body, or passes the request through counting why.
-    fn finish<H: Host>(&mut self, w: &Worker, host: &H, kind: ApiKind, body: &[u8]) {
-        if let Err(reason) = self.route_body(w, host, kind, body) {
-            self.count_pass(w, host, reason);
+    /// Pause: the request waits for an earlier prefill of its prefix.
+    fn finish<H: Host>(&mut self, w: &Worker, host: &H, kind: ApiKind, body: &[u8]) -> Verdict {
+        match self.route_body(w, host, kind, body) {
+            Ok(true) => Verdict::Pause,
+            Ok(false) => Verdict::Continue,
+            Err(reason) => {
+                self.count_pass(w, host, reason);
+                Verdict::Continue
+            }
         }
     }
 
@@ -288,7 +321,7 @@ impl Stream {
         host: &H,
         kind: ApiKind,
         body: &[u8],
-    ) -> Result<(), PassReason> {
+    ) -> Result<bool, PassReason> {
         // The tick's clock; a timed request (1 in 8) reads the host's, and
         // again at the end.
         let turn = w.meter.next_turn();
@@ -332,6 +365,13 @@ impl Stream {
         {
             return Err(PassReason::InternalError);
         }
+        let hold = if w.settings().hold.enabled {
+            w.hold(host, self.id, &routed, streams(body))
+        } else {
+            HoldOutcome::default()
+        };
+        self.computing = hold.computing;
+        self.held = hold.held;
         if let Some(plan) = routed.feedback {
             // A streamed answer without a usage chunk has nothing to read.
             if !streams_without_usage(body) {
@@ -347,7 +387,7 @@ impl Stream {
             let us = host.now_nanos().saturating_sub(started) / 1_000;
             w.meter.route_time(us);
         }
-        Ok(())
+        Ok(hold.held)
     }
 }
 

@@ -10,6 +10,7 @@ use crate::config::Settings;
 use crate::fleet::{self, Members};
 use crate::rng::SplitMix64;
 use crate::route::feedback::{clearly_less, learned_blocks, Plan, MAX_FORGET_BUCKETS};
+use crate::route::hold::Holds;
 use crate::route::meter::{Count, Meter, MetricSink};
 use crate::route::policy::PolicyMode;
 use crate::route::registry::PodSlot;
@@ -51,6 +52,11 @@ pub(crate) trait Host: SharedStore + MetricSink {
     fn resolve_queue(&self, vm_id: &str, name: &str) -> Option<u32>;
     /// Enqueues a message; false if the queue is gone or refused it.
     fn enqueue(&self, queue: u32, message: &[u8]) -> bool;
+    /// Resumes the held request of stream `stream` (Envoy continues it
+    /// after the current callback), then makes `current`, the context of
+    /// the callback running now, the one hostcalls act on again. False if
+    /// the stream is gone.
+    fn resume_request(&self, stream: u32, current: u32) -> bool;
 }
 
 /// Key of the VM counter ([`vm_number`]).
@@ -116,6 +122,19 @@ pub(crate) struct Worker {
     tick_nanos: Cell<u64>,
     /// Whether this VM logged the singleton as dead (once per outage).
     singleton_dead_logged: Cell<bool>,
+    /// Prefixes in prefill and the requests held for them (`hold`).
+    holds: RefCell<Holds>,
+    /// The root context's id: the tick's hostcalls act on it.
+    root_context: Cell<u32>,
+}
+
+/// What [`Worker::hold`] decided for a routed stream.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HoldOutcome {
+    /// The stream waits for an earlier prefill of its prefix.
+    pub(crate) held: bool,
+    /// Its own prefill is remembered: others may wait for its answer.
+    pub(crate) computing: bool,
 }
 
 impl Worker {
@@ -136,7 +155,14 @@ impl Worker {
             ticks: Cell::new(0),
             tick_nanos: Cell::new(0),
             singleton_dead_logged: Cell::new(false),
+            holds: RefCell::new(Holds::default()),
+            root_context: Cell::new(0),
         }
+    }
+
+    /// Names the root context whose tick this is (see [`Host::resume_request`]).
+    pub(crate) fn set_root_context(&self, id: u32) {
+        self.root_context.set(id);
     }
 
     /// The clock as the request path needs it: the last tick's, read from
@@ -246,6 +272,71 @@ impl Worker {
         }
     }
 
+    /// After stream `stream` was routed (`r`), with `hold.enabled`: tells
+    /// whether it must wait because an earlier request of this VM is still
+    /// computing part of its match on that pod (see [`crate::route::hold`]),
+    /// and remembers the blocks it makes its pod compute when its answer is
+    /// `streamed` (only then do its first answer bytes mark its prefill
+    /// done). `held`: the stream waits until [`Self::answered`] or the tick
+    /// resumes it. `computing`: call [`Self::answered`] at its first answer
+    /// bytes or its end.
+    pub(crate) fn hold<H: Host>(
+        &self,
+        host: &H,
+        stream: u32,
+        r: &Routed,
+        streamed: bool,
+    ) -> HoldOutcome {
+        let mut out = HoldOutcome::default();
+        let cfg = &self.settings().hold;
+        let Some(model) = r.model.filter(|_| cfg.enabled) else {
+            return out;
+        };
+        let pod = r.choice.pod;
+        let matched = r.matched as usize;
+        let mut holds = self.holds.borrow_mut();
+        let owner = holds.computing_for(pod, model, &r.hashes, matched);
+        if streamed {
+            out.computing = holds.computing(stream, pod, model, &r.hashes, matched);
+        }
+        let Some(owner) = owner else {
+            return out;
+        };
+        let deadline = self.clock_nanos(host) / 1_000_000 + u64::from(cfg.max_ms);
+        if holds.wait(stream, owner, deadline, cfg.max_waiting as usize) {
+            self.meter.inc(Count::Held);
+            out.held = true;
+        } else {
+            self.meter.inc(Count::HoldRefused);
+        }
+        out
+    }
+
+    /// Stream `stream`, which made its pod compute blocks, answered (its
+    /// first answer bytes passed) or ended: the requests held for it go on.
+    /// Called in that stream's own callback.
+    pub(crate) fn answered<H: Host>(&self, host: &H, stream: u32) {
+        let resumed = self.holds.borrow_mut().answered(stream);
+        for waiter in &resumed {
+            host.resume_request(*waiter, stream);
+        }
+        self.meter.add(Count::HoldAnswered, resumed.len() as u64);
+    }
+
+    /// A held stream ended before it was resumed.
+    pub(crate) fn left_hold(&self, stream: u32) {
+        self.holds.borrow_mut().left(stream);
+    }
+
+    /// Resumes the held requests whose `hold.max_ms` is up.
+    fn expire_holds<H: Host>(&self, host: &H, now_ms: u64) {
+        let expired = self.holds.borrow_mut().expired(now_ms);
+        for waiter in &expired {
+            host.resume_request(*waiter, self.root_context.get());
+        }
+        self.meter.add(Count::HoldTimedOut, expired.len() as u64);
+    }
+
     /// Releases one in-flight request on `pod`: in VM memory, plus one set
     /// while other worker VMs are live (see [`crate::route::load`]).
     pub(crate) fn release<H: Host>(&self, host: &H, pod: PodSlot, match_percent: u8) {
@@ -328,6 +419,7 @@ impl Worker {
         if tick % LIVENESS_TICKS == 0 && self.settings().sync.enabled {
             self.report_liveness(host, now_nanos / 1_000_000);
         }
+        self.expire_holds(host, now_nanos / 1_000_000);
         self.meter.flush(host);
     }
 

@@ -44,6 +44,7 @@ pub(crate) struct RawConfig {
     pub(crate) policy: PolicySettings,
     pub(crate) signals: SignalSettings,
     pub(crate) feedback: FeedbackSettings,
+    pub(crate) hold: HoldSettings,
     pub(crate) sync: SyncSettings,
 }
 
@@ -73,7 +74,32 @@ impl Default for RawConfig {
             policy: PolicySettings::default(),
             signals: SignalSettings::default(),
             feedback: FeedbackSettings::default(),
+            hold: HoldSettings::default(),
             sync: SyncSettings::default(),
+        }
+    }
+}
+
+/// Holding a request whose matched prefix its pod is still computing
+/// (`"hold": {...}`; see [`crate::route::hold`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct HoldSettings {
+    /// Hold such a request until the earlier request of this VM computing
+    /// the prefix answers, then send it to the same pod.
+    pub(crate) enabled: bool,
+    /// Longest hold (the worker's tick checks it: up to 250 ms more).
+    pub(crate) max_ms: u32,
+    /// Most requests one worker VM holds at once; past that they go on.
+    pub(crate) max_waiting: u32,
+}
+
+impl Default for HoldSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_ms: 1_000,
+            max_waiting: 256,
         }
     }
 }
@@ -297,6 +323,7 @@ pub struct Settings {
     pub(crate) load_aware: LoadAwareConfig,
     pub(crate) signals: SignalSettings,
     pub(crate) feedback: FeedbackSettings,
+    pub(crate) hold: HoldSettings,
     pub(crate) sync: SyncSettings,
 }
 
@@ -432,6 +459,12 @@ impl Settings {
                 ));
             }
         }
+        if !(1..=60_000).contains(&raw.hold.max_ms) {
+            return Err(err("hold.max_ms", "must be in 1..=60000"));
+        }
+        if !(1..=4096).contains(&raw.hold.max_waiting) {
+            return Err(err("hold.max_waiting", "must be in 1..=4096"));
+        }
         raw.sync
             .validate()
             .map_err(|e| err(format!("sync.{}", e.field), e.reason))?;
@@ -456,6 +489,7 @@ impl Settings {
             },
             signals: raw.signals,
             feedback: raw.feedback,
+            hold: raw.hold,
             sync: raw.sync,
             pools,
             membership: raw.membership,

@@ -321,3 +321,29 @@ fn feedback_is_off_by_default_and_refused_by_field_when_malformed() {
         assert_eq!(e.field, "feedback", "{bad}: {e}");
     }
 }
+
+#[test]
+fn hold_is_on_by_default_and_its_bounds_are_refused_by_field() {
+    let base = r#""endpoints":["a:1"]"#;
+    let d = parse(&format!("{{{base}}}")).unwrap().hold;
+    assert!(d.enabled);
+    assert_eq!((d.max_ms, d.max_waiting), (1_000, 256));
+    let off = parse(&format!(
+        r#"{{{base},"hold":{{"enabled":false,"max_ms":300}}}}"#
+    ))
+    .unwrap()
+    .hold;
+    assert!(!off.enabled);
+    assert_eq!(off.max_ms, 300);
+    for (bad, field) in [
+        (r#""hold":{"max_ms":0}"#, "hold.max_ms"),
+        (r#""hold":{"max_ms":60001}"#, "hold.max_ms"),
+        (r#""hold":{"max_waiting":0}"#, "hold.max_waiting"),
+        (r#""hold":{"max_waiting":5000}"#, "hold.max_waiting"),
+        (r#""hold":{"enabled":"yes"}"#, "hold"),
+        (r#""hold":{"wait":1}"#, "hold"),
+    ] {
+        let e = parse(&format!("{{{base},{bad}}}")).unwrap_err();
+        assert_eq!(e.field, field, "{bad}: {e}");
+    }
+}

@@ -103,6 +103,15 @@ impl Host for EnvoyHost {
     fn enqueue(&self, queue: u32, message: &[u8]) -> bool {
         hostcalls::enqueue_shared_queue(queue, Some(message)).is_ok()
     }
+
+    fn resume_request(&self, stream: u32, current: u32) -> bool {
+        // Envoy defers the continue until this callback returns, so the
+        // held stream's callbacks never run inside this one.
+        let resumed = hostcalls::set_effective_context(stream).is_ok()
+            && hostcalls::resume_http_request().is_ok();
+        let _ = hostcalls::set_effective_context(current);
+        resumed
+    }
 }
 
 /// Wall clock, unix nanoseconds (0 if unreadable).

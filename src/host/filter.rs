@@ -18,10 +18,10 @@ pub struct PrefixFilter {
 }
 
 impl PrefixFilter {
-    pub fn new(worker: Rc<Worker>) -> Self {
+    pub fn new(worker: Rc<Worker>, context_id: u32) -> Self {
         Self {
             worker,
-            stream: Stream::default(),
+            stream: Stream::new(context_id),
         }
     }
 }

@@ -24,11 +24,11 @@ pub const SYNC_ROOT_ID: &str = "prefix_router_sync";
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
         if root_id() == SYNC_ROOT_ID {
             Box::new(sync_service::SyncRoot::default())
         } else {
-            Box::new(root::FilterRoot::default())
+            Box::new(root::FilterRoot::new(context_id))
         }
     });
 }}

@@ -18,9 +18,18 @@ use crate::worker::Worker;
 const TICK: Duration = Duration::from_millis(250);
 
 /// Root context of the HTTP filter.
-#[derive(Default)]
 pub struct FilterRoot {
+    context_id: u32,
     worker: Option<Rc<Worker>>,
+}
+
+impl FilterRoot {
+    pub fn new(context_id: u32) -> Self {
+        Self {
+            context_id,
+            worker: None,
+        }
+    }
 }
 
 impl Context for FilterRoot {}
@@ -38,12 +47,9 @@ impl RootContext for FilterRoot {
         // Per-VM seed: the clock plus this context's address (std::process::id
         // panics on WASI); the worker mixes in a number unique per VM.
         let seed = now_nanos() ^ (self as *const Self as u64).rotate_left(32);
-        self.worker = Some(Rc::new(Worker::new(
-            settings,
-            &EnvoyHost,
-            super::vm_id(),
-            seed,
-        )));
+        let worker = Worker::new(settings, &EnvoyHost, super::vm_id(), seed);
+        worker.set_root_context(self.context_id);
+        self.worker = Some(Rc::new(worker));
         true
     }
 
@@ -53,11 +59,11 @@ impl RootContext for FilterRoot {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Without a valid configuration Envoy does not start the listener, but
         // stay defensive: no context means the stream passes untouched.
         let worker = self.worker.clone()?;
-        Some(Box::new(PrefixFilter::new(worker)))
+        Some(Box::new(PrefixFilter::new(worker, context_id)))
     }
 
     fn get_type(&self) -> Option<ContextType> {

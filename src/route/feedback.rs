@@ -100,6 +100,12 @@ pub(crate) fn streams_without_usage(body: &[u8]) -> bool {
     key_is_true(body, b"\"stream\"") && !key_is_true(body, b"\"include_usage\"")
 }
 
+/// Whether the request asks for a streamed answer (`"stream": true`): its
+/// first answer chunk then comes when its prefill is done.
+pub(crate) fn streams(body: &[u8]) -> bool {
+    key_is_true(body, b"\"stream\"")
+}
+
 /// Whether some occurrence of `key` (with its quotes) is followed by `:` and
 /// `true`. A quote inside a JSON string is escaped (`\"`), so a prompt
 /// cannot fake a key.
@@ -129,10 +135,18 @@ fn skip_ws(mut b: &[u8]) -> &[u8] {
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || hay.len() < needle.len() {
-        return None;
+    let (&first, rest) = needle.split_first()?;
+    let last_start = hay.len().checked_sub(needle.len())?;
+    let mut from = 0;
+    while from <= last_start {
+        // Jump to the next candidate first byte (a quote: rare in a prompt).
+        let at = from + hay[from..=last_start].iter().position(|&b| b == first)?;
+        if hay.get(at + 1..at + needle.len()) == Some(rest) {
+            return Some(at);
+        }
+        from = at + 1;
     }
-    hay.windows(needle.len()).position(|w| w == needle)
+    None
 }
 
 const PROMPT_KEY: &[u8] = b"\"prompt_tokens\"";

@@ -68,6 +68,14 @@ pub(crate) enum Count {
     /// Answers to check that carried no usable usage (error answers,
     /// malformed or absurd values, over the read budget, unreadable).
     FeedbackUnchecked,
+    /// Requests held for a prefix their pod was still computing.
+    Held,
+    /// Held requests resumed when the earlier request answered.
+    HoldAnswered,
+    /// Held requests resumed at `hold.max_ms`.
+    HoldTimedOut,
+    /// Requests not held because `hold.max_waiting` were held already.
+    HoldRefused,
 }
 
 const ROUTED: [Reason; 4] = [
@@ -76,7 +84,7 @@ const ROUTED: [Reason; 4] = [
     Reason::LoadGuard,
     Reason::Spread,
 ];
-const FIXED: usize = 12;
+const FIXED: usize = 16;
 const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
 
 impl Count {
@@ -94,6 +102,10 @@ impl Count {
             Count::FeedbackEvictionsLearned => 9,
             Count::FeedbackRecordsRemoved => 10,
             Count::FeedbackUnchecked => 11,
+            Count::Held => 12,
+            Count::HoldAnswered => 13,
+            Count::HoldTimedOut => 14,
+            Count::HoldRefused => 15,
             Count::Routed(r) => FIXED + ROUTED.iter().position(|x| *x == r).unwrap_or(0),
             Count::Pass(p) => {
                 FIXED + ROUTED.len() + PassReason::ALL.iter().position(|x| *x == p).unwrap_or(0)
@@ -115,6 +127,10 @@ impl Count {
             9 => "feedback.evictions_learned",
             10 => "feedback.records_removed",
             11 => "feedback.unchecked",
+            12 => "hold.held",
+            13 => "hold.answered",
+            14 => "hold.timed_out",
+            15 => "hold.refused",
             i if i < FIXED + ROUTED.len() => match ROUTED[i - FIXED] {
                 Reason::PrefixMatch => "routed.prefix_match",
                 Reason::NoMatch => "routed.no_match",

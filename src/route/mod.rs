@@ -6,13 +6,15 @@
 //! under the load guard from the in-flight counts of [`load`] and the
 //! slowness [`latency`] measures, and
 //! [`router`] ties the steps together; [`feedback`] corrects the table from
-//! the pods' answers (`cached_tokens`). All of it runs over the
+//! the pods' answers (`cached_tokens`), and [`hold`] keeps a request whose
+//! matched prefix its pod is still computing until that prefill answers. All of it runs over the
 //! [`store::SharedStore`] trait; [`registry`] names pods and models by small
 //! slots in that store, and [`meter`] keeps the path's stats in VM memory
 //! until the worker's tick flushes them.
 
 pub(crate) mod feedback;
 pub mod hashing;
+pub(crate) mod hold;
 pub mod latency;
 pub mod load;
 pub mod meter;

@@ -25,6 +25,8 @@ struct TestHost {
     properties: RefCell<BTreeMap<String, Vec<u8>>>,
     now: Cell<u64>,
     calls: RefCell<BTreeMap<&'static str, u32>>,
+    /// Streams resumed, with the context made current again after each.
+    resumed: RefCell<Vec<(u32, u32)>>,
     stats: RefCell<BTreeMap<u32, (String, i64)>>,
     unreadable_headers: Cell<bool>,
 }
@@ -174,6 +176,13 @@ impl Host for TestHost {
     fn enqueue(&self, _queue: u32, _message: &[u8]) -> bool {
         self.call("enqueue_shared_queue");
         false
+    }
+    fn resume_request(&self, stream: u32, current: u32) -> bool {
+        self.call("set_effective_context");
+        self.call("resume_http_request");
+        self.call("set_effective_context");
+        self.resumed.borrow_mut().push((stream, current));
+        true
     }
 }
 
@@ -1039,4 +1048,111 @@ fn a_second_worker_vm_sees_each_request_at_once_for_one_get_and_two_sets() {
     s.on_done(&a, &host);
     s.on_log(&a, &host);
     assert_eq!(in_flight_on_b().iter().sum::<u32>(), 0);
+}
+
+/// A streamed chat body: `chat` with `"stream": true`.
+fn streamed_chat(seed: &str, bytes: usize, user: &str) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(&chat(seed, bytes, user)).unwrap();
+    v["stream"] = serde_json::json!(true);
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// Starts stream `id` and reads its whole body; returns the body's verdict.
+fn start_stream(w: &Worker, host: &TestHost, id: u32, body: &[u8]) -> (Stream, Verdict) {
+    host.request("POST", CHAT, body);
+    let mut s = Stream::new(id);
+    assert_eq!(s.on_request_headers(w, host, false), Verdict::Pause);
+    let v = s.on_request_body(w, host, body.len(), true);
+    (s, v)
+}
+
+const HOLD_ON: &str = r#","hold":{"enabled":true,"max_ms":1000}"#;
+
+#[test]
+fn a_request_for_a_prefix_in_prefill_waits_for_its_first_answer_bytes() {
+    let host = TestHost::default();
+    let w = worker_on(&host, HOLD_ON);
+    let seed = "You are a careful assistant. ";
+    let (mut first, v) = start_stream(&w, &host, 10, &streamed_chat(seed, 4000, "one"));
+    assert_eq!(v, Verdict::Continue, "nothing computes this prefix yet");
+    let pod = host.header(DESTINATION_HEADER).unwrap();
+    // Same prefix, another question, while the first is in prefill.
+    let (mut second, v) = start_stream(&w, &host, 11, &chat(seed, 4000, "two"));
+    assert_eq!(v, Verdict::Pause, "held for the first's prefill");
+    assert_eq!(host.header(DESTINATION_HEADER).unwrap(), pod, "same pod");
+    assert_eq!(w.meter.pending(Count::Held), 1);
+    // Response headers alone do not end a prefill (vLLM sends them first).
+    first.on_response_headers(&w, &host);
+    assert!(host.resumed.borrow().is_empty());
+    *host.answer.borrow_mut() = b"data: {}\n\n".to_vec();
+    first.on_response_body(&w, &host, 10, false);
+    assert_eq!(host.resumed.borrow().as_slice(), &[(11, 10)]);
+    assert_eq!(w.meter.pending(Count::HoldAnswered), 1);
+    // Later chunks and the end resume nothing more.
+    first.on_response_body(&w, &host, 10, true);
+    first.on_done(&w, &host);
+    second.on_response_headers(&w, &host);
+    second.on_done(&w, &host);
+    assert_eq!(host.resumed.borrow().len(), 1);
+    // Once answered, the prefix is cached: a third request goes on at once.
+    let (_third, v) = start_stream(&w, &host, 12, &chat(seed, 4000, "three"));
+    assert_eq!(v, Verdict::Continue);
+}
+
+#[test]
+fn only_a_streamed_prefill_is_waited_for_and_only_with_hold_on() {
+    let seed = "Answer in French, briefly. ";
+    for (extra, streamed) in [(HOLD_ON, false), (r#","hold":{"enabled":false}"#, true)] {
+        let host = TestHost::default();
+        let w = worker_on(&host, extra);
+        let body = if streamed {
+            streamed_chat(seed, 4000, "one")
+        } else {
+            chat(seed, 4000, "one")
+        };
+        let (_first, v) = start_stream(&w, &host, 1, &body);
+        assert_eq!(v, Verdict::Continue);
+        let (_second, v) = start_stream(&w, &host, 2, &chat(seed, 4000, "two"));
+        assert_eq!(v, Verdict::Continue, "{extra} streamed={streamed}");
+        assert_eq!(w.meter.pending(Count::Held), 0);
+    }
+}
+
+#[test]
+fn a_held_request_goes_on_when_its_time_is_up_or_the_prefill_ends_unanswered() {
+    let host = TestHost::default();
+    let w = worker_on(&host, HOLD_ON);
+    w.set_root_context(1);
+    let seed = "Summarise the following. ";
+    let (mut first, _) = start_stream(&w, &host, 10, &streamed_chat(seed, 4000, "a"));
+    let (mut second, v) = start_stream(&w, &host, 11, &chat(seed, 4000, "b"));
+    assert_eq!(v, Verdict::Pause);
+    // A tick before max_ms resumes nothing; one past it resumes the stream
+    // with the root context current again.
+    host.now.set(host.now.get() + 500_000_000);
+    w.on_tick(&host);
+    assert!(host.resumed.borrow().is_empty());
+    host.now.set(host.now.get() + 600_000_000);
+    w.on_tick(&host);
+    assert_eq!(host.resumed.borrow().as_slice(), &[(11, 1)]);
+    assert_eq!(host.stat("prefix_router.hold.timed_out"), 1);
+    second.on_done(&w, &host);
+    // A new waiter for the same prefill; the prefill's stream then ends
+    // without an answer (a reset): the waiter goes on at once.
+    let (mut third, v) = start_stream(&w, &host, 12, &chat(seed, 4000, "c"));
+    assert_eq!(v, Verdict::Pause);
+    first.on_done(&w, &host);
+    assert_eq!(host.resumed.borrow().last(), Some(&(12, 10)));
+    // A held client that leaves is forgotten: no resume later.
+    let (mut fourth, _) = start_stream(&w, &host, 20, &streamed_chat(seed, 9000, "d"));
+    let (mut fifth, v) = start_stream(&w, &host, 21, &chat(seed, 9000, "e"));
+    assert_eq!(v, Verdict::Pause);
+    fifth.on_done(&w, &host);
+    let before = host.resumed.borrow().len();
+    fourth.on_response_body(&w, &host, 10, false);
+    host.now.set(host.now.get() + 5_000_000_000);
+    w.on_tick(&host);
+    assert_eq!(host.resumed.borrow().len(), before);
+    third.on_done(&w, &host);
+    fourth.on_done(&w, &host);
 }

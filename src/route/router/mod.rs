@@ -87,6 +87,11 @@ pub struct Routed {
     /// held ones of the segment where they start.
     pub(crate) recorded: Vec<(u64, u32)>,
     pub(crate) write: WriteOutcome,
+    /// Blocks of the prompt the chosen pod was predicted to hold (from the
+    /// start), and every block hash of the prompt: what [`crate::route::hold`]
+    /// compares with the prefixes in prefill.
+    pub(crate) matched: u32,
+    pub(crate) hashes: Vec<u64>,
     /// With `feedback.cached_tokens` and a predicted match on the chosen
     /// pod: what its answer is checked against.
     pub(crate) feedback: Option<Plan>,
@@ -471,6 +476,8 @@ impl Router {
             model,
             recorded,
             write,
+            matched: predicted,
+            hashes,
             feedback,
         })
     }
