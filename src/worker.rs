@@ -10,7 +10,7 @@ use crate::config::Settings;
 use crate::fleet::{self, Members};
 use crate::rng::SplitMix64;
 use crate::route::feedback::{clearly_less, learned_blocks, Plan, MAX_FORGET_BUCKETS};
-use crate::route::hold::Holds;
+use crate::route::hold::{self, Holds, Owner, SharedEntry};
 use crate::route::meter::{Count, Meter, MetricSink};
 use crate::route::policy::PolicyMode;
 use crate::route::registry::PodSlot;
@@ -20,6 +20,13 @@ use crate::route::store::SharedStore;
 use crate::route::table::PrefixTable;
 use crate::sync::handoff::{self, Touched};
 use crate::sync::liveness::{self, Heartbeat};
+
+/// The worker's tick (stats flush, fleet view, in-flight exchange, pod
+/// signals): every 250 ms.
+pub(crate) const TICK_MS: u32 = 250;
+/// The tick period while `hold` may wait for another worker VM's prefill:
+/// the tick's other work still runs every [`TICK_MS`].
+pub(crate) const FAST_TICK_MS: u32 = 20;
 
 /// Ticks between rebuilds of static pools (they change only with the
 /// config; this keeps their registry names marked in use).
@@ -120,6 +127,8 @@ pub(crate) struct Worker {
     ticks: Cell<u64>,
     /// The clock as of the last tick (unix nanos; 0 before the first).
     tick_nanos: Cell<u64>,
+    /// The clock at the last tick that did all of the tick's work.
+    full_tick_nanos: Cell<u64>,
     /// Whether this VM logged the singleton as dead (once per outage).
     singleton_dead_logged: Cell<bool>,
     /// Prefixes in prefill and the requests held for them (`hold`).
@@ -154,6 +163,7 @@ impl Worker {
             members_cas: Cell::new(None),
             ticks: Cell::new(0),
             tick_nanos: Cell::new(0),
+            full_tick_nanos: Cell::new(0),
             singleton_dead_logged: Cell::new(false),
             holds: RefCell::new(Holds::default()),
             root_context: Cell::new(0),
@@ -273,13 +283,15 @@ impl Worker {
     }
 
     /// After stream `stream` was routed (`r`), with `hold.enabled`: tells
-    /// whether it must wait because an earlier request of this VM is still
-    /// computing part of its match on that pod (see [`crate::route::hold`]),
-    /// and remembers the blocks it makes its pod compute when its answer is
-    /// `streamed` (only then do its first answer bytes mark its prefill
-    /// done). `held`: the stream waits until [`Self::answered`] or the tick
-    /// resumes it. `computing`: call [`Self::answered`] at its first answer
-    /// bytes or its end.
+    /// whether it must wait because an earlier request is still computing
+    /// part of its match on that pod (see [`crate::route::hold`]): one of
+    /// this VM, else, while other worker VMs are live and the match is
+    /// young, one another VM listed. When its answer is `streamed` (only
+    /// then do its first answer bytes mark its prefill done), remembers the
+    /// blocks it makes its pod compute, and lists them for the other VMs
+    /// when they are many. `held`: the stream waits until
+    /// [`Self::answered`] or a tick resumes it. `computing`: call
+    /// [`Self::answered`] at its first answer bytes or its end.
     pub(crate) fn hold<H: Host>(
         &self,
         host: &H,
@@ -294,17 +306,49 @@ impl Worker {
         };
         let pod = r.choice.pod;
         let matched = r.matched as usize;
+        let now_ms = self.clock_nanos(host) / 1_000_000;
+        let others = self.router.other_vms_live();
         let mut holds = self.holds.borrow_mut();
-        let owner = holds.computing_for(pod, model, &r.hashes, matched);
-        if streamed {
-            out.computing = holds.computing(stream, pod, model, &r.hashes, matched);
+        let mut owner = holds
+            .computing_for(pod, model, &r.hashes, matched)
+            .map(Owner::Local);
+        let young = secs(now_ms * 1_000_000).saturating_sub(r.matched_since)
+            <= hold::young_secs(cfg.max_ms);
+        if owner.is_none() && others && matched > 0 && young {
+            if let Ok((Some(bytes), _)) = host.get(hold::SHARED_KEY) {
+                let listed = hold::decode_shared(&bytes, now_ms);
+                let token = self.router.vm_token();
+                owner = hold::find_shared(&listed, token, pod, model, &r.hashes, matched);
+            }
+        }
+        if streamed && holds.computing(stream, pod, model, &r.hashes, matched) {
+            out.computing = true;
+            let blocks = r.hashes.len().saturating_sub(matched);
+            if others && blocks >= hold::SHARED_MIN_BLOCKS {
+                let entry = SharedEntry {
+                    token: self.router.vm_token(),
+                    stream,
+                    pod,
+                    model,
+                    at: u32::try_from(matched).unwrap_or(u32::MAX),
+                    hash: r.hashes[matched],
+                    until_ms: now_ms + u64::from(cfg.max_ms),
+                };
+                match hold::list_shared(host, entry, now_ms) {
+                    Ok(()) => holds.mark_shared(stream),
+                    Err(_) => self.meter.inc(Count::HoldShareFailed),
+                }
+            }
         }
         let Some(owner) = owner else {
             return out;
         };
-        let deadline = self.clock_nanos(host) / 1_000_000 + u64::from(cfg.max_ms);
+        let deadline = now_ms + u64::from(cfg.max_ms);
         if holds.wait(stream, owner, deadline, cfg.max_waiting as usize) {
             self.meter.inc(Count::Held);
+            if matches!(owner, Owner::Shared { .. }) {
+                self.meter.inc(Count::HeldForOtherVm);
+            }
             out.held = true;
         } else {
             self.meter.inc(Count::HoldRefused);
@@ -313,14 +357,23 @@ impl Worker {
     }
 
     /// Stream `stream`, which made its pod compute blocks, answered (its
-    /// first answer bytes passed) or ended: the requests held for it go on.
-    /// Called in that stream's own callback.
+    /// first answer bytes passed) or ended: the requests this VM holds for
+    /// it go on, and its listing for the other VMs is withdrawn. Called in
+    /// that stream's own callback.
     pub(crate) fn answered<H: Host>(&self, host: &H, stream: u32) {
-        let resumed = self.holds.borrow_mut().answered(stream);
+        let (resumed, shared) = self.holds.borrow_mut().answered(stream);
         for waiter in &resumed {
             host.resume_request(*waiter, stream);
         }
         self.meter.add(Count::HoldAnswered, resumed.len() as u64);
+        if shared {
+            let now_ms = self.clock_nanos(host) / 1_000_000;
+            let token = self.router.vm_token();
+            if hold::withdraw_shared(host, token, stream, now_ms).is_err() {
+                // Void by its end anyway (`hold.max_ms`).
+                self.meter.inc(Count::HoldShareFailed);
+            }
+        }
     }
 
     /// A held stream ended before it was resumed.
@@ -328,13 +381,40 @@ impl Worker {
         self.holds.borrow_mut().left(stream);
     }
 
-    /// Resumes the held requests whose `hold.max_ms` is up.
-    fn expire_holds<H: Host>(&self, host: &H, now_ms: u64) {
+    /// Resumes the held requests whose `hold.max_ms` is up, and those whose
+    /// other-VM prefill is no longer listed (one get while any waits for
+    /// one).
+    fn tick_holds<H: Host>(&self, host: &H, now_ms: u64) {
+        let root = self.root_context.get();
         let expired = self.holds.borrow_mut().expired(now_ms);
         for waiter in &expired {
-            host.resume_request(*waiter, self.root_context.get());
+            host.resume_request(*waiter, root);
         }
         self.meter.add(Count::HoldTimedOut, expired.len() as u64);
+        if !self.holds.borrow().waits_on_shared() {
+            return;
+        }
+        let listed = match host.get(hold::SHARED_KEY) {
+            Ok((bytes, _)) => hold::decode_shared(&bytes.unwrap_or_default(), now_ms),
+            // Unreadable: they wait for their deadline.
+            Err(_) => return,
+        };
+        let done = self.holds.borrow_mut().shared_done(&listed);
+        for waiter in &done {
+            host.resume_request(*waiter, root);
+        }
+        self.meter.add(Count::HoldAnswered, done.len() as u64);
+    }
+
+    /// The tick period the root context should run this worker at: fast
+    /// while `hold` may wait for another worker VM's prefill (their ends
+    /// are seen only by polling), else [`TICK_MS`].
+    pub(crate) fn tick_ms(&self) -> u32 {
+        if self.settings().hold.enabled && self.router.other_vms_live() {
+            FAST_TICK_MS
+        } else {
+            TICK_MS
+        }
     }
 
     /// Releases one in-flight request on `pod`: in VM memory, plus one set
@@ -403,10 +483,19 @@ impl Worker {
     /// the stats; with sync on, reports the singleton's liveness once a
     /// second.
     pub(crate) fn on_tick<H: Host>(&self, host: &H) {
-        let tick = self.ticks.get();
-        self.ticks.set(tick.wrapping_add(1));
         let now_nanos = host.now_nanos();
         self.tick_nanos.set(now_nanos);
+        self.tick_holds(host, now_nanos / 1_000_000);
+        // At the fast tick, the rest runs every TICK_MS (a few ms early
+        // rather than a whole fast tick late).
+        let last = self.full_tick_nanos.get();
+        let due = u64::from(TICK_MS - FAST_TICK_MS / 2) * 1_000_000;
+        if last != 0 && now_nanos.saturating_sub(last) < due && self.tick_ms() == FAST_TICK_MS {
+            return;
+        }
+        self.full_tick_nanos.set(now_nanos);
+        let tick = self.ticks.get();
+        self.ticks.set(tick.wrapping_add(1));
         self.router.tick_copies();
         self.refresh_fleet(host, tick, secs(now_nanos));
         self.exchange_load(host, now_nanos / 1_000_000);
@@ -419,7 +508,6 @@ impl Worker {
         if tick % LIVENESS_TICKS == 0 && self.settings().sync.enabled {
             self.report_liveness(host, now_nanos / 1_000_000);
         }
-        self.expire_holds(host, now_nanos / 1_000_000);
         self.meter.flush(host);
     }
 

@@ -11,16 +11,15 @@ use proxy_wasm::types::ContextType;
 
 use super::envoy::{now_nanos, EnvoyHost};
 use super::filter::PrefixFilter;
-use crate::worker::Worker;
-
-/// A worker's tick: how often it refreshes its fleet view (membership,
-/// health and cooldowns published by others) and flushes its stats.
-const TICK: Duration = Duration::from_millis(250);
+use crate::worker::{Worker, TICK_MS};
 
 /// Root context of the HTTP filter.
 pub struct FilterRoot {
     context_id: u32,
     worker: Option<Rc<Worker>>,
+    /// The tick period set last (the worker asks for a faster one while
+    /// `hold` may wait for another worker VM's prefill).
+    tick_ms: u32,
 }
 
 impl FilterRoot {
@@ -28,8 +27,13 @@ impl FilterRoot {
         Self {
             context_id,
             worker: None,
+            tick_ms: TICK_MS,
         }
     }
+}
+
+fn tick(ms: u32) -> Duration {
+    Duration::from_millis(u64::from(ms))
 }
 
 impl Context for FilterRoot {}
@@ -39,7 +43,9 @@ impl RootContext for FilterRoot {
         let Some(settings) = super::load_settings() else {
             return false;
         };
-        if let Err(status) = hostcalls::set_tick_period(TICK) {
+        // A worker's tick: how often it refreshes its fleet view (membership,
+        // health and cooldowns published by others) and flushes its stats.
+        if let Err(status) = hostcalls::set_tick_period(tick(TICK_MS)) {
             log::error!(
                 "prefix_router: no tick ({status:?}): the fleet view will not refresh and stats will not be flushed"
             );
@@ -56,6 +62,10 @@ impl RootContext for FilterRoot {
     fn on_tick(&mut self) {
         if let Some(worker) = &self.worker {
             worker.on_tick(&EnvoyHost);
+            let want = worker.tick_ms();
+            if want != self.tick_ms && hostcalls::set_tick_period(tick(want)).is_ok() {
+                self.tick_ms = want;
+            }
         }
     }
 

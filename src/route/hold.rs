@@ -17,13 +17,24 @@
 //! tail, never more than the full prefill it would have computed, and the
 //! pod computes the prefix once.
 //!
-//! One VM knows only the requests it routed itself: a request waits only
-//! for one routed by the same worker VM. Everything is bounded:
-//! [`MAX_COMPUTING`] prefixes in prefill are remembered (oldest forgotten
-//! first), and at most `hold.max_waiting` requests wait at once (a request
-//! past that goes on at once, counted).
+//! Worker VMs of one Envoy share what is in prefill through one shared-data
+//! key, [`SHARED_KEY`]: while other worker VMs are live, a VM lists there
+//! each streamed request that computes at least [`SHARED_MIN_BLOCKS`]
+//! blocks (a CAS update at routing and one at its first answer bytes), and
+//! a request whose match on its pod was first recorded within the last
+//! [`young_secs`] reads it (one get) when its own VM computes none of it.
+//! A request held for another VM's prefill is resumed by its own VM's tick
+//! (every [`crate::worker::FAST_TICK_MS`] while other VMs are live) once
+//! the entry is gone. An entry carries its end (`hold.max_ms` after it was
+//! listed), so a VM that dies leaves nothing behind for longer.
+//!
+//! Everything is bounded: [`MAX_COMPUTING`] prefixes in prefill are
+//! remembered per VM and [`MAX_SHARED`] in the shared key (oldest forgotten
+//! first), and at most `hold.max_waiting` requests wait at once per VM (a
+//! request past that goes on at once, counted).
 
 use crate::route::registry::PodSlot;
+use crate::route::store::{cas_update, SharedStore, StoreError};
 
 /// Most prefixes in prefill one VM remembers.
 pub(crate) const MAX_COMPUTING: usize = 64;
@@ -34,17 +45,28 @@ pub(crate) const MAX_COMPUTING: usize = 64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Computing {
     owner: u32,
+    /// Also listed in [`SHARED_KEY`].
+    shared: bool,
     pod: PodSlot,
     model: u16,
     at: u32,
     hash: u64,
 }
 
+/// Whose prefill a held request waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owner {
+    /// A stream of this VM.
+    Local(u32),
+    /// A stream of another worker VM (its token), listed in [`SHARED_KEY`].
+    Shared { token: u64, stream: u32 },
+}
+
 /// A held request and whom it waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Waiting {
     stream: u32,
-    owner: u32,
+    owner: Owner,
     deadline_ms: u64,
 }
 
@@ -75,6 +97,7 @@ impl Holds {
         }
         self.computing.push(Computing {
             owner,
+            shared: false,
             pod,
             model,
             at: u32::try_from(at).unwrap_or(u32::MAX),
@@ -105,12 +128,19 @@ impl Holds {
             .map(|c| c.owner)
     }
 
+    /// Marks stream `owner`'s prefill as listed in [`SHARED_KEY`].
+    pub(crate) fn mark_shared(&mut self, owner: u32) {
+        if let Some(c) = self.computing.iter_mut().rev().find(|c| c.owner == owner) {
+            c.shared = true;
+        }
+    }
+
     /// Holds `stream` until `owner` answers or `deadline_ms`; false (not
     /// held) when `max_waiting` requests already wait.
     pub(crate) fn wait(
         &mut self,
         stream: u32,
-        owner: u32,
+        owner: Owner,
         deadline_ms: u64,
         max_waiting: usize,
     ) -> bool {
@@ -126,10 +156,30 @@ impl Holds {
     }
 
     /// Stream `owner` answered (or ended): its prefix is no longer in
-    /// prefill. Returns the streams held for it, to resume.
-    pub(crate) fn answered(&mut self, owner: u32) -> Vec<u32> {
+    /// prefill. Returns the streams held for it, to resume, and whether
+    /// its prefill was listed in [`SHARED_KEY`] (to withdraw).
+    pub(crate) fn answered(&mut self, owner: u32) -> (Vec<u32>, bool) {
+        let shared = self.computing.iter().any(|c| c.owner == owner && c.shared);
         self.computing.retain(|c| c.owner != owner);
-        self.take_where(|w| w.owner == owner)
+        (self.take_where(|w| w.owner == Owner::Local(owner)), shared)
+    }
+
+    /// Whether a held request waits for another VM's prefill.
+    pub(crate) fn waits_on_shared(&self) -> bool {
+        self.waiting
+            .iter()
+            .any(|w| matches!(w.owner, Owner::Shared { .. }))
+    }
+
+    /// Held streams whose other-VM prefill is no longer listed (`listed`
+    /// is the shared key's entries as read now), to resume.
+    pub(crate) fn shared_done(&mut self, listed: &[SharedEntry]) -> Vec<u32> {
+        self.take_where(|w| match w.owner {
+            Owner::Shared { token, stream } => !listed
+                .iter()
+                .any(|e| e.token == token && e.stream == stream),
+            Owner::Local(_) => false,
+        })
     }
 
     /// Held streams whose deadline has passed, to resume.
@@ -162,9 +212,159 @@ impl Holds {
     }
 }
 
+/// Shared-data key listing the prefixes in prefill of every worker VM of
+/// this Envoy.
+pub(crate) const SHARED_KEY: &str = "hold/computing";
+/// Most entries in [`SHARED_KEY`] (36 bytes each: 2,304 bytes at most).
+pub(crate) const MAX_SHARED: usize = 64;
+/// Least blocks a prefill must compute to be listed for other VMs: smaller
+/// ones (a new question after a known system prompt) are not worth the two
+/// CAS updates.
+pub(crate) const SHARED_MIN_BLOCKS: usize = 8;
+/// CAS attempts of one update of [`SHARED_KEY`].
+const CAS_ATTEMPTS: u32 = 4;
+const ENTRY_BYTES: usize = 36;
+
+/// How recently (seconds) a match must have been first recorded for a
+/// request to look for it in another VM's prefill: a prefill lasts at most
+/// about `hold.max_ms`, and the table keeps whole seconds.
+pub(crate) fn young_secs(max_ms: u32) -> u32 {
+    max_ms.div_ceil(1_000) + 1
+}
+
+/// One prefill listed in [`SHARED_KEY`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SharedEntry {
+    /// The listing VM's token (unique per VM of the Envoy).
+    pub(crate) token: u64,
+    pub(crate) stream: u32,
+    pub(crate) pod: PodSlot,
+    pub(crate) model: u16,
+    pub(crate) at: u32,
+    pub(crate) hash: u64,
+    /// Void from then on (the owner's VM may have died).
+    pub(crate) until_ms: u64,
+}
+
+impl SharedEntry {
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.token.to_le_bytes());
+        out.extend_from_slice(&self.stream.to_le_bytes());
+        out.extend_from_slice(&self.pod.to_le_bytes());
+        out.extend_from_slice(&self.model.to_le_bytes());
+        out.extend_from_slice(&self.at.to_le_bytes());
+        out.extend_from_slice(&self.hash.to_le_bytes());
+        out.extend_from_slice(&self.until_ms.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> Option<SharedEntry> {
+        let u64_at = |i: usize| Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?));
+        let u32_at = |i: usize| Some(u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?));
+        let u16_at = |i: usize| Some(u16::from_le_bytes(b.get(i..i + 2)?.try_into().ok()?));
+        Some(SharedEntry {
+            token: u64_at(0)?,
+            stream: u32_at(8)?,
+            pod: PodSlot::new(u16_at(12)?),
+            model: u16_at(14)?,
+            at: u32_at(16)?,
+            hash: u64_at(20)?,
+            until_ms: u64_at(28)?,
+        })
+    }
+
+    /// Whether a request of `model` matching `matched` blocks of `hashes`
+    /// on `pod` reaches into this prefill.
+    fn covers(&self, pod: PodSlot, model: u16, hashes: &[u64], matched: usize) -> bool {
+        self.pod == pod
+            && self.model == model
+            && (self.at as usize) < matched
+            && hashes.get(self.at as usize) == Some(&self.hash)
+    }
+}
+
+/// The live entries of a [`SHARED_KEY`] value (at most [`MAX_SHARED`];
+/// a malformed tail is ignored).
+pub(crate) fn decode_shared(bytes: &[u8], now_ms: u64) -> Vec<SharedEntry> {
+    bytes
+        .chunks_exact(ENTRY_BYTES)
+        .take(MAX_SHARED)
+        .filter_map(SharedEntry::decode)
+        .filter(|e| e.until_ms > now_ms)
+        .collect()
+}
+
+fn encode_shared(entries: &[SharedEntry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.len() * ENTRY_BYTES);
+    for e in entries {
+        e.encode_into(&mut out);
+    }
+    out
+}
+
+/// Lists `entry` (dropping void entries, and the one ending first when
+/// full). One get and one set, more on CAS contention.
+pub(crate) fn list_shared<S: SharedStore + ?Sized>(
+    store: &S,
+    entry: SharedEntry,
+    now_ms: u64,
+) -> Result<(), StoreError> {
+    cas_update(store, SHARED_KEY, CAS_ATTEMPTS, |cur| {
+        let mut entries = decode_shared(cur.unwrap_or_default(), now_ms);
+        entries.retain(|e| !(e.token == entry.token && e.stream == entry.stream));
+        if entries.len() >= MAX_SHARED {
+            if let Some(first) = (0..entries.len()).min_by_key(|&i| entries[i].until_ms) {
+                entries.remove(first);
+            }
+        }
+        entries.push(entry);
+        Some(encode_shared(&entries))
+    })
+    .map(|_| ())
+}
+
+/// Withdraws stream `stream` of VM `token` (and void entries). One get,
+/// and one set when something changed.
+pub(crate) fn withdraw_shared<S: SharedStore + ?Sized>(
+    store: &S,
+    token: u64,
+    stream: u32,
+    now_ms: u64,
+) -> Result<(), StoreError> {
+    cas_update(store, SHARED_KEY, CAS_ATTEMPTS, |cur| {
+        let cur = cur.unwrap_or_default();
+        let mut entries = decode_shared(cur, now_ms);
+        entries.retain(|e| !(e.token == token && e.stream == stream));
+        let value = encode_shared(&entries);
+        (value.as_slice() != cur).then_some(value)
+    })
+    .map(|_| ())
+}
+
+/// The other VM's prefill (not `own_token`'s) that a request of `model`
+/// matching `matched` blocks of `hashes` on `pod` reaches into, if one is
+/// listed: the most recently listed.
+pub(crate) fn find_shared(
+    entries: &[SharedEntry],
+    own_token: u64,
+    pod: PodSlot,
+    model: u16,
+    hashes: &[u64],
+    matched: usize,
+) -> Option<Owner> {
+    entries
+        .iter()
+        .rev()
+        .find(|e| e.token != own_token && e.covers(pod, model, hashes, matched))
+        .map(|e| Owner::Shared {
+            token: e.token,
+            stream: e.stream,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::store::MemStore;
 
     const POD: PodSlot = PodSlot::new(1);
     const OTHER: PodSlot = PodSlot::new(2);
@@ -184,7 +384,7 @@ mod tests {
         // A match that ends where the prefill starts is cached already.
         h.computing(8, POD, 3, &[10, 11, 12, 13, 14], 3);
         assert_eq!(h.computing_for(POD, 3, &[10, 11, 12, 13], 3), Some(7));
-        assert_eq!(h.answered(7), Vec::<u32>::new());
+        assert_eq!(h.answered(7), (Vec::<u32>::new(), false));
         assert_eq!(h.computing_for(POD, 3, &[10, 11, 12, 13], 3), None);
         assert_eq!(h.computing_for(POD, 3, &[10, 11, 12, 13, 14], 4), Some(8));
     }
@@ -200,13 +400,13 @@ mod tests {
     fn held_streams_resume_when_their_owner_answers_or_their_time_is_up() {
         let mut h = Holds::default();
         h.computing(1, POD, 0, &[5, 6], 0);
-        assert!(h.wait(2, 1, 1_000, 8));
-        assert!(h.wait(3, 1, 500, 8));
-        assert!(h.wait(4, 9, 2_000, 8));
+        assert!(h.wait(2, Owner::Local(1), 1_000, 8));
+        assert!(h.wait(3, Owner::Local(1), 500, 8));
+        assert!(h.wait(4, Owner::Local(9), 2_000, 8));
         assert_eq!(h.held(), 3);
         assert_eq!(h.expired(499), Vec::<u32>::new());
         assert_eq!(h.expired(500), vec![3]);
-        assert_eq!(h.answered(1), vec![2]);
+        assert_eq!(h.answered(1), (vec![2], false));
         h.left(4);
         assert_eq!(h.held(), 0);
         assert_eq!(h.expired(u64::MAX), Vec::<u32>::new());
@@ -222,9 +422,109 @@ mod tests {
         // The oldest were forgotten first.
         assert_eq!(h.computing_for(POD, 0, &[0], 1), None);
         assert_eq!(h.computing_for(POD, 0, &[70], 1), Some(70));
-        assert!(h.wait(1, 0, 0, 2));
-        assert!(h.wait(2, 0, 0, 2));
-        assert!(!h.wait(3, 0, 0, 2));
+        assert!(h.wait(1, Owner::Local(0), 0, 2));
+        assert!(h.wait(2, Owner::Local(0), 0, 2));
+        assert!(!h.wait(3, Owner::Local(0), 0, 2));
         assert_eq!(h.held(), 2);
+    }
+
+    fn entry(token: u64, stream: u32, hash: u64, until_ms: u64) -> SharedEntry {
+        SharedEntry {
+            token,
+            stream,
+            pod: POD,
+            model: 3,
+            at: 0,
+            hash,
+            until_ms,
+        }
+    }
+
+    #[test]
+    fn the_shared_list_round_trips_and_drops_void_entries() {
+        let store = MemStore::default();
+        list_shared(&store, entry(1, 10, 100, 5_000), 0).unwrap();
+        list_shared(&store, entry(2, 20, 200, 1_000), 0).unwrap();
+        // Listing again replaces the stream's entry.
+        list_shared(&store, entry(1, 10, 101, 6_000), 0).unwrap();
+        let bytes = store.get(SHARED_KEY).unwrap().0.unwrap();
+        assert_eq!(
+            decode_shared(&bytes, 0),
+            vec![entry(2, 20, 200, 1_000), entry(1, 10, 101, 6_000)]
+        );
+        // Past its end an entry is void, and the next update drops it.
+        assert_eq!(decode_shared(&bytes, 1_000), vec![entry(1, 10, 101, 6_000)]);
+        withdraw_shared(&store, 1, 10, 2_000).unwrap();
+        let bytes = store.get(SHARED_KEY).unwrap().0.unwrap();
+        assert!(bytes.is_empty(), "{bytes:?}");
+        // A malformed tail is ignored.
+        let mut junk = encode_shared(&[entry(3, 1, 7, 9_000)]);
+        junk.extend_from_slice(&[1, 2, 3]);
+        assert_eq!(decode_shared(&junk, 0), vec![entry(3, 1, 7, 9_000)]);
+    }
+
+    #[test]
+    fn the_shared_list_is_bounded_and_drops_the_first_to_end() {
+        let store = MemStore::default();
+        for i in 0..MAX_SHARED as u64 + 5 {
+            list_shared(&store, entry(1, i as u32, i, 10_000 + i), 0).unwrap();
+        }
+        let bytes = store.get(SHARED_KEY).unwrap().0.unwrap();
+        let listed = decode_shared(&bytes, 0);
+        assert_eq!(listed.len(), MAX_SHARED);
+        assert_eq!(listed[0].stream, 5, "the five ending first were dropped");
+        assert!(bytes.len() <= MAX_SHARED * ENTRY_BYTES);
+    }
+
+    #[test]
+    fn another_vms_prefill_is_found_only_where_the_match_reaches_into_it() {
+        let hashes = [100, 101, 102, 103];
+        let mut far = entry(2, 20, 102, 9_000);
+        far.at = 2;
+        let listed = [entry(7, 70, 100, 9_000), far];
+        let found =
+            |own, pod, model, matched| find_shared(&listed, own, pod, model, &hashes, matched);
+        assert_eq!(
+            found(1, POD, 3, 3),
+            Some(Owner::Shared {
+                token: 2,
+                stream: 20
+            })
+        );
+        // Its own VM's entries are not looked at here.
+        assert_eq!(
+            found(2, POD, 3, 3),
+            Some(Owner::Shared {
+                token: 7,
+                stream: 70
+            })
+        );
+        // A match ending where that prefill starts reaches the older one only.
+        assert_eq!(
+            found(1, POD, 3, 2),
+            Some(Owner::Shared {
+                token: 7,
+                stream: 70
+            })
+        );
+        assert_eq!(found(1, OTHER, 3, 3), None);
+        assert_eq!(found(1, POD, 4, 3), None);
+        assert_eq!(found(1, POD, 3, 0), None);
+    }
+
+    #[test]
+    fn a_held_stream_waiting_on_another_vm_goes_on_when_it_is_no_longer_listed() {
+        let mut h = Holds::default();
+        let owner = Owner::Shared {
+            token: 2,
+            stream: 20,
+        };
+        assert!(h.wait(5, owner, 9_000, 8));
+        assert!(h.wait(6, Owner::Local(1), 9_000, 8));
+        assert!(h.waits_on_shared());
+        assert_eq!(h.shared_done(&[entry(2, 20, 1, 9_000)]), Vec::<u32>::new());
+        assert_eq!(h.shared_done(&[entry(2, 21, 1, 9_000)]), vec![5]);
+        assert!(!h.waits_on_shared());
+        assert_eq!(h.answered(1), (vec![6], false));
     }
 }

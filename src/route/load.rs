@@ -301,6 +301,17 @@ impl VmLoad {
         store.set(&vm_key(i), &value, None).is_ok()
     }
 
+    /// Whether other worker VMs of this replica were live at the last
+    /// refresh.
+    pub(crate) fn others_live(&self) -> bool {
+        !self.other_keys.is_empty()
+    }
+
+    /// The token naming this VM (see [`VmLoad::new`]).
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
     /// This VM's own in-flight count per slot.
     pub fn own(&self) -> &[u32] {
         &self.own

@@ -76,6 +76,11 @@ pub(crate) enum Count {
     HoldTimedOut,
     /// Requests not held because `hold.max_waiting` were held already.
     HoldRefused,
+    /// Held requests that waited for another worker VM's prefill.
+    HeldForOtherVm,
+    /// Updates of the shared list of prefills that failed (CAS contention
+    /// or a store error; the entry then ends by its deadline).
+    HoldShareFailed,
 }
 
 const ROUTED: [Reason; 4] = [
@@ -84,7 +89,7 @@ const ROUTED: [Reason; 4] = [
     Reason::LoadGuard,
     Reason::Spread,
 ];
-const FIXED: usize = 16;
+const FIXED: usize = 18;
 const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
 
 impl Count {
@@ -106,6 +111,8 @@ impl Count {
             Count::HoldAnswered => 13,
             Count::HoldTimedOut => 14,
             Count::HoldRefused => 15,
+            Count::HeldForOtherVm => 16,
+            Count::HoldShareFailed => 17,
             Count::Routed(r) => FIXED + ROUTED.iter().position(|x| *x == r).unwrap_or(0),
             Count::Pass(p) => {
                 FIXED + ROUTED.len() + PassReason::ALL.iter().position(|x| *x == p).unwrap_or(0)
@@ -131,6 +138,8 @@ impl Count {
             13 => "hold.answered",
             14 => "hold.timed_out",
             15 => "hold.refused",
+            16 => "hold.held_other_vm",
+            17 => "hold.share_failed",
             i if i < FIXED + ROUTED.len() => match ROUTED[i - FIXED] {
                 Reason::PrefixMatch => "routed.prefix_match",
                 Reason::NoMatch => "routed.no_match",

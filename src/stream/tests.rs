@@ -1012,13 +1012,14 @@ fn feedback_hostcalls_only_on_matched_requests_with_the_setting_on() {
 
 #[test]
 fn a_second_worker_vm_sees_each_request_at_once_for_one_get_and_two_sets() {
+    // hold's own calls are counted in the test after this one.
     let host = TestHost::default();
-    let a = worker_on(&host, "");
+    let a = worker_on(&host, HOLD_OFF);
     let sys = "You are a careful assistant. Answer briefly and cite sources. ";
     run(&a, &host, &chat(sys, 8 * 1024, "warm up"));
     let (_, lone) = calls_of(&a, &host, &chat(sys, 8 * 1024, "alone"));
     // A second worker VM of the replica; each sees the other on its tick.
-    let b = worker_on(&host, "");
+    let b = worker_on(&host, HOLD_OFF);
     a.on_tick(&host);
     b.on_tick(&host);
     let (_, paired) = calls_of(&a, &host, &chat(sys, 8 * 1024, "paired"));
@@ -1067,6 +1068,7 @@ fn start_stream(w: &Worker, host: &TestHost, id: u32, body: &[u8]) -> (Stream, V
 }
 
 const HOLD_ON: &str = r#","hold":{"enabled":true,"max_ms":1000}"#;
+const HOLD_OFF: &str = r#","hold":{"enabled":false}"#;
 
 #[test]
 fn a_request_for_a_prefix_in_prefill_waits_for_its_first_answer_bytes() {
@@ -1155,4 +1157,65 @@ fn a_held_request_goes_on_when_its_time_is_up_or_the_prefill_ends_unanswered() {
     assert_eq!(host.resumed.borrow().len(), before);
     third.on_done(&w, &host);
     fourth.on_done(&w, &host);
+}
+
+#[test]
+fn a_request_waits_for_another_worker_vms_prefill_and_its_tick_resumes_it() {
+    let host = TestHost::default();
+    let a = worker_on(&host, HOLD_ON);
+    let b = worker_on(&host, HOLD_ON);
+    b.set_root_context(2);
+    for w in [&a, &b, &a] {
+        w.on_tick(&host);
+    }
+    assert_eq!(
+        a.tick_ms(),
+        crate::worker::FAST_TICK_MS,
+        "another VM is live"
+    );
+    let seed = "Translate the following into Dutch. ";
+    // VM a routes a new 8 KB prefix, streamed: listed for the other VMs
+    // (one get and one set more than with hold off).
+    host.reset_calls();
+    let (mut first, v) = start_stream(&a, &host, 10, &streamed_chat(seed, 8 * 1024, "one"));
+    assert_eq!(v, Verdict::Continue);
+    let listed = host.calls.borrow().clone();
+    let pod = host.header(DESTINATION_HEADER).unwrap();
+    // VM b gets the same prefix while a's prefill runs: held.
+    let (mut second, v) = start_stream(&b, &host, 11, &chat(seed, 8 * 1024, "two"));
+    assert_eq!(v, Verdict::Pause, "held for VM a's prefill");
+    assert_eq!(host.header(DESTINATION_HEADER).unwrap(), pod);
+    assert_eq!(b.meter.pending(Count::HeldForOtherVm), 1);
+    // b's tick polls: still listed, nothing resumes.
+    b.on_tick(&host);
+    assert!(host.resumed.borrow().is_empty());
+    // a's first answer bytes withdraw it; b's next tick resumes its stream.
+    host.reset_calls();
+    first.on_response_body(&a, &host, 10, false);
+    let withdrawn = host.calls.borrow().clone();
+    assert!(host.resumed.borrow().is_empty(), "a resumes nothing of b's");
+    b.on_tick(&host);
+    assert_eq!(host.resumed.borrow().as_slice(), &[(11, 2)]);
+    first.on_done(&a, &host);
+    second.on_done(&b, &host);
+    // The same with hold off, for the calls hold adds.
+    let off = TestHost::default();
+    let c = worker_on(&off, HOLD_OFF);
+    let d = worker_on(&off, HOLD_OFF);
+    for w in [&c, &d, &c] {
+        w.on_tick(&off);
+    }
+    assert_eq!(c.tick_ms(), crate::worker::TICK_MS);
+    off.reset_calls();
+    let (_s, _) = start_stream(&c, &off, 10, &streamed_chat(seed, 8 * 1024, "one"));
+    let plain = off.calls.borrow().clone();
+    let n = |calls: &BTreeMap<&str, u32>, k: &str| calls.get(k).copied().unwrap_or(0);
+    for k in ["get_shared_data", "set_shared_data"] {
+        assert_eq!(
+            n(&listed, k),
+            n(&plain, k) + 1,
+            "{k}: {listed:?} vs {plain:?}"
+        );
+        assert_eq!(n(&withdrawn, k), 1, "{k}: {withdrawn:?}");
+    }
 }

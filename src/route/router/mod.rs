@@ -92,6 +92,9 @@ pub struct Routed {
     /// compares with the prefixes in prefill.
     pub(crate) matched: u32,
     pub(crate) hashes: Vec<u64>,
+    /// When the chosen pod's match was first recorded (the oldest access
+    /// of its blocks, whole seconds; 0 without a match).
+    pub(crate) matched_since: u32,
     /// With `feedback.cached_tokens` and a predicted match on the chosen
     /// pod: what its answer is checked against.
     pub(crate) feedback: Option<Plan>,
@@ -156,6 +159,16 @@ impl Router {
             mirror: RefCell::new(Mirror::default()),
             settings,
         }
+    }
+
+    /// Whether other worker VMs of this replica were live at the last tick.
+    pub(crate) fn other_vms_live(&self) -> bool {
+        self.load.borrow().others_live()
+    }
+
+    /// The token naming this VM among the replica's worker VMs.
+    pub(crate) fn vm_token(&self) -> u64 {
+        self.load.borrow().token()
     }
 
     /// Names this VM's in-flight key (a value unique per VM, see
@@ -477,6 +490,7 @@ impl Router {
             recorded,
             write,
             matched: predicted,
+            matched_since: chosen.map_or(0, |m| m.oldest_access),
             hashes,
             feedback,
         })
