@@ -10,7 +10,7 @@ use crate::config::Settings;
 use crate::fleet::{self, Members};
 use crate::rng::SplitMix64;
 use crate::route::feedback::{clearly_less, learned_blocks, Plan, MAX_FORGET_BUCKETS};
-use crate::route::hold::{self, Holds, Owner, SharedEntry};
+use crate::route::hold::{self, Holds, Owner, Remembered, SharedEntry};
 use crate::route::meter::{Count, Meter, MetricSink};
 use crate::route::policy::PolicyMode;
 use crate::route::registry::PodSlot;
@@ -288,8 +288,8 @@ impl Worker {
     /// this VM, else, while other worker VMs are live and the match is
     /// young, one another VM listed. When its answer is `streamed` (only
     /// then do its first answer bytes mark its prefill done), remembers the
-    /// blocks it makes its pod compute, and lists them for the other VMs
-    /// when they are many. `held`: the stream waits until
+    /// blocks it makes its pod compute when they are many, and lists them
+    /// for the other VMs. `held`: the stream waits until
     /// [`Self::answered`] or a tick resumes it. `computing`: call
     /// [`Self::answered`] at its first answer bytes or its end.
     pub(crate) fn hold<H: Host>(
@@ -306,14 +306,14 @@ impl Worker {
         };
         let pod = r.choice.pod;
         let matched = r.matched as usize;
-        let now_ms = self.clock_nanos(host) / 1_000_000;
+        let now_nanos = self.clock_nanos(host);
+        let now_ms = now_nanos / 1_000_000;
         let others = self.router.other_vms_live();
         let mut holds = self.holds.borrow_mut();
         let mut owner = holds
             .computing_for(pod, model, &r.hashes, matched)
             .map(Owner::Local);
-        let young = secs(now_ms * 1_000_000).saturating_sub(r.matched_since)
-            <= hold::young_secs(cfg.max_ms);
+        let young = secs(now_nanos).saturating_sub(r.matched_since) <= hold::young_secs(cfg.max_ms);
         if owner.is_none() && others && matched > 0 && young {
             if let Ok((Some(bytes), _)) = host.get(hold::SHARED_KEY) {
                 let listed = hold::decode_shared(&bytes, now_ms);
@@ -321,10 +321,28 @@ impl Worker {
                 owner = hold::find_shared(&listed, token, pod, model, &r.hashes, matched);
             }
         }
-        if streamed && holds.computing(stream, pod, model, &r.hashes, matched) {
+        let remembered = if streamed {
+            holds.computing(stream, pod, model, &r.hashes, matched)
+        } else {
+            Remembered::No
+        };
+        if let Remembered::Yes(forgot) = remembered {
             out.computing = true;
-            let blocks = r.hashes.len().saturating_sub(matched);
-            if others && blocks >= hold::SHARED_MIN_BLOCKS {
+            if let Some(f) = forgot {
+                // Rare (64 long prefills in progress on one VM): the
+                // requests held for the forgotten one go on now.
+                for waiter in &f.waiters {
+                    host.resume_request(*waiter, stream);
+                }
+                self.meter.add(Count::HoldTimedOut, f.waiters.len() as u64);
+                if f.shared {
+                    let token = self.router.vm_token();
+                    if hold::withdraw_shared(host, token, f.owner, now_ms).is_err() {
+                        self.meter.inc(Count::HoldShareFailed);
+                    }
+                }
+            }
+            if others {
                 let entry = SharedEntry {
                     token: self.router.vm_token(),
                     stream,

@@ -12,15 +12,21 @@
 //! request's first answer bytes pass (its prefill is done, so the prefix is
 //! cached), then goes to the same pod and hits. It waits at most
 //! `hold.max_ms` (checked on the worker's tick, so up to a tick more); it
-//! never waits for a request that already answered. Its time to the first
+//! never waits for a request that already answered, nor for one another
+//! Envoy routed. Its time to the first
 //! token is then the rest of the earlier prefill plus its own uncached
 //! tail, never more than the full prefill it would have computed, and the
 //! pod computes the prefix once.
 //!
+//! Only a streamed request is waited for (its first answer chunk comes when
+//! its prefill is done; a non-streamed answer only after the whole decode),
+//! and only one that computes at least [`MIN_BLOCKS`] blocks (a smaller
+//! prefill costs its pod little).
+//!
 //! Worker VMs of one Envoy share what is in prefill through one shared-data
 //! key, [`SHARED_KEY`]: while other worker VMs are live, a VM lists there
-//! each streamed request that computes at least [`SHARED_MIN_BLOCKS`]
-//! blocks (a CAS update at routing and one at its first answer bytes), and
+//! each prefill it remembers (a CAS update at routing and one at its first
+//! answer bytes), and
 //! a request whose match on its pod was first recorded within the last
 //! [`young_secs`] reads it (one get) when its own VM computes none of it.
 //! A request held for another VM's prefill is resumed by its own VM's tick
@@ -30,7 +36,7 @@
 //!
 //! Everything is bounded: [`MAX_COMPUTING`] prefixes in prefill are
 //! remembered per VM and [`MAX_SHARED`] in the shared key (oldest forgotten
-//! first), and at most `hold.max_waiting` requests wait at once per VM (a
+//! first; the requests held for one forgotten go on at once), and at most `hold.max_waiting` requests wait at once per VM (a
 //! request past that goes on at once, counted).
 
 use crate::route::registry::PodSlot;
@@ -70,6 +76,24 @@ struct Waiting {
     deadline_ms: u64,
 }
 
+/// Whether [`Holds::computing`] remembered a prefill, and what it forgot
+/// to make room.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Remembered {
+    No,
+    Yes(Option<Forgotten>),
+}
+
+/// A prefill forgotten before it answered (see [`Holds::computing`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Forgotten {
+    pub(crate) owner: u32,
+    /// Listed in [`SHARED_KEY`]: to withdraw.
+    pub(crate) shared: bool,
+    /// Streams held for it: to resume.
+    pub(crate) waiters: Vec<u32>,
+}
+
 /// One VM's prefixes in prefill and the requests held for them.
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
@@ -79,8 +103,11 @@ pub(crate) struct Holds {
 
 impl Holds {
     /// Stream `owner` was routed to `pod` and computes the prompt's blocks
-    /// from `at` on (`hashes` are the prompt's block hashes). False (not
-    /// remembered) when it computes nothing (`at` past the last block).
+    /// from `at` on (`hashes` are the prompt's block hashes). Remembered
+    /// when that is at least [`MIN_BLOCKS`] blocks (a smaller prefill is
+    /// not worth a wait); when [`MAX_COMPUTING`] are remembered already,
+    /// the oldest is forgotten and returned with the streams held for it,
+    /// which must go on now (and its listing, if shared, be withdrawn).
     pub(crate) fn computing(
         &mut self,
         owner: u32,
@@ -88,12 +115,22 @@ impl Holds {
         model: u16,
         hashes: &[u64],
         at: usize,
-    ) -> bool {
+    ) -> Remembered {
         let Some(&hash) = hashes.get(at) else {
-            return false;
+            return Remembered::No;
         };
+        if hashes.len() - at < MIN_BLOCKS {
+            return Remembered::No;
+        }
+        let mut forgot = None;
         if self.computing.len() >= MAX_COMPUTING {
-            self.computing.remove(0);
+            let old = self.computing.remove(0);
+            let waiters = self.take_where(|w| w.owner == Owner::Local(old.owner));
+            forgot = Some(Forgotten {
+                owner: old.owner,
+                shared: old.shared,
+                waiters,
+            });
         }
         self.computing.push(Computing {
             owner,
@@ -103,7 +140,7 @@ impl Holds {
             at: u32::try_from(at).unwrap_or(u32::MAX),
             hash,
         });
-        true
+        Remembered::Yes(forgot)
     }
 
     /// The stream computing a part of this prompt's first `matched` blocks
@@ -217,10 +254,10 @@ impl Holds {
 pub(crate) const SHARED_KEY: &str = "hold/computing";
 /// Most entries in [`SHARED_KEY`] (36 bytes each: 2,304 bytes at most).
 pub(crate) const MAX_SHARED: usize = 64;
-/// Least blocks a prefill must compute to be listed for other VMs: smaller
-/// ones (a new question after a known system prompt) are not worth the two
-/// CAS updates.
-pub(crate) const SHARED_MIN_BLOCKS: usize = 8;
+/// Least blocks a prefill must compute to be waited for (and listed for
+/// other VMs): a smaller one (a new question after a known system prompt)
+/// costs its pod little, and is not worth a wait or two CAS updates.
+pub(crate) const MIN_BLOCKS: usize = 8;
 /// CAS attempts of one update of [`SHARED_KEY`].
 const CAS_ATTEMPTS: u32 = 4;
 const ENTRY_BYTES: usize = 36;
@@ -369,37 +406,52 @@ mod tests {
     const POD: PodSlot = PodSlot::new(1);
     const OTHER: PodSlot = PodSlot::new(2);
 
-    #[test]
-    fn a_match_reaching_past_where_a_prefill_started_waits_for_it() {
-        let mut h = Holds::default();
-        let first = [10, 11, 12, 13];
-        // Stream 7 holds nothing of it yet: it computes from block 0.
-        assert!(h.computing(7, POD, 3, &first, 0));
-        let second = [10, 11, 12, 99];
-        assert_eq!(h.computing_for(POD, 3, &second, 3), Some(7));
-        // Another pod, model or prompt is not held back by it.
-        assert_eq!(h.computing_for(OTHER, 3, &second, 3), None);
-        assert_eq!(h.computing_for(POD, 4, &second, 3), None);
-        assert_eq!(h.computing_for(POD, 3, &[20, 11, 12], 3), None);
-        // A match that ends where the prefill starts is cached already.
-        h.computing(8, POD, 3, &[10, 11, 12, 13, 14], 3);
-        assert_eq!(h.computing_for(POD, 3, &[10, 11, 12, 13], 3), Some(7));
-        assert_eq!(h.answered(7), (Vec::<u32>::new(), false));
-        assert_eq!(h.computing_for(POD, 3, &[10, 11, 12, 13], 3), None);
-        assert_eq!(h.computing_for(POD, 3, &[10, 11, 12, 13, 14], 4), Some(8));
+    /// A prompt of `n` blocks whose hashes start at `first`.
+    fn chain(first: u64, n: u64) -> Vec<u64> {
+        (first..first + n).collect()
+    }
+
+    fn remembered(r: Remembered) -> bool {
+        matches!(r, Remembered::Yes(_))
     }
 
     #[test]
-    fn a_prompt_computing_nothing_is_not_remembered() {
+    fn a_match_reaching_past_where_a_prefill_started_waits_for_it() {
         let mut h = Holds::default();
-        assert!(!h.computing(1, POD, 0, &[5, 6], 2));
-        assert_eq!(h.computing_for(POD, 0, &[5, 6], 2), None);
+        // Stream 7 holds nothing of its prompt yet: it computes from block 0.
+        assert!(remembered(h.computing(7, POD, 3, &chain(10, 12), 0)));
+        let mut second = chain(10, 12);
+        second[11] = 99;
+        assert_eq!(h.computing_for(POD, 3, &second, 11), Some(7));
+        // Another pod, model or prompt is not held back by it.
+        assert_eq!(h.computing_for(OTHER, 3, &second, 11), None);
+        assert_eq!(h.computing_for(POD, 4, &second, 11), None);
+        assert_eq!(h.computing_for(POD, 3, &chain(20, 12), 11), None);
+        // A match that ends where a prefill starts is cached already.
+        assert!(remembered(h.computing(8, POD, 3, &chain(10, 20), 11)));
+        assert_eq!(h.computing_for(POD, 3, &chain(10, 20), 11), Some(7));
+        assert_eq!(h.answered(7), (Vec::<u32>::new(), false));
+        assert_eq!(h.computing_for(POD, 3, &chain(10, 20), 11), None);
+        assert_eq!(h.computing_for(POD, 3, &chain(10, 20), 12), Some(8));
+    }
+
+    #[test]
+    fn a_short_or_empty_prefill_is_not_remembered() {
+        let mut h = Holds::default();
+        assert_eq!(h.computing(1, POD, 0, &[5, 6], 2), Remembered::No);
+        let tail = MIN_BLOCKS as u64 - 1;
+        assert_eq!(
+            h.computing(1, POD, 0, &chain(5, 4 + tail), 4),
+            Remembered::No
+        );
+        assert_eq!(h.computing_for(POD, 0, &chain(5, 4 + tail), 5), None);
+        assert!(remembered(h.computing(1, POD, 0, &chain(5, 5 + tail), 4)));
     }
 
     #[test]
     fn held_streams_resume_when_their_owner_answers_or_their_time_is_up() {
         let mut h = Holds::default();
-        h.computing(1, POD, 0, &[5, 6], 0);
+        assert!(remembered(h.computing(1, POD, 0, &chain(5, 10), 0)));
         assert!(h.wait(2, Owner::Local(1), 1_000, 8));
         assert!(h.wait(3, Owner::Local(1), 500, 8));
         assert!(h.wait(4, Owner::Local(9), 2_000, 8));
@@ -413,18 +465,37 @@ mod tests {
     }
 
     #[test]
-    fn both_lists_are_bounded() {
+    fn both_lists_are_bounded_and_a_forgotten_prefill_releases_its_waiters() {
         let mut h = Holds::default();
-        for owner in 0..(MAX_COMPUTING as u32 + 10) {
-            h.computing(owner, POD, 0, &[u64::from(owner)], 0);
+        let prompt = |owner: u32| chain(1_000 * u64::from(owner), 10);
+        assert!(remembered(h.computing(0, POD, 0, &prompt(0), 0)));
+        h.mark_shared(0);
+        assert!(h.wait(500, Owner::Local(0), 9_000, 8));
+        let mut forgotten = Vec::new();
+        for owner in 1..(MAX_COMPUTING as u32 + 10) {
+            match h.computing(owner, POD, 0, &prompt(owner), 0) {
+                Remembered::Yes(Some(f)) => forgotten.push(f),
+                Remembered::Yes(None) => {}
+                Remembered::No => panic!("{owner} not remembered"),
+            }
         }
         assert_eq!(h.computing.len(), MAX_COMPUTING);
-        // The oldest were forgotten first.
-        assert_eq!(h.computing_for(POD, 0, &[0], 1), None);
-        assert_eq!(h.computing_for(POD, 0, &[70], 1), Some(70));
-        assert!(h.wait(1, Owner::Local(0), 0, 2));
-        assert!(h.wait(2, Owner::Local(0), 0, 2));
-        assert!(!h.wait(3, Owner::Local(0), 0, 2));
+        // The oldest were forgotten first; the first one's waiter goes on.
+        assert_eq!(forgotten.len(), 10);
+        assert_eq!(
+            forgotten[0],
+            Forgotten {
+                owner: 0,
+                shared: true,
+                waiters: vec![500]
+            }
+        );
+        assert_eq!(h.computing_for(POD, 0, &prompt(0), 1), None);
+        assert_eq!(h.computing_for(POD, 0, &prompt(70), 1), Some(70));
+        assert_eq!(h.held(), 0);
+        assert!(h.wait(1, Owner::Local(70), 0, 2));
+        assert!(h.wait(2, Owner::Local(70), 0, 2));
+        assert!(!h.wait(3, Owner::Local(70), 0, 2));
         assert_eq!(h.held(), 2);
     }
 
