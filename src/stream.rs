@@ -366,7 +366,7 @@ impl Stream {
             return Err(PassReason::InternalError);
         }
         let hold = if w.settings().hold.enabled {
-            w.hold(host, self.id, &routed, streams(body))
+            w.hold(host, self.id, &routed, || streams(body))
         } else {
             HoldOutcome::default()
         };

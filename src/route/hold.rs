@@ -402,6 +402,8 @@ pub(crate) fn find_shared(
 mod tests {
     use super::*;
     use crate::route::store::MemStore;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const POD: PodSlot = PodSlot::new(1);
     const OTHER: PodSlot = PodSlot::new(2);
