@@ -9,7 +9,7 @@
 //! Every failure passes the request on untouched and is counted by reason.
 
 use crate::route::feedback::{
-    streams, streams_without_usage, Plan, UsageScanner, MAX_CHUNK_READS, MAX_SCAN_BYTES,
+    streams_without_usage, Plan, UsageScanner, MAX_CHUNK_READS, MAX_SCAN_BYTES,
 };
 use crate::route::meter::{Count, SAMPLE_EVERY};
 use crate::route::registry::PodSlot;
@@ -366,7 +366,7 @@ impl Stream {
             return Err(PassReason::InternalError);
         }
         let hold = if w.settings().hold.enabled {
-            w.hold(host, self.id, &routed, || streams(body))
+            w.hold(host, self.id, &routed, req.stream)
         } else {
             HoldOutcome::default()
         };

@@ -286,9 +286,8 @@ impl Worker {
     /// whether it must wait because an earlier request is still computing
     /// part of its match on that pod (see [`crate::route::hold`]): one of
     /// this VM, else, while other worker VMs are live and the match is
-    /// young, one another VM listed. When its answer is `streamed` (asked
-    /// only for a long prefill; only then do its first answer bytes mark
-    /// its prefill done), remembers the
+    /// young, one another VM listed. When its answer is `streamed` (only
+    /// then do its first answer bytes mark its prefill done), remembers the
     /// blocks it makes its pod compute when they are many, and lists them
     /// for the other VMs. `held`: the stream waits until
     /// [`Self::answered`] or a tick resumes it. `computing`: call
@@ -298,7 +297,7 @@ impl Worker {
         host: &H,
         stream: u32,
         r: &Routed,
-        streamed: impl FnOnce() -> bool,
+        streamed: bool,
     ) -> HoldOutcome {
         let mut out = HoldOutcome::default();
         let cfg = &self.settings().hold;
@@ -322,9 +321,7 @@ impl Worker {
                 owner = hold::find_shared(&listed, token, pod, model, &r.hashes, matched);
             }
         }
-        // Scanning the body for `"stream"` only where it decides.
-        let long = r.hashes.len().saturating_sub(matched) >= hold::MIN_BLOCKS;
-        let remembered = if long && streamed() {
+        let remembered = if streamed {
             holds.computing(stream, pod, model, &r.hashes, matched)
         } else {
             Remembered::No

@@ -100,12 +100,6 @@ pub(crate) fn streams_without_usage(body: &[u8]) -> bool {
     key_is_true(body, b"\"stream\"") && !key_is_true(body, b"\"include_usage\"")
 }
 
-/// Whether the request asks for a streamed answer (`"stream": true`): its
-/// first answer chunk then comes when its prefill is done.
-pub(crate) fn streams(body: &[u8]) -> bool {
-    key_is_true(body, b"\"stream\"")
-}
-
 /// Whether some occurrence of `key` (with its quotes) is followed by `:` and
 /// `true`. A quote inside a JSON string is escaped (`\"`), so a prompt
 /// cannot fake a key.

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::{model_name, ApiKind, PassReason, PromptRequest};
+use super::{is_true, model_name, ApiKind, PassReason, PromptRequest};
 
 #[derive(Deserialize)]
 struct AibrixCompletion<'a> {
@@ -15,6 +15,8 @@ struct AibrixCompletion<'a> {
     model: Option<Value>,
     #[serde(default, borrow)]
     prompt: Option<&'a RawValue>,
+    #[serde(default)]
+    stream: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -25,6 +27,8 @@ struct AibrixChat<'a> {
     messages: Option<Vec<AibrixMessage<'a>>>,
     #[serde(default, borrow)]
     tools: Option<&'a RawValue>,
+    #[serde(default)]
+    stream: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +61,7 @@ pub(super) fn parse_aibrix(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, 
             Ok(PromptRequest {
                 model: model_name(b.model),
                 prompt: prompt.into_bytes(),
+                stream: is_true(b.stream.as_ref()),
             })
         }
         ApiKind::ChatCompletions => {
@@ -70,6 +75,7 @@ pub(super) fn parse_aibrix(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, 
             Ok(PromptRequest {
                 model: model_name(b.model),
                 prompt,
+                stream: is_true(b.stream.as_ref()),
             })
         }
     }

@@ -75,6 +75,9 @@ pub struct PromptRequest {
     /// The prompt as bytes to hash: the layout of [`completion_prompt_bytes`]
     /// or [`chat_message_bytes`] (native), or AIBrix's text (`aibrix`).
     pub prompt: Vec<u8>,
+    /// `"stream": true`: the answer is streamed, so its first chunk comes
+    /// when the prefill is done (what `hold` waits for).
+    pub stream: bool,
 }
 
 /// Decides from method and path whether a request is one we route.
@@ -98,6 +101,8 @@ struct CompletionBody {
     model: Option<Value>,
     #[serde(default)]
     prompt: Option<Value>,
+    #[serde(default)]
+    stream: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -106,6 +111,8 @@ struct ChatBody {
     model: Option<Value>,
     #[serde(default)]
     messages: Option<Vec<Value>>,
+    #[serde(default)]
+    stream: Option<Value>,
 }
 
 #[cfg(any(test, feature = "testkit"))]
@@ -151,6 +158,7 @@ fn parse_native_value(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, PassR
             Ok(PromptRequest {
                 model: model_name(b.model),
                 prompt,
+                stream: is_true(b.stream.as_ref()),
             })
         }
         ApiKind::ChatCompletions => {
@@ -166,9 +174,15 @@ fn parse_native_value(kind: ApiKind, body: &[u8]) -> Result<PromptRequest, PassR
             Ok(PromptRequest {
                 model: model_name(b.model),
                 prompt,
+                stream: is_true(b.stream.as_ref()),
             })
         }
     }
+}
+
+/// Whether a member is the JSON `true`.
+pub(super) fn is_true(v: Option<&Value>) -> bool {
+    matches!(v, Some(Value::Bool(true)))
 }
 
 fn model_name(v: Option<Value>) -> String {

@@ -357,6 +357,7 @@ pub(super) fn scan_native(kind: ApiKind, body: &[u8]) -> Option<PromptRequest> {
     let mut s = Scan { b: body, i: 0 };
     let mut model: Option<String> = None;
     let mut prompt: Option<Vec<u8>> = None;
+    let mut stream: Option<bool> = None;
     let wanted = match kind {
         ApiKind::Completions => "prompt",
         ApiKind::ChatCompletions => "messages",
@@ -387,6 +388,20 @@ pub(super) fn scan_native(kind: ApiKind, body: &[u8]) -> Option<PromptRequest> {
                 ApiKind::ChatCompletions => messages(s, body.len())?,
             });
             Some(())
+        } else if key == "stream" {
+            // A duplicate is serde's error: left to the Value path.
+            if stream.is_some() {
+                return None;
+            }
+            s.ws();
+            stream = Some(if s.peek()? == b't' {
+                s.literal(b"true")?;
+                true
+            } else {
+                s.skip_value()?;
+                false
+            });
+            Some(())
         } else {
             s.skip_value()
         }
@@ -395,6 +410,7 @@ pub(super) fn scan_native(kind: ApiKind, body: &[u8]) -> Option<PromptRequest> {
     Some(PromptRequest {
         model: model.unwrap_or_default(),
         prompt: prompt?,
+        stream: stream.unwrap_or(false),
     })
 }
 

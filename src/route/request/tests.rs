@@ -303,14 +303,25 @@ fn fast_path_agrees_with_the_value_path() {
             });
         }
         let model = pick(&[r#""m""#, "1", "null", r#""\u006d""#]);
+        // No member, or `stream` with a piece (true, "true", null, ...),
+        // before or after the prompt.
+        let stream = pick(&["", "", "true", "false", "tru", r#""true""#, "null", "1"]);
+        let stream = if stream.is_empty() {
+            stream
+        } else {
+            format!(r#""stream":{stream},"#)
+        };
         bodies.push((
             ApiKind::ChatCompletions,
-            format!(r#"{{"model":{model},"messages":[{}]}}"#, msgs.join(" , ")),
+            format!(
+                r#"{{{stream}"model":{model},"messages":[{}]}}"#,
+                msgs.join(" , ")
+            ),
         ));
         bodies.push((
             ApiKind::Completions,
             format!(
-                r#"{{ "model":{model}, "prompt":{} , "max_tokens":{} }}"#,
+                r#"{{ "model":{model}, "prompt":{} , {stream} "max_tokens":{} }}"#,
                 pick(pieces),
                 pick(pieces)
             ),
@@ -405,4 +416,35 @@ fn common_shapes_take_the_fast_path() {
 
 fn chat_value(body: &str) -> Result<PromptRequest, PassReason> {
     parse_native_value(ApiKind::ChatCompletions, body.as_bytes())
+}
+
+#[test]
+fn stream_true_is_read_by_every_parser() {
+    let cases = [
+        (r#","stream":true"#, true),
+        (r#","stream" : true "#, true),
+        (r#","stream":false"#, false),
+        (r#","stream":"true""#, false),
+        (r#","stream":null"#, false),
+        ("", false),
+    ];
+    for (member, want) in cases {
+        let completion = format!(r#"{{"model":"m","prompt":"p"{member}}}"#);
+        let chat_body = format!(r#"{{"messages":[{{"role":"user","content":"c"}}]{member}}}"#);
+        for (kind, body) in [
+            (ApiKind::Completions, &completion),
+            (ApiKind::ChatCompletions, &chat_body),
+        ] {
+            let fast = fast_native(kind, body.as_bytes()).expect(body);
+            assert_eq!(fast.stream, want, "fast {body}");
+            let value = parse_native_value(kind, body.as_bytes()).unwrap();
+            assert_eq!(value.stream, want, "value {body}");
+            let aibrix = parse_body_as(kind, body.as_bytes(), Render::Aibrix).unwrap();
+            assert_eq!(aibrix.stream, want, "aibrix {body}");
+        }
+    }
+    // A repeated member is serde's error: the request passes through.
+    let twice = r#"{"prompt":"p","stream":true,"stream":true}"#;
+    assert!(fast_native(ApiKind::Completions, twice.as_bytes()).is_none());
+    assert_eq!(completions(twice), Err(PassReason::NotJson));
 }

@@ -18,6 +18,7 @@ pub(crate) fn req(prompt: &str) -> PromptRequest {
     PromptRequest {
         model: "m".into(),
         prompt: prompt.as_bytes().to_vec(),
+        stream: false,
     }
 }
 
@@ -198,6 +199,7 @@ fn different_models_do_not_share_prefixes() {
     let other = PromptRequest {
         model: "other".into(),
         prompt: p.into_bytes(),
+        stream: false,
     };
     assert_eq!(
         r.route(&s, &other, 100, &mut rng).unwrap().choice.reason,
