@@ -342,14 +342,15 @@ impl Worker {
                     }
                 }
             }
-            if others {
+            // Remembered, so the prompt has a block at `matched`.
+            if let (true, Some(&hash)) = (others, r.hashes.get(matched)) {
                 let entry = SharedEntry {
                     token: self.router.vm_token(),
                     stream,
                     pod,
                     model,
                     at: u32::try_from(matched).unwrap_or(u32::MAX),
-                    hash: r.hashes[matched],
+                    hash,
                     until_ms: now_ms + u64::from(cfg.max_ms),
                 };
                 match hold::list_shared(host, entry, now_ms) {
