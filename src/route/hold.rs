@@ -6,7 +6,8 @@
 //! request of the same prefix routed to that pod meanwhile is predicted a
 //! hit and computes the whole prefix again: a miss, and a slot busy for a
 //! full prefill (the `pending-same` misses of `scripts/bench/misses.py`,
-//! 7-9 per shared-prefix scenario for every router measured).
+//! 5-9 a run on the benchmark's shared-prefix workloads, for every router
+//! measured).
 //!
 //! With `hold.enabled`, such a request waits in Envoy until the earlier
 //! request's first answer bytes pass (its prefill is done, so the prefix is
