@@ -15,7 +15,7 @@ use crate::route::meter::{Count, SAMPLE_EVERY};
 use crate::route::registry::PodSlot;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
 use crate::route::router::RouteError;
-use crate::worker::{HoldOutcome, Host, Worker};
+use crate::worker::{Host, Worker};
 
 /// Header read by Envoy's `override_host` LB policy (Gateway API Inference
 /// Extension endpoint-picker protocol).
@@ -365,11 +365,7 @@ impl Stream {
         {
             return Err(PassReason::InternalError);
         }
-        let hold = if w.settings().hold.enabled {
-            w.hold(host, self.id, &routed, req.stream)
-        } else {
-            HoldOutcome::default()
-        };
+        let hold = w.hold(host, self.id, &routed, req.stream);
         self.computing = hold.computing;
         self.held = hold.held;
         if let Some(plan) = routed.feedback {

@@ -158,10 +158,10 @@ impl Holds {
             .iter()
             .rev()
             .find(|c| {
-                c.pod == pod
-                    && c.model == model
-                    && (c.at as usize) < matched
-                    && hashes.get(c.at as usize) == Some(&c.hash)
+                reaches_into(
+                    (c.pod, c.model, c.at, c.hash),
+                    (pod, model, hashes, matched),
+                )
             })
             .map(|c| c.owner)
     }
@@ -313,11 +313,25 @@ impl SharedEntry {
     /// Whether a request of `model` matching `matched` blocks of `hashes`
     /// on `pod` reaches into this prefill.
     fn covers(&self, pod: PodSlot, model: u16, hashes: &[u64], matched: usize) -> bool {
-        self.pod == pod
-            && self.model == model
-            && (self.at as usize) < matched
-            && hashes.get(self.at as usize) == Some(&self.hash)
+        reaches_into(
+            (self.pod, self.model, self.at, self.hash),
+            (pod, model, hashes, matched),
+        )
     }
+}
+
+/// Whether a request of `model` matching the first `matched` blocks of
+/// `hashes` on `pod` reaches into a prefill computing that pod's blocks of
+/// `model` from block `at` on, whose block there hashes to `hash` (by the
+/// chain, that names the whole prefix up to it).
+fn reaches_into(
+    (pod, model, at, hash): (PodSlot, u16, u32, u64),
+    (req_pod, req_model, hashes, matched): (PodSlot, u16, &[u64], usize),
+) -> bool {
+    pod == req_pod
+        && model == req_model
+        && (at as usize) < matched
+        && hashes.get(at as usize) == Some(&hash)
 }
 
 /// The live entries of a [`SHARED_KEY`] value (at most [`MAX_SHARED`];
