@@ -104,6 +104,9 @@ pub(crate) struct Stream {
     /// retry (1 request in [`SAMPLE_EVERY`], not the timed one).
     sent_to: Option<(PodSlot, String, bool)>,
     match_percent: Option<u8>,
+    /// Timed as a hit to its end ([`crate::route::Routed::is_hit`] and not
+    /// held).
+    timed_hit: bool,
     /// With `feedback.cached_tokens`, a request routed on a predicted match:
     /// its answer is scanned for `cached_tokens` as it passes.
     feedback: Option<Box<Check>>,
@@ -277,7 +280,7 @@ impl Stream {
 
     fn release<H: Host>(&mut self, w: &Worker, host: &H) {
         if let Some(pod) = self.inflight_pod.take() {
-            w.release(host, pod, self.match_percent.unwrap_or(0));
+            w.release(host, pod, std::mem::take(&mut self.timed_hit));
         }
         // An answer cut short or never read to its usage.
         if self.feedback.take().is_some() {
@@ -353,6 +356,7 @@ impl Stream {
         // Counted in flight from here: released on stream end whatever happens next.
         self.inflight_pod = Some(pod);
         self.match_percent = Some(routed.choice.match_percent);
+        self.timed_hit = routed.is_hit();
         if endpoint.is_empty() {
             return Err(PassReason::InternalError);
         }
@@ -368,9 +372,13 @@ impl Stream {
         let hold = w.hold(host, self.id, &routed, req.stream);
         self.computing = hold.computing;
         self.held = hold.held;
+        if hold.held {
+            // Worker::hold took its hit timing back.
+            self.timed_hit = false;
+        }
         if let Some(plan) = routed.feedback {
             // A streamed answer without a usage chunk has nothing to read.
-            if !streams_without_usage(body) {
+            if !streams_without_usage(req.stream, body) {
                 self.feedback = Some(Box::new(Check {
                     plan,
                     scanner: UsageScanner::default(),

@@ -364,6 +364,9 @@ impl Worker {
         };
         let deadline = now_ms + u64::from(cfg.max_ms);
         if holds.wait(stream, owner, deadline, cfg.max_waiting as usize) {
+            if r.is_hit() {
+                self.router.untime_hit(pod);
+            }
             self.meter.inc(Count::Held);
             if matches!(owner, Owner::Shared { .. }) {
                 self.meter.inc(Count::HeldForOtherVm);
@@ -438,9 +441,9 @@ impl Worker {
 
     /// Releases one in-flight request on `pod`: in VM memory, plus one set
     /// while other worker VMs are live (see [`crate::route::load`]).
-    pub(crate) fn release<H: Host>(&self, host: &H, pod: PodSlot, match_percent: u8) {
+    pub(crate) fn release<H: Host>(&self, host: &H, pod: PodSlot, timed_hit: bool) {
         let now_secs = secs(self.clock_nanos(host));
-        self.router.release(host, pod, match_percent, now_secs);
+        self.router.release(host, pod, timed_hit, now_secs);
     }
 
     /// A pod for a request the filter does not route (pass-through), chosen
@@ -496,7 +499,9 @@ impl Worker {
         }
     }
 
-    /// The worker's tick: ages this VM's bucket copies (see
+    /// The worker's tick. Every tick: holds past their time go on, and this
+    /// VM's requests in flight are timed (pod slowness). Every
+    /// [`TICK_MS`]: ages this VM's bucket copies (see
     /// [`crate::route::mirror`]), refreshes the fleet view, exchanges in-flight
     /// counts with the other VMs (and sets the in-flight gauges), flushes
     /// the stats; with sync on, reports the singleton's liveness once a
@@ -505,6 +510,7 @@ impl Worker {
         let now_nanos = host.now_nanos();
         self.tick_nanos.set(now_nanos);
         self.tick_holds(host, now_nanos / 1_000_000);
+        self.router.tick_latency(now_nanos / 1_000_000);
         // At the fast tick, the rest runs every TICK_MS (a few ms early
         // rather than a whole fast tick late).
         let last = self.full_tick_nanos.get();

@@ -93,11 +93,13 @@ pub(crate) fn clearly_less(learned: u32, predicted: u32) -> bool {
         && u64::from(learned) * den < u64::from(predicted) * num
 }
 
-/// Whether a request body asks for a streamed answer without a usage chunk
-/// (`"stream": true` and no `"include_usage": true`): such an answer carries
-/// no `cached_tokens`, so it is not read at all.
-pub(crate) fn streams_without_usage(body: &[u8]) -> bool {
-    key_is_true(body, b"\"stream\"") && !key_is_true(body, b"\"include_usage\"")
+/// Whether a request asks for a streamed answer without a usage chunk
+/// (`stream`, as the body parser read `"stream": true`, and no
+/// `"include_usage": true` in `body`): such an answer carries no
+/// `cached_tokens`, so it is not read at all. Only a streamed request's body
+/// is scanned.
+pub(crate) fn streams_without_usage(stream: bool, body: &[u8]) -> bool {
+    stream && !key_is_true(body, b"\"include_usage\"")
 }
 
 /// Whether some occurrence of `key` (with its quotes) is followed by `:` and
@@ -369,12 +371,22 @@ mod tests {
 
     #[test]
     fn streams_without_a_usage_chunk_are_not_read() {
-        assert!(streams_without_usage(br#"{"stream": true,"x":1}"#));
-        assert!(!streams_without_usage(br#"{"stream":false}"#));
+        // `stream` is what the body parser read; only `include_usage` is scanned.
+        assert!(streams_without_usage(true, br#"{"stream": true,"x":1}"#));
+        assert!(!streams_without_usage(false, br#"{"stream":false}"#));
         assert!(!streams_without_usage(
+            true,
             br#"{"stream":true,"stream_options":{"include_usage":true}}"#
         ));
-        assert!(!streams_without_usage(br#"{"prompt":"\"stream\":true"}"#));
-        assert!(!streams_without_usage(b""));
+        assert!(streams_without_usage(
+            true,
+            br#"{"stream":true,"stream_options":{"include_usage": false}}"#
+        ));
+        // A prompt cannot fake the key: its quotes are escaped.
+        assert!(streams_without_usage(
+            true,
+            br#"{"prompt":"\"include_usage\":true","stream":true}"#
+        ));
+        assert!(!streams_without_usage(false, b""));
     }
 }

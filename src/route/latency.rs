@@ -56,6 +56,14 @@ impl PodLatency {
         self.hits_in_flight[i] = self.hits_in_flight[i].saturating_add(1);
     }
 
+    /// A hit started on `pod` is no longer timed (it ends uncounted, as a
+    /// request that was not a hit).
+    pub fn cancel_hit(&mut self, pod: PodSlot) {
+        if let Some(n) = self.hits_in_flight.get_mut(pod.index()) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
     /// A request on `pod` ended (`hit`: it was started as one).
     pub fn completed(&mut self, pod: PodSlot, hit: bool) {
         let i = pod.index();
@@ -75,6 +83,15 @@ impl PodLatency {
     /// [`Self::MIN_SAMPLES`] completions.
     pub fn mean_ms(&self, pod: PodSlot) -> Option<u64> {
         mean(&self.sums, pod)
+    }
+
+    /// Hits on `pod` timed now, and those timed to their end (in the
+    /// current window).
+    #[cfg(test)]
+    pub fn hits_timed(&self, pod: PodSlot) -> (u32, u32) {
+        let i = pod.index();
+        let now = self.hits_in_flight.get(i).copied().unwrap_or(0);
+        (now, self.hit_sums.get(i).map_or(0, |s| s.1))
     }
 
     /// [`Self::mean_ms`] of the hits only.

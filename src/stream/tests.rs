@@ -1102,6 +1102,38 @@ fn a_request_for_a_prefix_in_prefill_waits_for_its_first_answer_bytes() {
 }
 
 #[test]
+fn a_held_request_is_not_timed_as_a_hit() {
+    // Its wait for another's prefill is not its pod's speed: timed, it made
+    // the pod taking new prefixes read slower and lose ties on its matches.
+    let host = TestHost::default();
+    let w = worker_on(&host, HOLD_ON);
+    let seed = "Reply in one line. ";
+    let (mut first, _) = start_stream(&w, &host, 10, &streamed_chat(seed, 4000, "one"));
+    let slot = |h: &TestHost| {
+        let address = h.header(DESTINATION_HEADER).unwrap();
+        let fleet = w.router.fleet();
+        let member = fleet.all().find(|&(_, _, a)| a == address);
+        member.map(|(slot, _, _)| slot).unwrap()
+    };
+    let pod = slot(&host);
+    let (mut second, v) = start_stream(&w, &host, 11, &chat(seed, 4000, "two"));
+    assert_eq!(v, Verdict::Pause);
+    assert_eq!(w.router.hits_timed(pod), (0, 0), "a held hit is not timed");
+    *host.answer.borrow_mut() = b"data: {}\n\n".to_vec();
+    first.on_response_body(&w, &host, 10, true);
+    first.on_done(&w, &host);
+    second.on_done(&w, &host);
+    assert_eq!(w.router.hits_timed(pod), (0, 0), "nor counted at its end");
+    // A hit that does not wait is timed from routing to its end.
+    let (mut third, v) = start_stream(&w, &host, 12, &chat(seed, 4000, "three"));
+    assert_eq!(v, Verdict::Continue);
+    assert_eq!(slot(&host), pod);
+    assert_eq!(w.router.hits_timed(pod), (1, 0));
+    third.on_done(&w, &host);
+    assert_eq!(w.router.hits_timed(pod), (0, 1));
+}
+
+#[test]
 fn only_a_streamed_prefill_is_waited_for_and_only_with_hold_on() {
     let seed = "Answer in French, briefly. ";
     for (extra, streamed) in [(HOLD_ON, false), (r#","hold":{"enabled":false}"#, true)] {

@@ -100,6 +100,15 @@ pub struct Routed {
     pub(crate) feedback: Option<Plan>,
 }
 
+impl Routed {
+    /// Whether the chosen pod was predicted to hold at least
+    /// [`HIT_PERCENT`] of the prompt: the request is timed as a hit (pod
+    /// slowness) from routing.
+    pub fn is_hit(&self) -> bool {
+        self.choice.match_percent >= HIT_PERCENT
+    }
+}
+
 /// Routing state of one VM: settings-derived helpers, the VM's view of the
 /// fleet, and a model-id cache.
 pub struct Router {
@@ -178,6 +187,14 @@ impl Router {
         self
     }
 
+    /// Every tick (fast ones too): adds this VM's requests in flight to
+    /// their pods' time (see [`PodLatency::tick`]).
+    pub(crate) fn tick_latency(&self, now_ms: u64) {
+        self.latency
+            .borrow_mut()
+            .tick(self.load.borrow().own(), now_ms);
+    }
+
     /// The tick's load exchange (see [`VmLoad::refresh`]); returns this
     /// replica's in-flight count per slot, for the gauges.
     pub(crate) fn refresh_load<S: SharedStore + ?Sized>(
@@ -186,7 +203,6 @@ impl Router {
         now_ms: u64,
     ) -> Result<Vec<u32>, StoreError> {
         let mut load = self.load.borrow_mut();
-        self.latency.borrow_mut().tick(load.own(), now_ms);
         load.refresh(store, now_ms, self.settings.sync.enabled)?;
         Ok(load.replica(self.fleet.borrow().bound()))
     }
@@ -217,7 +233,6 @@ impl Router {
             .update(bytes, now_ms, stale_ms, |pod, at| load.peak_since(pod, at));
     }
 
-    /// This VM's view of the fleet (members, health, cooldowns).
     /// Each member's slowness as the load-aware policy would weigh it
     /// against all members (see [`slowness`]), indexed by slot; empty when
     /// nothing is measured yet.
@@ -226,6 +241,7 @@ impl Router {
         slowness(&self.latency.borrow(), &self.signals.borrow(), &pool).0
     }
 
+    /// This VM's view of the fleet (members, health, cooldowns).
     pub(crate) fn fleet(&self) -> Ref<'_, FleetView> {
         self.fleet.borrow()
     }
@@ -465,6 +481,7 @@ impl Router {
             load.publish(store, now_ms);
         }
         if choice.match_percent >= HIT_PERCENT {
+            // Timed as a hit until released, or until it waits (untime_hit).
             self.latency.borrow_mut().started_hit(choice.pod);
         }
         let predicted = chosen.map_or(0, |m| m.blocks);
@@ -496,9 +513,24 @@ impl Router {
         })
     }
 
+    /// A hit on `pod` waits for another request's prefill (`hold`): its
+    /// time is not timed as a hit's, since waiting is not the pod's speed
+    /// (the pod that takes new prefixes would read slower than the others
+    /// and lose ties on its matches). Release it with `timed_hit` false.
+    pub(crate) fn untime_hit(&self, pod: PodSlot) {
+        self.latency.borrow_mut().cancel_hit(pod);
+    }
+
     /// The worker's tick for this VM's bucket copies (they age out).
     pub fn tick_copies(&self) {
         self.mirror.borrow_mut().tick();
+    }
+
+    /// This VM's hits on `pod` timed now, and those timed to their end
+    /// (in the current window).
+    #[cfg(test)]
+    pub(crate) fn hits_timed(&self, pod: PodSlot) -> (u32, u32) {
+        self.latency.borrow().hits_timed(pod)
     }
 
     /// Copies this VM keeps.
@@ -521,20 +553,19 @@ impl Router {
         self.hints.borrow_mut().remove(&(model, first_block));
     }
 
-    /// Releases one in-flight request on `pod`, routed with
-    /// `match_percent` of its prompt held there, and (while other VMs of
-    /// the replica are live) writes this VM's counts for them, one set;
+    /// Releases one in-flight request on `pod` (`timed_hit`: it was
+    /// routed as a hit, [`Routed::is_hit`], and timed as one to the end, not
+    /// taken back by [`Self::untime_hit`]), and (while other VMs of the
+    /// replica are live) writes this VM's counts for them, one set;
     /// returns this VM's new count.
     pub fn release<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         pod: PodSlot,
-        match_percent: u8,
+        timed_hit: bool,
         now_secs: u32,
     ) -> u32 {
-        self.latency
-            .borrow_mut()
-            .completed(pod, match_percent >= HIT_PERCENT);
+        self.latency.borrow_mut().completed(pod, timed_hit);
         let mut load = self.load.borrow_mut();
         let left = load.add(pod, -1);
         load.publish(store, u64::from(now_secs) * 1000);
@@ -606,35 +637,35 @@ const MAX_SLOWNESS: u64 = 8_000;
 /// a hit, timed apart for [`slowness`].
 pub(crate) const HIT_PERCENT: u8 = 50;
 
-/// Per slot: how much slower `pool`'s pods are than the fastest one
-/// (thousandths, 1000..=[`MAX_SLOWNESS`]; 0 = 1x, nothing known), and
-/// whether a pod of the pool reports itself slow (its time per output token
-/// at least [`SLOW_PREFILL`] / 1000 times the reference below).
+/// Per slot: how much slower `pool`'s pods are than the fastest one (the
+/// [`reference`]; thousandths, 1000..=[`MAX_SLOWNESS`]; 0 = 1x, nothing
+/// known), and whether a pod of the pool reports itself slow (its time per
+/// output token at least [`SLOW_PREFILL`] / 1000 times the reference).
 ///
-/// Two measures, the higher counts:
+/// Two measures, each against its own reference; the higher counts:
 /// - this VM's own timing of its hits ([`PodLatency::mean_hit_ms`], once a
 ///   pod has enough of them completed): hits, not all requests, as a pod's
 ///   mean over all of them grows with its share of misses (their prefill),
 ///   which says nothing of its speed; it includes queueing;
 /// - where at least two pods report their time per output token (pod
-///   signals, [`crate::signals::PodSignals::token_us`]), its ratio to the
-///   fastest reported, or with three or more the second fastest: every VM
-///   and replica reads it as soon as a pod has made a few tokens, long
-///   before this VM has timed enough hits there.
+///   signals, [`crate::signals::PodSignals::token_us`]): every VM and
+///   replica reads it as soon as a pod has made a few tokens, long before
+///   this VM has timed enough hits there.
 fn slowness(latency: &PodLatency, signals: &SignalView, pool: &[PodSlot]) -> (Vec<u32>, bool) {
     let bound = pool.iter().map(|&p| p.index() + 1).max().unwrap_or(0);
     let mut out = vec![0; bound];
-    let ratio = |value: u64, fastest: u64| {
-        (value.saturating_mul(1000) / fastest.max(1)).clamp(1000, MAX_SLOWNESS) as u32
+    let ratio = |value: u64, reference: u64| {
+        (value.saturating_mul(1000) / reference.max(1)).clamp(1000, MAX_SLOWNESS) as u32
     };
     let means: Vec<(PodSlot, u64)> = pool
         .iter()
         .filter_map(|&p| Some((p, latency.mean_hit_ms(p)?)))
         .collect();
     // 0 ms: requests shorter than a tick were never sampled yet.
-    if let Some(fastest) = means.iter().map(|(_, m)| *m).min().filter(|m| *m > 0) {
+    let timed = reference(means.iter().map(|&(_, m)| m).collect());
+    if let Some(reference) = timed.filter(|&m| m > 0) {
         for &(pod, mean) in &means {
-            out[pod.index()] = ratio(mean, fastest);
+            out[pod.index()] = ratio(mean, reference);
         }
     }
     let reported = || {
@@ -643,13 +674,9 @@ fn slowness(latency: &PodLatency, signals: &SignalView, pool: &[PodSlot]) -> (Ve
             .filter(|&(_, us)| us > 0)
     };
     let mut reported_slow = false;
-    let mut times: Vec<u64> = reported().map(|(_, us)| us).collect();
-    if times.len() >= 2 {
-        // From three pods on, the second fastest: one pod read too fast
-        // (few tokens, or its late ones valued high) does not make all the
-        // others slow.
-        let rank = usize::from(times.len() >= 3);
-        let reference = *times.select_nth_unstable(rank).1;
+    let times: Vec<u64> = reported().map(|(_, us)| us).collect();
+    let enough = times.len() >= 2;
+    if let Some(reference) = reference(times).filter(|_| enough) {
         for (pod, us) in reported() {
             let r = ratio(us, reference);
             reported_slow |= i128::from(r) >= SLOW_PREFILL;
@@ -660,6 +687,15 @@ fn slowness(latency: &PodLatency, signals: &SignalView, pool: &[PodSlot]) -> (Ve
         out.clear();
     }
     (out, reported_slow)
+}
+
+/// What pods' times are compared with: the fastest, or from three pods on
+/// the second fastest. The fastest of several figures reads low by chance
+/// (a pod with few tokens, or its hits sampled on the tick), and would make
+/// pods alike read slow.
+fn reference(mut times: Vec<u64>) -> Option<u64> {
+    let rank = usize::from(times.len() >= 3);
+    (rank < times.len()).then(|| *times.select_nth_unstable(rank).1)
 }
 
 /// How long a recorded block counts as fresh: a quarter of the shortest

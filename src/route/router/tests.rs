@@ -46,7 +46,7 @@ fn repeat_request_matches_fully_on_same_pod() {
     let p = "abcd".repeat(300);
     let first = r.route(&s, &req(&p), 100, &mut rng).unwrap();
     assert_eq!(first.choice.reason, Reason::NoMatch);
-    r.release(&s, first.choice.pod, first.choice.match_percent, 0);
+    r.release(&s, first.choice.pod, first.is_hit(), 0);
     let second = r.route(&s, &req(&p), 101, &mut rng).unwrap();
     assert_eq!(second.choice.reason, Reason::PrefixMatch);
     assert_eq!(second.choice.pod, first.choice.pod);
@@ -62,7 +62,7 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
     let a = r
         .route(&s, &req(&format!("{prefix}aaaa")), 1000, &mut rng)
         .unwrap();
-    r.release(&s, a.choice.pod, a.choice.match_percent, 0);
+    r.release(&s, a.choice.pod, a.is_hit(), 0);
     assert_eq!(a.recorded.len(), sampled_positions(101, 32).len());
     // Same prefix, new tail, 30 s later: only the new last block is new;
     // the held blocks of its segment (positions 63..=100) are written with
@@ -70,7 +70,7 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
     let b = r
         .route(&s, &req(&format!("{prefix}bbbb")), 1030, &mut rng)
         .unwrap();
-    r.release(&s, b.choice.pod, b.choice.match_percent, 0);
+    r.release(&s, b.choice.pod, b.is_hit(), 0);
     assert_eq!(b.choice.pod, a.choice.pod);
     let hashes = r.hasher.hash(format!("{prefix}bbbb").as_bytes());
     let segment = crate::route::table::Layout::Segments.anchor_position(100, 32);
@@ -118,7 +118,7 @@ fn unique_tails_do_not_evict_the_shared_prefix_they_follow() {
                 &mut rng,
             )
             .unwrap();
-        r.release(&s, x.choice.pod, x.choice.match_percent, 0);
+        r.release(&s, x.choice.pod, x.is_hit(), 0);
         if q > 0 && x.choice.match_percent < 90 {
             short.push((q, x.choice.match_percent));
         }
@@ -140,7 +140,7 @@ fn shared_prefix_matches_partially_and_sticks() {
             &mut rng,
         )
         .unwrap();
-    r.release(&s, a.choice.pod, a.choice.match_percent, 0);
+    r.release(&s, a.choice.pod, a.is_hit(), 0);
     let b = r
         .route(
             &s,
@@ -167,7 +167,7 @@ fn reads_grow_logarithmically_with_prompt_length() {
     for blocks in [100usize, 10_000] {
         let p = "q".repeat(4 * blocks);
         let a = r.route(&s, &req(&p), 100, &mut rng).unwrap();
-        r.release(&s, a.choice.pod, a.choice.match_percent, 0);
+        r.release(&s, a.choice.pod, a.is_hit(), 0);
         let b = r.route(&s, &req(&p), 100, &mut rng).unwrap();
         assert!(b.probes <= 20, "{blocks} blocks took {} probes", b.probes);
         assert!(
@@ -185,7 +185,7 @@ fn in_flight_is_counted_and_released() {
     let mut rng = SplitMix64::new(1);
     let a = r.route(&s, &req("hello world!"), 100, &mut rng).unwrap();
     assert_eq!(r.refresh_load(&s, 1000).unwrap().iter().sum::<u32>(), 1);
-    assert_eq!(r.release(&s, a.choice.pod, a.choice.match_percent, 0), 0);
+    assert_eq!(r.release(&s, a.choice.pod, a.is_hit(), 0), 0);
     assert_eq!(r.refresh_load(&s, 1250).unwrap().iter().sum::<u32>(), 0);
 }
 
@@ -314,7 +314,7 @@ fn a_prefix_with_more_traffic_than_one_pod_is_copied_to_a_second_pod() {
         // Under load: the last 8 requests are still in flight.
         in_flight.push_back(x.choice.pod);
         if in_flight.len() > 8 {
-            r.release(&s, in_flight.pop_front().unwrap(), 0, 0);
+            r.release(&s, in_flight.pop_front().unwrap(), false, 0);
         }
         per_pod[x.choice.pod.index()] += 1;
         if prompt == hot {
@@ -348,7 +348,7 @@ fn a_new_tail_rewrites_only_its_own_segments_held_blocks() {
             &mut rng,
         )
         .unwrap();
-    r.release(&s, a.choice.pod, a.choice.match_percent, 0);
+    r.release(&s, a.choice.pod, a.is_hit(), 0);
     let prompt = format!("{prefix}{}", "b".repeat(64));
     let b = r.route(&s, &req(&prompt), 101, &mut rng).unwrap();
     assert_eq!(b.choice.pod, a.choice.pod);
@@ -372,7 +372,7 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
         let s = MemStore::new();
         let mut rng = SplitMix64::new(3);
         let warm = r.route(&s, &req("warm-up!"), 1, &mut rng).unwrap();
-        r.release(&s, warm.choice.pod, warm.choice.match_percent, 1);
+        r.release(&s, warm.choice.pod, warm.is_hit(), 1);
         // The other replicas had 6 in flight on the second pod at the last
         // sync; with `signals`, every pod reported idle since.
         crate::route::load::set_remote(&s, &[0, 6, 0]).unwrap();
@@ -397,7 +397,7 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
                 let x = r
                     .route(&s, &req(&format!("{i}{i}{i}{i} new prefix")), 1, &mut rng)
                     .unwrap();
-                r.release(&s, x.choice.pod, x.choice.match_percent, 1);
+                r.release(&s, x.choice.pod, x.is_hit(), 1);
                 x.choice.pod.index()
             })
             .collect()
@@ -473,5 +473,25 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
             &pool
         ),
         (vec![2000, 3000, 1000], true)
+    );
+    // Three pods timed: against the second fastest too. Pod 0's hits read
+    // half the others' (by chance, on the tick): the others are not slow.
+    let mut hits = PodLatency::default();
+    hits.tick(&[], 0);
+    for _ in 0..PodLatency::MIN_SAMPLES {
+        (0..3).for_each(|i| hits.started_hit(PodSlot::new(i)));
+    }
+    hits.tick(&[], 250);
+    for _ in 0..PodLatency::MIN_SAMPLES {
+        hits.completed(PodSlot::new(0), true);
+    }
+    hits.tick(&[], 500);
+    for _ in 0..PodLatency::MIN_SAMPLES {
+        hits.completed(PodSlot::new(1), true);
+        hits.completed(PodSlot::new(2), true);
+    }
+    assert_eq!(
+        super::slowness(&hits, &view(&[None, None, None]), &pool),
+        (vec![1000, 1000, 1000], false)
     );
 }

@@ -48,7 +48,7 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
             router.release(
                 &store,
                 routed.choice.pod,
-                routed.choice.match_percent,
+                routed.is_hit(),
                 1_000_000,
             );
         }
@@ -71,7 +71,7 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
             router.release(
                 &store,
                 routed.choice.pod,
-                routed.choice.match_percent,
+                routed.is_hit(),
                 1_000_000,
             );
         }
