@@ -469,8 +469,19 @@ fn load_aware_copies_a_hot_prefix_to_the_least_busy_pod_until_enough_hold_it() {
         (c.pod, c.reason, c.match_percent),
         (p(2), Reason::Spread, 0)
     );
-    // Two holders (at least half the best match each) are enough.
+    // Two holders (at least half the best match each) are enough while
+    // the winner carries at most 1.15x its share of the traffic...
+    let fair = PodLoads {
+        sent: &[30, 30, 20],
+        ..loads
+    };
+    let c = pick(&fair, &[(0, 40), (2, 20)], 0.7);
+    assert_eq!((c.pod, c.reason), (p(0), Reason::PrefixMatch));
+    // ... and when it carries more, one more pod takes a copy, as long as
+    // the group is worth half a pod's share per holder.
     let c = pick(&loads, &[(0, 40), (2, 20)], 0.7);
+    assert_eq!((c.pod, c.reason), (p(1), Reason::Spread));
+    let c = pick(&loads, &[(0, 40), (2, 20)], 0.3);
     assert_eq!((c.pod, c.reason), (p(0), Reason::PrefixMatch));
     // A big group (a fifth of 3 pods' traffic) on a pod carrying over
     // 1.15x its share is copied once; on an even pod it is not.
