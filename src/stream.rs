@@ -104,7 +104,7 @@ pub(crate) struct Stream {
     /// retry (1 request in [`SAMPLE_EVERY`], not the timed one).
     sent_to: Option<(PodSlot, String, bool)>,
     match_percent: Option<u8>,
-    /// Timed as a hit to its end ([`crate::route::Routed::is_hit`] and not
+    /// Timed as a hit to its end ([`crate::route::router::Routed::is_hit`] and not
     /// held).
     timed_hit: bool,
     /// With `feedback.cached_tokens`, a request routed on a predicted match:

@@ -638,7 +638,7 @@ const MAX_SLOWNESS: u64 = 8_000;
 pub(crate) const HIT_PERCENT: u8 = 50;
 
 /// Per slot: how much slower `pool`'s pods are than the fastest one (the
-/// [`reference`]; thousandths, 1000..=[`MAX_SLOWNESS`]; 0 = 1x, nothing
+/// [`reference()`]; thousandths, 1000..=[`MAX_SLOWNESS`]; 0 = 1x, nothing
 /// known), and whether a pod of the pool reports itself slow (its time per
 /// output token at least [`SLOW_PREFILL`] / 1000 times the reference).
 ///
