@@ -30,7 +30,6 @@ use crate::route::load::VmLoad;
 use crate::route::mirror::{Mirror, Mirrored};
 use crate::route::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
-    SLOW_PREFILL,
 };
 use crate::route::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
 use crate::route::request::PromptRequest;
@@ -630,73 +629,9 @@ impl Demand {
     }
 }
 
-/// Most a pod's queue cost is scaled by its slowness (thousandths).
-const MAX_SLOWNESS: u64 = 8_000;
-
 /// A request routed to a pod holding at least this share of its prompt is
 /// a hit, timed apart for [`slowness`].
 pub(crate) const HIT_PERCENT: u8 = 50;
-
-/// Per slot: how much slower `pool`'s pods are than the fastest one (the
-/// [`reference()`]; thousandths, 1000..=[`MAX_SLOWNESS`]; 0 = 1x, nothing
-/// known), and whether a pod of the pool reports itself slow (its time per
-/// output token at least [`SLOW_PREFILL`] / 1000 times the reference).
-///
-/// Two measures, each against its own reference; the higher counts:
-/// - this VM's own timing of its hits ([`PodLatency::mean_hit_ms`], once a
-///   pod has enough of them completed): hits, not all requests, as a pod's
-///   mean over all of them grows with its share of misses (their prefill),
-///   which says nothing of its speed; it includes queueing;
-/// - where at least two pods report their time per output token (pod
-///   signals, [`crate::signals::PodSignals::token_us`]): every VM and
-///   replica reads it as soon as a pod has made a few tokens, long before
-///   this VM has timed enough hits there.
-fn slowness(latency: &PodLatency, signals: &SignalView, pool: &[PodSlot]) -> (Vec<u32>, bool) {
-    let bound = pool.iter().map(|&p| p.index() + 1).max().unwrap_or(0);
-    let mut out = vec![0; bound];
-    let ratio = |value: u64, reference: u64| {
-        (value.saturating_mul(1000) / reference.max(1)).clamp(1000, MAX_SLOWNESS) as u32
-    };
-    let means: Vec<(PodSlot, u64)> = pool
-        .iter()
-        .filter_map(|&p| Some((p, latency.mean_hit_ms(p)?)))
-        .collect();
-    // 0 ms: requests shorter than a tick were never sampled yet.
-    let timed = reference(means.iter().map(|&(_, m)| m).collect());
-    if let Some(reference) = timed.filter(|&m| m > 0) {
-        for &(pod, mean) in &means {
-            out[pod.index()] = ratio(mean, reference);
-        }
-    }
-    let reported = || {
-        pool.iter()
-            .filter_map(|&p| Some((p, u64::from(signals.get(p)?.token_us?))))
-            .filter(|&(_, us)| us > 0)
-    };
-    let mut reported_slow = false;
-    let times: Vec<u64> = reported().map(|(_, us)| us).collect();
-    let enough = times.len() >= 2;
-    if let Some(reference) = reference(times).filter(|_| enough) {
-        for (pod, us) in reported() {
-            let r = ratio(us, reference);
-            reported_slow |= i128::from(r) >= SLOW_PREFILL;
-            out[pod.index()] = out[pod.index()].max(r);
-        }
-    }
-    if out.iter().all(|&s| s == 0) {
-        out.clear();
-    }
-    (out, reported_slow)
-}
-
-/// What pods' times are compared with: the fastest, or from three pods on
-/// the second fastest. The fastest of several figures reads low by chance
-/// (a pod with few tokens, or its hits sampled on the tick), and would make
-/// pods alike read slow.
-fn reference(mut times: Vec<u64>) -> Option<u64> {
-    let rank = usize::from(times.len() >= 3);
-    (rank < times.len()).then(|| *times.select_nth_unstable(rank).1)
-}
 
 /// How long a recorded block counts as fresh: a quarter of the shortest
 /// lifetime it must survive (idle expiry; Redis TTL when syncing), at most 60 s.
@@ -709,9 +644,11 @@ fn touch_interval_secs(s: &Settings) -> u32 {
 }
 
 mod probe;
+mod speed;
 
 pub use probe::sampled_positions;
 use probe::{longest_matches, Probe};
+use speed::slowness;
 
 #[cfg(test)]
 pub(crate) mod tests;
