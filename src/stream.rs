@@ -372,9 +372,9 @@ impl Stream {
         let hold = w.hold(host, self.id, &routed, req.stream);
         self.computing = hold.computing;
         self.held = hold.held;
-        if hold.held {
-            // Worker::hold took its hit timing back.
-            self.timed_hit = false;
+        if hold.held && std::mem::take(&mut self.timed_hit) {
+            // Its wait for another's prefill is not its pod's speed.
+            w.router.untime_hit(pod);
         }
         if let Some(plan) = routed.feedback {
             // A streamed answer without a usage chunk has nothing to read.

@@ -364,9 +364,6 @@ impl Worker {
         };
         let deadline = now_ms + u64::from(cfg.max_ms);
         if holds.wait(stream, owner, deadline, cfg.max_waiting as usize) {
-            if r.is_hit() {
-                self.router.untime_hit(pod);
-            }
             self.meter.inc(Count::Held);
             if matches!(owner, Owner::Shared { .. }) {
                 self.meter.inc(Count::HeldForOtherVm);

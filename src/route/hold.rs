@@ -37,8 +37,9 @@
 //!
 //! Everything is bounded: [`MAX_COMPUTING`] prefixes in prefill are
 //! remembered per VM and [`MAX_SHARED`] in the shared key (oldest forgotten
-//! first; the requests held for one forgotten go on at once), and at most `hold.max_waiting` requests wait at once per VM (a
-//! request past that goes on at once, counted).
+//! first; the requests held for one forgotten go on at once), and at most
+//! `hold.max_waiting` requests wait at once per VM (a request past that
+//! goes on at once, counted).
 
 use crate::route::registry::PodSlot;
 use crate::route::store::{cas_update, SharedStore, StoreError};

@@ -412,6 +412,30 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
 /// once; it raises, never lowers, what this VM timed of its hits, and
 /// needs two pods reporting; from three, the reference is the second
 /// fastest.
+/// This VM's hit timing where each `(pod, ms)` started
+/// [`PodLatency::MIN_SAMPLES`] hits at 0 that all ended at `ms` (on a
+/// tick: a multiple of 250 ms).
+fn hits_ending(ends: &[(u16, u64)]) -> PodLatency {
+    let mut hits = PodLatency::default();
+    hits.tick(&[], 0);
+    for _ in 0..PodLatency::MIN_SAMPLES {
+        ends.iter()
+            .for_each(|&(pod, _)| hits.started_hit(PodSlot::new(pod)));
+    }
+    let mut times: Vec<u64> = ends.iter().map(|&(_, ms)| ms).collect();
+    times.sort_unstable();
+    times.dedup();
+    for t in times {
+        hits.tick(&[], t);
+        for &(pod, _) in ends.iter().filter(|&&(_, ms)| ms == t) {
+            for _ in 0..PodLatency::MIN_SAMPLES {
+                hits.completed(PodSlot::new(pod), true);
+            }
+        }
+    }
+    hits
+}
+
 #[test]
 fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
     use crate::signals::{encode, PodSignals, Record, SignalView};
@@ -452,20 +476,7 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
         (vec![1000, 1333, 0], false)
     );
     // This VM's hits say pod 0 is twice as slow as pod 2: the higher wins.
-    let mut hits = PodLatency::default();
-    hits.tick(&[], 0);
-    for _ in 0..PodLatency::MIN_SAMPLES {
-        hits.started_hit(PodSlot::new(0));
-        hits.started_hit(PodSlot::new(2));
-    }
-    hits.tick(&[], 250);
-    for _ in 0..PodLatency::MIN_SAMPLES {
-        hits.completed(PodSlot::new(2), true);
-    }
-    hits.tick(&[], 500);
-    for _ in 0..PodLatency::MIN_SAMPLES {
-        hits.completed(PodSlot::new(0), true);
-    }
+    let hits = hits_ending(&[(0, 500), (2, 250)]);
     assert_eq!(
         super::slowness(
             &hits,
@@ -476,20 +487,7 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
     );
     // Three pods timed: against the second fastest too. Pod 0's hits read
     // half the others' (by chance, on the tick): the others are not slow.
-    let mut hits = PodLatency::default();
-    hits.tick(&[], 0);
-    for _ in 0..PodLatency::MIN_SAMPLES {
-        (0..3).for_each(|i| hits.started_hit(PodSlot::new(i)));
-    }
-    hits.tick(&[], 250);
-    for _ in 0..PodLatency::MIN_SAMPLES {
-        hits.completed(PodSlot::new(0), true);
-    }
-    hits.tick(&[], 500);
-    for _ in 0..PodLatency::MIN_SAMPLES {
-        hits.completed(PodSlot::new(1), true);
-        hits.completed(PodSlot::new(2), true);
-    }
+    let hits = hits_ending(&[(0, 250), (1, 500), (2, 500)]);
     assert_eq!(
         super::slowness(&hits, &view(&[None, None, None]), &pool),
         (vec![1000, 1000, 1000], false)
