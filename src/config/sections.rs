@@ -62,6 +62,9 @@ pub(crate) struct PolicySettings {
     /// A pod reporting KV-cache usage at or above this (0..=1) counts
     /// `slack_abs + 1` requests busier (pod signals only).
     pub(crate) kv_high: f64,
+    /// A match whose prefix was last sent to its pod this many seconds ago
+    /// or more buys no queueing (the pod may have evicted it); 0 = off.
+    pub(crate) match_trust_secs: u32,
 }
 
 impl Default for PolicySettings {
@@ -73,6 +76,7 @@ impl Default for PolicySettings {
             slack_rel: d.slack_rel,
             queue_cost_blocks: d.queue_cost_blocks,
             kv_high: f64::from(d.kv_high_permille) / 1000.0,
+            match_trust_secs: d.match_trust_secs,
         }
     }
 }

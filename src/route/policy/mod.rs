@@ -39,6 +39,10 @@ pub struct LoadAwareConfig {
     /// KV-cache usage (thousandths) at which a pod counts `slack_abs + 1`
     /// busier.
     pub kv_high_permille: u16,
+    /// A match whose prefix was last sent to its pod this many seconds ago
+    /// or more is not trusted to be cached (see [`PodLoads::untrusted`]);
+    /// 0 trusts every match.
+    pub match_trust_secs: u32,
 }
 
 impl Default for LoadAwareConfig {
@@ -48,6 +52,7 @@ impl Default for LoadAwareConfig {
             slack_rel: 1.0,
             queue_cost_blocks: 16,
             kv_high_permille: 950,
+            match_trust_secs: 0,
         }
     }
 }
@@ -98,9 +103,13 @@ pub fn effective_load(
 ///    longer this pod's hits take than the fastest pod's; `slowness'` the
 ///    same from [`SLOW_PREFILL`] up, else 1x). On pods alike this is the
 ///    prefill a match saves less its queue cost; a pod clearly slower
-///    keeps the prefixes it holds, but misses go to faster pods;
-/// 3. the lowest cost wins; ties go to the longer match, then the lower
-///    load, then fewer in flight (`inflight`: fresh, where reports lag),
+///    keeps the prefixes it holds, but misses go to faster pods. A match
+///    on a pod in `untrusted` (not sent there for `match_trust_secs`, so
+///    perhaps evicted) saves nothing here: it buys no queueing;
+/// 3. the lowest cost wins; ties go to the longer (trusted) match, then the
+///    lower load, then fewer in flight (`inflight`: fresh, where reports
+///    lag), then the longer untrusted match (an old match still goes to a
+///    holder no busier than the others),
 ///    then the pod this VM sent fewer requests to recently (`sent`, times
 ///    `slowness`: a prefix placed now draws its later requests there),
 ///    then the pod it placed fewer new prefixes on (`placed`, so no pod's
@@ -147,6 +156,15 @@ pub fn choose_load_aware(
     };
     // Recent requests weighted by slowness: a pod 3x slower carries a
     // request's traffic three times over.
+    // The match that buys queueing: none on a pod whose match is too old
+    // to trust (it may have been evicted).
+    let trusted_of = |pod: PodSlot| -> u32 {
+        if loads.untrusted.contains(&pod) {
+            0
+        } else {
+            matched_of(pod)
+        }
+    };
     let sent_of = |pod: PodSlot| -> u64 {
         let slow = match at(loads.slowness, pod) {
             0 => 1000,
@@ -170,13 +188,13 @@ pub fn choose_load_aware(
         // measured slowness is mostly queueing and noise, and weighing a
         // miss's whole prefill by it would place new prefixes by noise.
         let prefill_slow = if slow >= SLOW_PREFILL { slow } else { 1000 };
-        let uncached = (total_blocks as i128 - i128::from(matched_of(pod))).max(0);
+        let uncached = (total_blocks as i128 - i128::from(trusted_of(pod))).max(0);
         let queue = extra * i128::from(cfg.queue_cost_blocks) * slow;
         let cost = (uncached * prefill_slow + queue) / 1000;
         -(cost.min(i128::from(i64::MAX)) as i64)
     };
-    // (-cost, match, [-placed,] -load, -in flight, -sent, -placed)
-    // decides; equal keys tie.
+    // (-cost, trusted match, [-placed,] -load, -in flight, untrusted
+    // match, -sent, -placed) decides; equal keys tie.
     let key = |pod: PodSlot| {
         let placed_first = if loads.place_by_count && matched_of(pod) == 0 {
             at(loads.placed, pod)
@@ -185,10 +203,11 @@ pub fn choose_load_aware(
         };
         (
             score(pod),
-            matched_of(pod),
+            trusted_of(pod),
             std::cmp::Reverse(placed_first),
             std::cmp::Reverse(load_of(pod)),
             std::cmp::Reverse(at(loads.inflight, pod)),
+            matched_of(pod) - trusted_of(pod),
             std::cmp::Reverse(sent_of(pod)),
             std::cmp::Reverse(at(loads.placed, pod)),
         )
@@ -196,13 +215,13 @@ pub fn choose_load_aware(
     let eligible = pool.iter().copied().filter(|&p| load_of(p) <= bound);
     let best = eligible.clone().map(key).max()?;
     let mut tied: Vec<PodSlot> = eligible.clone().filter(|&p| key(p) == best).collect();
-    let mut pod = if best.1 == 0 {
+    let mut pod = if best.1 == 0 && best.5 == 0 {
         tied[turn % tied.len()]
     } else {
         rng.shuffle(&mut tied);
         tied[0]
     };
-    let mut matched = best.1;
+    let mut matched = matched_of(pod);
     let mut spread_now = false;
     let n = pool.len();
     let fair = share * n as f64;
@@ -280,6 +299,11 @@ pub struct PodLoads<'a> {
     /// itself slow, so that the others, which take its share of new
     /// prefixes, share them evenly (each pod's cache holds its share).
     pub place_by_count: bool,
+    /// Pods whose match is not trusted to be cached any more (no request
+    /// with the prefix sent there for `match_trust_secs`): their match buys
+    /// no queueing (they cost as if unmatched) and counts in the ties only
+    /// after in-flight counts.
+    pub untrusted: &'a [PodSlot],
 }
 
 /// The policy's two knobs (AIBrix ships 16 and 2).

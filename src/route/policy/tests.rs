@@ -167,6 +167,7 @@ const LA: LoadAwareConfig = LoadAwareConfig {
     slack_rel: 0.5,
     queue_cost_blocks: 4,
     kv_high_permille: 900,
+    match_trust_secs: 0,
 };
 
 fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: usize) -> Choice {
@@ -177,6 +178,7 @@ fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: us
         sent: &[],
         slowness: &[],
         place_by_count: false,
+        untrusted: &[],
     };
     choose_load_aware(
         &LA,
@@ -313,6 +315,7 @@ fn load_aware_equal_queues_go_to_fewer_in_flight_before_rotating() {
         sent: &[],
         slowness: &[],
         place_by_count: false,
+        untrusted: &[],
     };
     for turn in 0..8 {
         let c = choose_load_aware(
@@ -339,6 +342,7 @@ fn load_aware_new_prefixes_among_equally_loaded_pods_go_to_the_pod_given_fewest(
         sent: &[],
         slowness: &[],
         place_by_count: false,
+        untrusted: &[],
     };
     let c = la_with(&loads, &[0, 1, 2], &[], 4, 0.0);
     assert_eq!((c.pod, c.reason), (p(1), Reason::NoMatch));
@@ -355,6 +359,7 @@ fn place_by_count_puts_placed_before_in_flight_for_new_prefixes_only() {
         sent: &[],
         slowness: &[],
         place_by_count: false,
+        untrusted: &[],
     };
     assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(0));
     loads.place_by_count = true;
@@ -375,6 +380,7 @@ fn load_aware_queue_on_a_slow_pod_costs_in_proportion() {
         sent: &[],
         slowness: &[1000, 1000],
         place_by_count: false,
+        untrusted: &[],
     };
     let pick = |l: &PodLoads<'_>| la_with(l, &[0, 1], &[(0, 10)], 10, 0.0).pod;
     assert_eq!(pick(&loads), p(0));
@@ -394,6 +400,7 @@ fn load_aware_misses_go_to_fast_pods_and_slow_pods_keep_what_they_hold() {
         sent: &[0, 5],
         slowness: &[3000, 1000],
         place_by_count: false,
+        untrusted: &[],
     };
     // A slack wide enough that the bound never decides here.
     let cfg = LoadAwareConfig {
@@ -443,6 +450,7 @@ fn load_aware_traffic_decides_between_equal_pods_before_placements() {
         sent: &[40, 10, 30],
         slowness: &[],
         place_by_count: false,
+        untrusted: &[],
     };
     assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(1));
 }
@@ -456,6 +464,7 @@ fn load_aware_copies_a_hot_prefix_to_the_least_busy_pod_until_enough_hold_it() {
         sent: &[50, 20, 10],
         slowness: &[],
         place_by_count: false,
+        untrusted: &[],
     };
     let pick = |loads: &PodLoads<'_>, matches: &[(u16, u32)], share| {
         la_with(loads, &[0, 1, 2], matches, 40, share)
@@ -524,6 +533,7 @@ fn load_aware_never_overflows_on_extreme_loads() {
         slack_rel: 100.0,
         queue_cost_blocks: u32::MAX,
         kv_high_permille: 0,
+        match_trust_secs: u32::MAX,
     };
     let loads = PodLoads {
         queue: &[u32::MAX, 0],
@@ -532,6 +542,7 @@ fn load_aware_never_overflows_on_extreme_loads() {
         sent: &[u32::MAX, 0],
         slowness: &[u32::MAX, 0],
         place_by_count: false,
+        untrusted: &[],
     };
     let c = choose_load_aware(
         &cfg,
@@ -591,4 +602,57 @@ fn effective_load_is_the_queue_beyond_what_the_pod_runs_at_once() {
 fn zero_blocks_reports_zero_percent() {
     let c = run(&[0], &[0], &[(0, 0)], 0, 1);
     assert_eq!(c.match_percent, 0);
+}
+
+#[test]
+fn load_aware_an_untrusted_match_buys_no_queueing_but_still_breaks_ties() {
+    // Pod 0 holds 8 of 10 blocks and queues one request more than pod 1.
+    let choose = |queue: &[u32], inflight: &[u32], untrusted: &[PodSlot]| {
+        let loads = PodLoads {
+            queue,
+            inflight,
+            placed: &[],
+            sent: &[],
+            slowness: &[],
+            place_by_count: false,
+            untrusted,
+        };
+        choose_load_aware(
+            &LA,
+            &pods(&[0, 1]),
+            &loads,
+            &ms(&[(0, 8)]),
+            10,
+            0.0,
+            0,
+            &mut SplitMix64::new(1),
+        )
+        .unwrap()
+    };
+    // Trusted, the match (8 blocks) is worth more than one request of
+    // queue (4 blocks): the holder.
+    let c = choose(&[1, 0], &[5, 4], &[]);
+    assert_eq!(
+        (c.pod, c.reason, c.match_percent),
+        (p(0), Reason::PrefixMatch, 80)
+    );
+    // Untrusted, it buys nothing: the less loaded pod, and the holder was
+    // passed over.
+    let c = choose(&[1, 0], &[5, 4], &[p(0)]);
+    assert_eq!(
+        (c.pod, c.reason, c.match_percent),
+        (p(1), Reason::LoadGuard, 0)
+    );
+    // An untrusted holder no busier than the other still gets it...
+    let c = choose(&[0, 0], &[4, 4], &[p(0)]);
+    assert_eq!(
+        (c.pod, c.reason, c.match_percent),
+        (p(0), Reason::PrefixMatch, 80)
+    );
+    // ...but fewer requests in flight elsewhere come first.
+    let c = choose(&[0, 0], &[4, 3], &[p(0)]);
+    assert_eq!(c.pod, p(1));
+    // A trusted match wins that tie.
+    let c = choose(&[0, 0], &[4, 3], &[]);
+    assert_eq!(c.pod, p(0));
 }

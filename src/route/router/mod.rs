@@ -425,7 +425,20 @@ impl Router {
                 let placed = self.placed.borrow();
                 let sent = self.sent.borrow();
                 let (slowness, reported_slow) = slowness(&self.latency.borrow(), &signals, pool);
+                // A match whose prefix nobody sent to its pod for
+                // `match_trust_secs` may have been evicted there.
+                let trust = cfg.match_trust_secs;
+                let untrusted: Vec<PodSlot> = if trust == 0 {
+                    Vec::new()
+                } else {
+                    matches
+                        .iter()
+                        .filter(|m| now_secs.saturating_sub(m.newest_access) >= trust)
+                        .map(|m| m.pod)
+                        .collect()
+                };
                 let loads = PodLoads {
+                    untrusted: &untrusted,
                     queue: &queue,
                     inflight: &ties,
                     placed: &placed,

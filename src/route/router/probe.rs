@@ -19,6 +19,12 @@ pub(super) struct PodMatch {
     pub(super) blocks: u32,
     /// Oldest last access among the probed blocks it holds.
     pub(super) oldest_access: u32,
+    /// Newest last access among the probed blocks it holds: about when a
+    /// request with this prefix was last sent to the pod, by any VM or
+    /// (with sync) replica, since a routed request rewrites the held records
+    /// of the segment its new blocks start in (see `Router::route`), which
+    /// the search reads where the match ends.
+    pub(super) newest_access: u32,
     /// Sampled index of the last block it holds.
     pub(super) last_index: usize,
 }
@@ -92,11 +98,12 @@ pub(super) fn longest_matches<S: SharedStore + ?Sized>(
     let n = p.positions.len();
     let mut matches = Vec::with_capacity(first.len());
     for (pod, first_seen) in first {
-        let (lo, oldest) = probe.search(pod, 0, first_seen, p.hint)?;
+        let (lo, oldest, newest) = probe.search(pod, 0, first_seen, p.hint)?;
         matches.push(PodMatch {
             pod,
             blocks: (p.positions[lo] + 1) as u32,
             oldest_access: oldest,
+            newest_access: newest.max(first_seen),
             last_index: lo,
         });
     }
@@ -107,9 +114,10 @@ pub(super) fn longest_matches<S: SharedStore + ?Sized>(
         if probe.confirm(best + 1)? {
             probe.confirming = true;
             for m in matches.iter_mut().filter(|m| m.last_index == best) {
-                let (lo, oldest) = probe.search(m.pod, best, m.oldest_access, None)?;
+                let (lo, oldest, newest) = probe.search(m.pod, best, m.oldest_access, None)?;
                 m.blocks = (p.positions[lo] + 1) as u32;
                 m.oldest_access = oldest;
+                m.newest_access = m.newest_access.max(newest);
                 m.last_index = lo;
             }
         }
@@ -149,20 +157,22 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
     /// How far `pod` holds the prompt, knowing it holds sampled index `lo`
     /// (last accessed no earlier than `oldest`): gallop then bisect, from
     /// the hint when there is one. Returns the last held index and the
-    /// oldest access met.
+    /// oldest and newest access met (newest 0 when nothing was read).
     fn search(
         &mut self,
         pod: PodSlot,
         mut lo: usize,
         mut oldest: u32,
         hint: Option<usize>,
-    ) -> Result<(usize, u32), StoreError> {
+    ) -> Result<(usize, u32, u32), StoreError> {
+        let mut newest = 0u32;
         let mut hi = self.positions.len();
         // Start at the hint: held there -> search above it, else below.
         if let Some(h) = hint.filter(|&h| h > lo && h < hi) {
             match self.held_since(h, pod)? {
                 Held::Since(t) => {
                     oldest = oldest.min(t);
+                    newest = newest.max(t);
                     lo = h;
                 }
                 Held::No => hi = h,
@@ -175,6 +185,7 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
             match self.held_since(lo + step, pod)? {
                 Held::Since(t) => {
                     oldest = oldest.min(t);
+                    newest = newest.max(t);
                     lo += step;
                     step *= 2;
                 }
@@ -194,13 +205,14 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
             match self.held_since(mid, pod)? {
                 Held::Since(t) => {
                     oldest = oldest.min(t);
+                    newest = newest.max(t);
                     lo = mid;
                 }
                 Held::No => hi = mid,
                 Held::OutOfBudget => break,
             }
         }
-        Ok((lo, oldest))
+        Ok((lo, oldest, newest))
     }
 
     /// Pods (with last access) holding the block at sampled index `idx`;

@@ -198,7 +198,8 @@ pub struct GatewayOptions {
     /// (`plain-eds.yaml`, `eds.yaml`); the gateway starts once Envoy (and the
     /// filter's membership) sees every backend healthy.
     pub eds: bool,
-    /// Merged into the `filter` router's plugin configuration (compare's
+    /// Merged into the plugin configuration of every Envoy of the `filter`
+    /// and `filter-3x-*` routers, after their own settings (compare's
     /// `--filter-patch`), e.g. `{"feedback":{"cached_tokens":true}}`.
     pub filter_patch: Option<serde_json::Value>,
 }
@@ -283,6 +284,10 @@ impl Gateway {
                             opts.replica_concurrency,
                         )
                     })
+                    .map(|s| match &opts.filter_patch {
+                        Some(patch) => s.merge(patch.clone()),
+                        None => s,
+                    })
                     .collect();
                 gw.envoys
                     .extend(launch_all(dir, specs)?.into_iter().map(|r| r.envoy));
@@ -297,6 +302,9 @@ impl Gateway {
                 );
                 if router == Router::Filter3Share {
                     patch["signals"] = json!({"share": true});
+                }
+                if let Some(extra) = &opts.filter_patch {
+                    harness::fleet::merge_json(&mut patch, extra);
                 }
                 let specs = (0..3)
                     .map(|i| {

@@ -174,7 +174,8 @@ pub struct CompareArgs {
     pub warm_sync: bool,
     /// Where the JSON/SVG/TXT go (default `results/`).
     pub results_dir: Option<PathBuf>,
-    /// Merged into the `filter` router's plugin configuration.
+    /// Merged into the plugin configuration of the `filter` and
+    /// `filter-3x-*` routers' Envoys.
     pub filter_patch: Option<serde_json::Value>,
     /// Worker threads of a lone Envoy (plain, filter, filter-aibrix).
     pub single_concurrency: u32,
@@ -327,7 +328,8 @@ pub struct CompareCli {
     /// Output directory (default results/).
     #[arg(long)]
     pub results_dir: Option<PathBuf>,
-    /// JSON merged into the `filter` router's plugin configuration, e.g.
+    /// JSON merged into the plugin configuration of every Envoy of the
+    /// `filter` and `filter-3x-*` routers, e.g.
     /// '{"feedback":{"cached_tokens":true}}' (the other routers unchanged).
     #[arg(long, value_parser = parse_json_patch)]
     pub filter_patch: Option<serde_json::Value>,
@@ -1630,7 +1632,7 @@ fn setup_lines(args: &CompareArgs, opts: &GatewayOptions) -> Vec<String> {
         ),
     ];
     if let Some(patch) = &opts.filter_patch {
-        lines.push(format!("filter router's plugin configuration + {patch}"));
+        lines.push(format!("filter routers' plugin configuration + {patch}"));
     }
     lines
 }
