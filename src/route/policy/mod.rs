@@ -154,8 +154,6 @@ pub fn choose_load_aware(
             .max()
             .unwrap_or(0)
     };
-    // Recent requests weighted by slowness: a pod 3x slower carries a
-    // request's traffic three times over.
     // The match that buys queueing: none on a pod whose match is too old
     // to trust (it may have been evicted).
     let trusted_of = |pod: PodSlot| -> u32 {
@@ -165,6 +163,8 @@ pub fn choose_load_aware(
             matched_of(pod)
         }
     };
+    // Recent requests weighted by slowness: a pod 3x slower carries a
+    // request's traffic three times over.
     let sent_of = |pod: PodSlot| -> u64 {
         let slow = match at(loads.slowness, pod) {
             0 => 1000,
