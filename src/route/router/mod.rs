@@ -438,13 +438,13 @@ impl Router {
                         .collect()
                 };
                 let loads = PodLoads {
-                    untrusted: &untrusted,
                     queue: &queue,
                     inflight: &ties,
                     placed: &placed,
                     sent: &sent,
                     slowness: &slowness,
                     place_by_count: reported_slow,
+                    untrusted: &untrusted,
                 };
                 let share = share.unwrap_or(0.0);
                 choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng)

@@ -225,6 +225,14 @@ pub struct Gateway {
     pub peer: Option<Peer>,
 }
 
+/// A filter router's Envoy: its spec, then `--filter-patch` on top.
+fn with_filter_patch<'a>(spec: EnvoySpec<'a>, opts: &GatewayOptions) -> EnvoySpec<'a> {
+    match &opts.filter_patch {
+        Some(patch) => spec.merge(patch.clone()),
+        None => spec,
+    }
+}
+
 impl Gateway {
     /// Starts `router` in front of `backends` (loopback ports, at most 4 for
     /// the Envoy routers). Files go to `dir`.
@@ -249,6 +257,7 @@ impl Gateway {
                 .concurrency(concurrency)
                 .log_level("warning")
         };
+        let patched = |s| with_filter_patch(s, opts);
         let single = opts.single_concurrency;
         match router {
             Router::RoundRobin => {
@@ -262,10 +271,7 @@ impl Gateway {
             }
             Router::Filter => {
                 let template = if opts.eds { "eds.yaml" } else { "single.yaml" };
-                let mut filter = spec("filter", template, single);
-                if let Some(patch) = &opts.filter_patch {
-                    filter = filter.merge(patch.clone());
-                }
+                let filter = patched(spec("filter", template, single));
                 gw.envoys.push(launch(dir, filter)?.envoy);
             }
             Router::FilterAibrix => {
@@ -278,15 +284,11 @@ impl Gateway {
             Router::Filter3NoSync => {
                 let specs = (0..3)
                     .map(|i| {
-                        spec(
+                        patched(spec(
                             &format!("nosync-{i}"),
                             "single.yaml",
                             opts.replica_concurrency,
-                        )
-                    })
-                    .map(|s| match &opts.filter_patch {
-                        Some(patch) => s.merge(patch.clone()),
-                        None => s,
+                        ))
                     })
                     .collect();
                 gw.envoys
@@ -303,14 +305,13 @@ impl Gateway {
                 if router == Router::Filter3Share {
                     patch["signals"] = json!({"share": true});
                 }
-                if let Some(extra) = &opts.filter_patch {
-                    harness::fleet::merge_json(&mut patch, extra);
-                }
                 let specs = (0..3)
                     .map(|i| {
-                        spec(&format!("sync-{i}"), "sync.yaml", opts.replica_concurrency)
-                            .redis(redis_port)
-                            .merge(patch.clone())
+                        patched(
+                            spec(&format!("sync-{i}"), "sync.yaml", opts.replica_concurrency)
+                                .redis(redis_port)
+                                .merge(patch.clone()),
+                        )
                     })
                     .collect();
                 gw.envoys
