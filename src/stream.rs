@@ -246,7 +246,7 @@ impl Stream {
             check.scanner.feed(&chunk);
             if let Some((prompt, cached)) = check.scanner.found() {
                 if let Some(check) = self.feedback.take() {
-                    w.learn(host, &check.plan, prompt, cached);
+                    w.learn(&check.plan, prompt, cached);
                 }
                 return;
             }

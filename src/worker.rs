@@ -9,7 +9,7 @@ use std::cell::{Cell, RefCell};
 use crate::config::Settings;
 use crate::fleet::{self, Members};
 use crate::rng::SplitMix64;
-use crate::route::feedback::{clearly_less, learned_blocks, Plan, MAX_FORGET_BUCKETS};
+use crate::route::feedback::{clearly_less, learned_blocks, Plan};
 use crate::route::hold::{self, Holds, Owner, Remembered, SharedEntry};
 use crate::route::meter::{Count, Meter, MetricSink};
 use crate::route::policy::PolicyMode;
@@ -17,7 +17,6 @@ use crate::route::registry::PodSlot;
 use crate::route::request::PromptRequest;
 use crate::route::router::{RouteError, Routed, Router};
 use crate::route::store::SharedStore;
-use crate::route::table::PrefixTable;
 use crate::sync::handoff::{self, Touched};
 use crate::sync::liveness::{self, Heartbeat};
 
@@ -243,17 +242,11 @@ impl Worker {
     }
 
     /// A pod's answer to a request routed on a predicted match said how many
-    /// prompt tokens it found cached: if clearly fewer than predicted, its
-    /// records of the prompt's sampled blocks past that point are removed
-    /// (see [`crate::route::feedback`]); the probe hint is dropped with them.
-    /// Absurd values change nothing and are counted.
-    pub(crate) fn learn<H: Host>(
-        &self,
-        host: &H,
-        plan: &Plan,
-        prompt_tokens: u64,
-        cached_tokens: u64,
-    ) {
+    /// prompt tokens it found cached: one observation of how long the pod
+    /// keeps a prefix, held or (when clearly fewer than predicted) evicted
+    /// at the match's age (see [`crate::route::feedback`]). Absurd values
+    /// change nothing and are counted.
+    pub(crate) fn learn(&self, plan: &Plan, prompt_tokens: u64, cached_tokens: u64) {
         let m = &self.meter;
         let learned = learned_blocks(
             cached_tokens,
@@ -266,20 +259,11 @@ impl Worker {
             return;
         };
         m.inc(Count::FeedbackChecked);
-        if !clearly_less(learned, plan.predicted) {
-            return;
+        let evicted = clearly_less(learned, plan.predicted);
+        if evicted {
+            m.inc(Count::FeedbackEvictionsLearned);
         }
-        let gone = plan.past(learned);
-        let table = PrefixTable::new(host, self.router.table_config());
-        let o = table.forget(&gone, plan.model, plan.pod, MAX_FORGET_BUCKETS);
-        self.router.forget_copies(&gone);
-        m.inc(Count::FeedbackEvictionsLearned);
-        m.add(Count::FeedbackRecordsRemoved, u64::from(o.removed));
-        m.add(Count::CasRetries, u64::from(o.cas_retries));
-        m.add(Count::CasExhausted, u64::from(o.failed_buckets));
-        if let Some(first) = plan.first_block() {
-            self.router.drop_hint(plan.model, first);
-        }
+        self.router.learn_trust(plan.pod, plan.age_secs, evicted);
     }
 
     /// After stream `stream` was routed (`r`), with `hold.enabled`: tells
@@ -526,6 +510,9 @@ impl Worker {
         }
         if self.settings().policy == PolicyMode::LoadAware {
             self.report_slowness(host);
+            if self.settings().feedback.cached_tokens {
+                self.report_match_trust(host);
+            }
         }
         if tick % LIVENESS_TICKS == 0 && self.settings().sync.enabled {
             self.report_liveness(host, now_nanos / 1_000_000);
@@ -601,6 +588,15 @@ impl Worker {
         for (slot, _, address) in self.router.fleet().all() {
             let value = slow.get(slot.index()).copied().unwrap_or(0);
             self.meter.slowness(host, address, value);
+        }
+    }
+
+    /// Sets `prefix_router.match_trust_s.<pod>` for every member (a write
+    /// only when it changed): the trust horizon this VM learned for it.
+    fn report_match_trust<H: Host>(&self, host: &H) {
+        for (slot, _, address) in self.router.fleet().all() {
+            self.meter
+                .match_trust(host, address, self.router.match_trust_secs(slot));
         }
     }
 

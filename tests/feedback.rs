@@ -1,16 +1,23 @@
 //! `feedback.cached_tokens` through a real Envoy in front of four podsim
-//! pods with small KV caches: a pod evicts a prefix the table says it holds,
-//! its answer says so (`usage.prompt_tokens_details.cached_tokens`), and the
-//! table forgets the pod's records past what it held.
+//! pods with small KV caches: pods evict prefixes the table says they hold,
+//! their answers say so (`usage.prompt_tokens_details.cached_tokens`), each
+//! pod learns from what age its matches are evicted (its trust horizon), and
+//! an older match then buys no queueing on a busier pod.
 
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::thread;
+use std::time::Duration;
 
 use harness::{completion_body, send, text, Running, Setup, CLIENT_TIMEOUT};
 use serde_json::json;
 
 /// podsim KV blocks of 16 tokens (64 bytes of text): 64 blocks hold 4 KiB.
 const KV_BLOCKS: &str = "64";
+/// Learning prefixes: the rotation places three on each of the four pods.
+const LEARN: u64 = 12;
 
 fn start(feedback: bool) -> Running {
     Setup::new("single.yaml")
@@ -19,60 +26,133 @@ fn start(feedback: bool) -> Running {
         .start()
 }
 
-/// Fills `pod`'s KV cache with other prompts, sent to it directly (the
-/// filter never sees them): the prefix it held is evicted (LRU).
+/// POSTs `body` straight to `port` (the filter never sees it), holding it
+/// `delay_ms` in the pod.
+fn direct(port: u16, body: &str, delay_ms: u64) -> u16 {
+    let delay = delay_ms.to_string();
+    let reply = send(
+        "POST",
+        &format!("http://127.0.0.1:{port}/v1/completions"),
+        &[
+            ("content-type", "application/json"),
+            ("x-sim-delay-ms", delay.as_str()),
+        ],
+        Some(body.as_bytes()),
+        CLIENT_TIMEOUT,
+    )
+    .unwrap();
+    reply.status
+}
+
+/// Fills `pod`'s KV cache with other prompts, sent to it directly: the
+/// prefixes it held are evicted (LRU).
 fn evict_on(run: &Running, pod: &str) {
     let port = run.pod_named(pod).port;
     for i in 0..3 {
-        let body = completion_body(&json!(text(9000 + i, 3000)));
-        let reply = send(
-            "POST",
-            &format!("http://127.0.0.1:{port}/v1/completions"),
-            &[("content-type", "application/json")],
-            Some(body.as_bytes()),
-            CLIENT_TIMEOUT,
-        )
-        .unwrap();
-        assert_eq!(reply.status, 200, "{reply:?}");
+        let status = direct(port, &completion_body(&json!(text(9000 + i, 3000))), 0);
+        assert_eq!(status, 200);
     }
 }
 
-/// The table learns that a pod evicted a prefix from the pod's own answer:
-/// the request routed on the stale prediction is answered with 0 cached
-/// tokens, the pod's records past that are removed, and the next request
-/// with that prefix no longer matches it. With the setting off the table
-/// keeps predicting the full match.
+/// A prompt of prefix `k` with tail `i`.
+fn prompt(k: u64, i: u64) -> serde_json::Value {
+    json!(format!(
+        "{}{}",
+        text(1 + k, 3000),
+        text(100 + 10 * k + i, 200)
+    ))
+}
+
+/// Each pod learns its horizon from its answers to old matches it had
+/// evicted; then a match that old on a pod with a request in flight goes to
+/// an idle pod, while with the setting off it buys the queueing.
 #[test]
-fn the_table_learns_an_eviction_from_the_pods_answer() {
+fn a_pod_that_evicted_old_matches_gives_them_no_queue_credit() {
     for feedback in [true, false] {
         let run = start(feedback);
-        let prefix = text(1, 3000);
-        let prompt = |i: u64| json!(format!("{prefix}{}", text(100 + i, 200)));
-        let pod = run.complete(&prompt(0)).expect_pod();
-        evict_on(&run, &pod);
-        // Routed on the table's prediction; the pod held none of it.
-        let stale = run.complete(&prompt(1));
-        assert_eq!(stale.expect_pod(), pod);
-        assert!(stale.match_percent() > 80, "{stale:?}");
-        let usage: serde_json::Value = serde_json::from_str(&stale.body).unwrap();
-        assert_eq!(
-            usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
-            "the pod had evicted the prefix: {usage}"
+        let pods: Vec<String> = (0..LEARN)
+            .map(|k| run.complete(&prompt(k, 0)).expect_pod())
+            .collect();
+        let mut per_pod: BTreeMap<&str, u32> = BTreeMap::new();
+        for p in &pods {
+            *per_pod.entry(p).or_default() += 1;
+        }
+        assert!(
+            per_pod.values().all(|&n| n == 3),
+            "new prefixes rotate over the pods: {pods:?}"
         );
-        let stat = |name: &str| run.envoy.settled_router_stat(name);
-        let next = run.complete(&prompt(2));
-        if feedback {
-            assert_eq!(stat("prefix_router.feedback.evictions_learned"), 1);
-            assert!(stat("prefix_router.feedback.records_removed") > 10);
-            assert_eq!(stat("prefix_router.feedback.checked"), 1);
+        // The matches age past 2 s; meanwhile every pod evicts them.
+        thread::sleep(Duration::from_millis(2100));
+        for pod in per_pod.keys() {
+            evict_on(&run, pod);
+        }
+        // Each is routed on the table's prediction (idle pods: an old match
+        // still wins the tie); the pod held none of it.
+        for (k, pod) in pods.iter().enumerate() {
+            let stale = run.complete(&prompt(k as u64, 1));
+            assert_eq!(&stale.expect_pod(), pod);
+            assert!(stale.match_percent() > 80, "{stale:?}");
+            let usage: serde_json::Value = serde_json::from_str(&stale.body).unwrap();
             assert_eq!(
-                next.match_percent(),
-                0,
-                "the table still predicts the evicted prefix: {next:?}"
+                usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0,
+                "the pod had evicted the prefix: {usage}"
             );
+        }
+        let stat = |name: &str| run.envoy.settled_router_stat(name);
+        // The pod of prefix 0 (and of two more).
+        let pod = &pods[0];
+        let port = run.pod_named(pod).port;
+        let horizon = stat(&format!("prefix_router.match_trust_s.127_0_0_1_{port}"));
+        if feedback {
+            assert_eq!(stat("prefix_router.feedback.checked"), LEARN as i64);
+            assert_eq!(
+                stat("prefix_router.feedback.evictions_learned"),
+                LEARN as i64
+            );
+            // Evicted at 2 or 3 s (whole seconds).
+            assert!((2..=3).contains(&horizon), "{horizon}");
         } else {
             assert_eq!(stat("prefix_router.feedback.checked"), 0);
-            assert!(next.match_percent() > 80, "{next:?}");
+            assert_eq!(horizon, 0, "no gauge with the setting off");
         }
+        // A request of prefix 0 stays in flight on its pod (a match 0 s
+        // old: trusted). Then, 3 s after it was sent, prefix 0 again.
+        let body = completion_body(&prompt(0, 2));
+        let url = run.envoy.url("/v1/completions");
+        let busy = thread::spawn(move || {
+            send(
+                "POST",
+                &url,
+                &[
+                    ("content-type", "application/json"),
+                    ("x-sim-delay-ms", "6000"),
+                ],
+                Some(body.as_bytes()),
+                CLIENT_TIMEOUT,
+            )
+        });
+        thread::sleep(Duration::from_millis(3100));
+        let old = run.complete(&prompt(0, 3));
+        if feedback {
+            assert_ne!(
+                &old.expect_pod(),
+                pod,
+                "an old match bought queueing: {old:?}"
+            );
+            assert_eq!(old.match_percent(), 0, "{old:?}");
+        } else {
+            assert_eq!(
+                &old.expect_pod(),
+                pod,
+                "a trusted match buys queueing: {old:?}"
+            );
+            assert!(old.match_percent() > 80, "{old:?}");
+        }
+        let busy = busy.join().unwrap().unwrap();
+        assert_eq!(
+            &busy.expect_pod(),
+            pod,
+            "the busy request went to the holder"
+        );
     }
 }

@@ -34,13 +34,22 @@ impl Default for HoldSettings {
 
 /// Learning from the pods' answers (`"feedback": {...}`; see
 /// [`crate::route::feedback`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct FeedbackSettings {
     /// Read `usage.prompt_tokens_details.cached_tokens` from the answers of
-    /// requests routed on a predicted match, and remove the pod's records
-    /// past what it really cached when it cached clearly less.
+    /// requests routed on a predicted match, and learn per pod from what
+    /// age its matches are evicted: that age replaces
+    /// `policy.match_trust_secs` for the pod (load-aware policy only).
     pub(crate) cached_tokens: bool,
+}
+
+impl Default for FeedbackSettings {
+    fn default() -> Self {
+        Self {
+            cached_tokens: true,
+        }
+    }
 }
 
 /// The routing policy (`"policy": {...}`): which rules, and the knobs of
@@ -64,6 +73,7 @@ pub(crate) struct PolicySettings {
     pub(crate) kv_high: f64,
     /// A match whose prefix was last sent to its pod this many seconds ago
     /// or more buys no queueing (the pod may have evicted it); 0 = off.
+    /// With `feedback.cached_tokens`, a horizon learned for a pod replaces it.
     pub(crate) match_trust_secs: u32,
 }
 

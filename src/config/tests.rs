@@ -303,19 +303,19 @@ fn bad_policy_and_signal_settings_are_refused_by_field() {
 }
 
 #[test]
-fn feedback_is_off_by_default_and_refused_by_field_when_malformed() {
+fn feedback_is_on_by_default_and_refused_by_field_when_malformed() {
     let base = r#""endpoints":["a:1"]"#;
     assert!(
-        !parse(&format!("{{{base}}}"))
+        parse(&format!("{{{base}}}"))
             .unwrap()
             .feedback
             .cached_tokens
     );
-    let on = parse(&format!(
-        r#"{{{base},"feedback":{{"cached_tokens":true}}}}"#
+    let off = parse(&format!(
+        r#"{{{base},"feedback":{{"cached_tokens":false}}}}"#
     ))
     .unwrap();
-    assert!(on.feedback.cached_tokens);
+    assert!(!off.feedback.cached_tokens);
     for bad in [
         r#""feedback":{"cached_tokens":"yes"}"#,
         r#""feedback":{"cached_tokens":1}"#,

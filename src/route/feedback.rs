@@ -1,27 +1,30 @@
-//! Learning what the pods really hold (`feedback.cached_tokens`).
+//! Learning how long the pods keep a prefix (`feedback.cached_tokens`).
 //!
 //! The table only learns that a pod holds a prefix; it never learns that the
-//! pod evicted it, and keeps sending the prefix there until its records age
-//! out. An OpenAI-compatible server says in every answer how much of the
-//! prompt it found cached: `usage.prompt_tokens_details.cached_tokens` (vLLM,
-//! SGLang, podsim; in a streamed answer, in the final usage chunk when the
-//! request asked for `stream_options.include_usage`).
+//! pod evicted it. An OpenAI-compatible server says in every answer how much
+//! of the prompt it found cached: `usage.prompt_tokens_details.cached_tokens`
+//! (vLLM, SGLang, podsim; in a streamed answer, in the final usage chunk when
+//! the request asked for `stream_options.include_usage`).
 //!
-//! For a request routed on a predicted match of `M` blocks on pod `P`, the
-//! filter scans the answer's body chunks as they pass (no buffering, never
-//! pausing) with [`UsageScanner`], converts the cached tokens to prompt
-//! bytes with the same answer's `prompt_tokens` and the prompt's byte length
-//! ([`learned_blocks`]), and when the pod cached clearly less than predicted
-//! ([`clearly_less`]) removes `P`'s records of the prompt's sampled blocks
-//! past what it cached (one read-modify-write per segment bucket, at most
-//! [`MAX_FORGET_BUCKETS`]). Unmatched requests and the setting off read no
-//! answer at all.
+//! For a request routed on a predicted match of `M` blocks on pod `P`, whose
+//! prefix was last sent to `P` `a` seconds before (the match's age, see
+//! `PodMatch::newest_access`), the filter scans the answer's body chunks as
+//! they pass (no buffering, never pausing) with [`UsageScanner`], converts
+//! the cached tokens to prompt bytes with the same answer's `prompt_tokens`
+//! and the prompt's byte length ([`learned_blocks`]), and counts one
+//! observation for `P`: held at age `a`, or evicted at age `a` when the pod
+//! cached clearly less than predicted ([`clearly_less`]). [`TrustLearner`]
+//! turns a pod's observations into its *trust horizon*: the age that best
+//! splits its held matches (younger) from its evicted ones (older). The
+//! load-aware policy gives a match that old no queue credit (the learned
+//! horizon replaces `policy.match_trust_secs` for the pod). The table itself
+//! is not changed: the answer reports what `P` held *before* the request,
+//! and `P` has just cached the whole prompt again, so the records are true
+//! once more. Unmatched requests, the AIBrix policy and the setting off read
+//! no answer at all.
 
-use crate::route::registry::PodSlot;
+use crate::route::registry::{PodSlot, MAX_SLOTS};
 
-/// Most buckets one answer's correction updates (a prompt of 1 MiB spans 7
-/// segments; each update is a get and a set).
-pub(crate) const MAX_FORGET_BUCKETS: usize = 8;
 /// Most body chunks read per answer (one hostcall each); past it the answer
 /// is not checked. A non-streamed answer is one or two chunks; a streamed
 /// one is a chunk per token or so.
@@ -37,34 +40,98 @@ pub(crate) const MARGIN_MIN_BLOCKS: u32 = 2;
 /// is noise, not an eviction.
 pub(crate) const MARGIN_FRACTION: (u64, u64) = (3, 4);
 
+/// Ages told apart, in whole seconds (0 to 14; the last counts 15 and more).
+const AGES: usize = 16;
+/// The shortest horizon learned. Access times are whole seconds, so an age
+/// of 1 is anything from a few ms to 2 s; and a shortfall at age 0 or 1 is
+/// mostly a prefill still running when the request came, not an eviction.
+pub(crate) const MIN_HORIZON_SECS: u32 = 2;
+/// Fewest evictions at or past an age before it can be a pod's horizon.
+pub(crate) const MIN_EVICTIONS: u32 = 3;
+/// A pod's counts halve when its observations reach this, so the horizon
+/// follows the pod's recent traffic.
+pub(crate) const TRUST_WINDOW: u32 = 64;
+
+/// What the answers said of one pod's matches, by age.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ages {
+    held: [u16; AGES],
+    evicted: [u16; AGES],
+    total: u32,
+}
+
+/// Per pod slot: how old its matches were when its answers showed them held
+/// or evicted, and from which age they are not to be trusted. Bounded:
+/// [`MAX_SLOTS`] pods of 68 bytes.
+#[derive(Debug, Default)]
+pub(crate) struct TrustLearner {
+    pods: Vec<Ages>,
+}
+
+impl TrustLearner {
+    /// Counts one answer of `pod` to a match `age_secs` old: `evicted` when
+    /// the pod cached clearly less than predicted.
+    pub(crate) fn observe(&mut self, pod: PodSlot, age_secs: u32, evicted: bool) {
+        let i = pod.index();
+        if i >= MAX_SLOTS {
+            return;
+        }
+        if self.pods.len() <= i {
+            self.pods.resize(i + 1, Ages::default());
+        }
+        let p = &mut self.pods[i];
+        let age = (age_secs as usize).min(AGES - 1);
+        let counts = if evicted { &mut p.evicted } else { &mut p.held };
+        counts[age] = counts[age].saturating_add(1);
+        p.total += 1;
+        if p.total >= TRUST_WINDOW {
+            p.held
+                .iter_mut()
+                .chain(p.evicted.iter_mut())
+                .for_each(|n| *n /= 2);
+            p.total = p.held.iter().chain(&p.evicted).map(|&n| u32::from(n)).sum();
+        }
+    }
+
+    /// `pod`'s trust horizon: the age, from [`MIN_HORIZON_SECS`], that
+    /// best splits its answers into held (younger) and evicted (at or
+    /// past it): fewest holds at or past it plus evictions younger than
+    /// it, ties to the older age. None when trusting every match splits
+    /// them as well, or fewer than [`MIN_EVICTIONS`] evictions lie past
+    /// the split (every match is trusted, or the fixed
+    /// `match_trust_secs` applies).
+    pub(crate) fn horizon(&self, pod: PodSlot) -> Option<u32> {
+        let p = self.pods.get(pod.index())?;
+        let from = MIN_HORIZON_SECS as usize;
+        // Trusting every match: every eviction from `from` on is a miss.
+        let evictions: u32 = p.evicted[from..].iter().map(|&n| u32::from(n)).sum();
+        let (mut best, mut best_cost) = (None, evictions);
+        // Holds at or past `age`, evictions at or past it.
+        let (mut held_past, mut evicted_past) = (0u32, 0u32);
+        for age in (from..AGES).rev() {
+            held_past += u32::from(p.held[age]);
+            evicted_past += u32::from(p.evicted[age]);
+            let cost = held_past + (evictions - evicted_past);
+            if evicted_past >= MIN_EVICTIONS && cost < best_cost {
+                best = Some(age as u32);
+                best_cost = cost;
+            }
+        }
+        best
+    }
+}
+
 /// What to check in one answer: the prediction the request was routed on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Plan {
-    pub(crate) model: u16,
     pub(crate) pod: PodSlot,
     /// Blocks the table said the pod holds (`M > 0`).
     pub(crate) predicted: u32,
     /// Bytes of the prompt as hashed.
     pub(crate) prompt_bytes: usize,
-    /// The prompt's sampled blocks: (position, hash, anchor), ascending.
-    pub(crate) sampled: Vec<(usize, u64, u32)>,
-}
-
-impl Plan {
-    /// The sampled blocks at or past `blocks` (hash, anchor): what the pod
-    /// did not hold.
-    pub(crate) fn past(&self, blocks: u32) -> Vec<(u64, u32)> {
-        self.sampled
-            .iter()
-            .filter(|(pos, _, _)| *pos as u64 >= u64::from(blocks))
-            .map(|&(_, h, a)| (h, a))
-            .collect()
-    }
-
-    /// The hash of the prompt's first block (the probe hint's key).
-    pub(crate) fn first_block(&self) -> Option<u64> {
-        self.sampled.first().map(|&(_, h, _)| h)
-    }
+    /// Whole seconds since the prefix was last sent to the pod, when the
+    /// request was routed (the match's age).
+    pub(crate) age_secs: u32,
 }
 
 /// Whole blocks of `block_size` bytes the pod held, from its answer:
@@ -367,6 +434,75 @@ mod tests {
         assert!(clearly_less(23, 32));
         assert!(!clearly_less(40, 32));
         assert!(!clearly_less(u32::MAX, u32::MAX));
+    }
+
+    #[test]
+    fn a_pod_that_evicts_old_matches_gets_a_horizon() {
+        let pod = PodSlot::new(2);
+        let mut t = TrustLearner::default();
+        assert_eq!(t.horizon(pod), None, "nothing seen: every match trusted");
+        // Young matches hold, old ones were evicted.
+        for _ in 0..10 {
+            t.observe(pod, 0, false);
+            t.observe(pod, 1, false);
+            t.observe(pod, 2, false);
+        }
+        for _ in 0..2 {
+            t.observe(pod, 4, true);
+        }
+        assert_eq!(t.horizon(pod), None, "two evictions are not evidence");
+        t.observe(pod, 5, true);
+        assert_eq!(t.horizon(pod), Some(4), "held up to 2 s, evicted from 4 s");
+        // Enough evictions at 2 s outweigh the holds there.
+        for _ in 0..12 {
+            t.observe(pod, 2, true);
+        }
+        assert_eq!(t.horizon(pod), Some(2));
+        // Other pods learned nothing.
+        assert_eq!(t.horizon(PodSlot::new(1)), None);
+        assert_eq!(t.horizon(PodSlot::new(7)), None);
+    }
+
+    #[test]
+    fn young_shortfalls_and_a_pod_that_keeps_its_prefixes_give_no_horizon() {
+        let pod = PodSlot::new(0);
+        let mut t = TrustLearner::default();
+        // Shortfalls at age 0-1 are prefills still running: no horizon.
+        for _ in 0..20 {
+            t.observe(pod, 0, true);
+            t.observe(pod, 1, true);
+        }
+        assert_eq!(t.horizon(pod), None);
+        // Old matches that hold outweigh a few old evictions.
+        let mut t = TrustLearner::default();
+        for age in 2..40 {
+            t.observe(pod, age, false);
+        }
+        for _ in 0..5 {
+            t.observe(pod, 20, true);
+        }
+        assert_eq!(t.horizon(pod), None);
+        // Slots past the bound are not counted.
+        t.observe(PodSlot::new(MAX_SLOTS as u16), 9, true);
+        assert_eq!(t.horizon(PodSlot::new(MAX_SLOTS as u16)), None);
+    }
+
+    #[test]
+    fn the_horizon_follows_recent_answers() {
+        let pod = PodSlot::new(1);
+        let mut t = TrustLearner::default();
+        for _ in 0..40 {
+            t.observe(pod, 3, true);
+        }
+        assert_eq!(t.horizon(pod), Some(3));
+        // The pod got a bigger cache (or less traffic): old matches hold now.
+        for _ in 0..200 {
+            t.observe(pod, 3, false);
+            t.observe(pod, 8, false);
+        }
+        assert_eq!(t.horizon(pod), None, "old evictions halved away");
+        let p = &t.pods[1];
+        assert!(p.total < TRUST_WINDOW, "{}", p.total);
     }
 
     #[test]

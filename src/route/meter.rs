@@ -63,8 +63,6 @@ pub(crate) enum Count {
     FeedbackChecked,
     /// Answers that showed the pod held clearly less than predicted.
     FeedbackEvictionsLearned,
-    /// Table records removed after such answers.
-    FeedbackRecordsRemoved,
     /// Answers to check that carried no usable usage (error answers,
     /// malformed or absurd values, over the read budget, unreadable).
     FeedbackUnchecked,
@@ -89,7 +87,7 @@ const ROUTED: [Reason; 4] = [
     Reason::LoadGuard,
     Reason::Spread,
 ];
-const FIXED: usize = 18;
+const FIXED: usize = 17;
 const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
 
 impl Count {
@@ -105,14 +103,13 @@ impl Count {
             Count::TableRefused => 7,
             Count::FeedbackChecked => 8,
             Count::FeedbackEvictionsLearned => 9,
-            Count::FeedbackRecordsRemoved => 10,
-            Count::FeedbackUnchecked => 11,
-            Count::Held => 12,
-            Count::HoldAnswered => 13,
-            Count::HoldTimedOut => 14,
-            Count::HoldRefused => 15,
-            Count::HeldForOtherVm => 16,
-            Count::HoldShareFailed => 17,
+            Count::FeedbackUnchecked => 10,
+            Count::Held => 11,
+            Count::HoldAnswered => 12,
+            Count::HoldTimedOut => 13,
+            Count::HoldRefused => 14,
+            Count::HeldForOtherVm => 15,
+            Count::HoldShareFailed => 16,
             Count::Routed(r) => FIXED + ROUTED.iter().position(|x| *x == r).unwrap_or(0),
             Count::Pass(p) => {
                 FIXED + ROUTED.len() + PassReason::ALL.iter().position(|x| *x == p).unwrap_or(0)
@@ -132,14 +129,13 @@ impl Count {
             7 => "table.refused",
             8 => "feedback.checked",
             9 => "feedback.evictions_learned",
-            10 => "feedback.records_removed",
-            11 => "feedback.unchecked",
-            12 => "hold.held",
-            13 => "hold.answered",
-            14 => "hold.timed_out",
-            15 => "hold.refused",
-            16 => "hold.held_other_vm",
-            17 => "hold.share_failed",
+            10 => "feedback.unchecked",
+            11 => "hold.held",
+            12 => "hold.answered",
+            13 => "hold.timed_out",
+            14 => "hold.refused",
+            15 => "hold.held_other_vm",
+            16 => "hold.share_failed",
             i if i < FIXED + ROUTED.len() => match ROUTED[i - FIXED] {
                 Reason::PrefixMatch => "routed.prefix_match",
                 Reason::NoMatch => "routed.no_match",
@@ -264,6 +260,14 @@ impl Meter {
         self.pod_gauge(sink, "slowness", address, value);
     }
 
+    /// Sets a pod's trust gauge, `prefix_router.match_trust_s.<host>_<port>`
+    /// (`feedback.cached_tokens` on): whole seconds from which its matches
+    /// buy no queueing, learned from its answers, else
+    /// `policy.match_trust_secs`; 0 = every match trusted.
+    pub(crate) fn match_trust(&self, sink: &impl MetricSink, address: &str, value: u32) {
+        self.pod_gauge(sink, "match_trust_s", address, value);
+    }
+
     /// A per-pod gauge, defined on first use. Pods that left keep theirs
     /// (Envoy cannot drop a stat), so past [`MAX_POD_GAUGES`] a new pod
     /// gets none: a fleet that churns through addresses stays bounded.
@@ -291,9 +295,9 @@ impl Meter {
     }
 }
 
-/// Per-pod gauges defined at most (two families of 2 x [`MAX_SLOTS`]
+/// Per-pod gauges defined at most (three families of 2 x [`MAX_SLOTS`]
 /// addresses).
-pub(crate) const MAX_POD_GAUGES: usize = 4 * MAX_SLOTS;
+pub(crate) const MAX_POD_GAUGES: usize = 6 * MAX_SLOTS;
 
 /// Stat names split on `.`; endpoint names become one segment.
 fn stat_safe(s: &str) -> String {

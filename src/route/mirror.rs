@@ -65,14 +65,6 @@ impl Mirror {
         self.copies.retain(|_, c| tick - c.tick < COPY_TICKS);
     }
 
-    /// Drops the copies of the buckets of `anchors` (this VM removed
-    /// records there).
-    pub(crate) fn forget(&mut self, cfg: &TableConfig, anchors: impl Iterator<Item = u32>) {
-        for anchor in anchors {
-            self.copies.remove(&cfg.bucket_of(anchor));
-        }
-    }
-
     /// Copies kept.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -41,7 +41,8 @@ pub struct LoadAwareConfig {
     pub kv_high_permille: u16,
     /// A match whose prefix was last sent to its pod this many seconds ago
     /// or more is not trusted to be cached (see [`PodLoads::untrusted`]);
-    /// 0 trusts every match.
+    /// 0 trusts every match. A horizon learned from a pod's answers
+    /// (`feedback.cached_tokens`) replaces it for that pod.
     pub match_trust_secs: u32,
 }
 
@@ -104,8 +105,8 @@ pub fn effective_load(
 ///    same from [`SLOW_PREFILL`] up, else 1x). On pods alike this is the
 ///    prefill a match saves less its queue cost; a pod clearly slower
 ///    keeps the prefixes it holds, but misses go to faster pods. A match
-///    on a pod in `untrusted` (not sent there for `match_trust_secs`, so
-///    perhaps evicted) saves nothing here: it buys no queueing;
+///    on a pod in `untrusted` (not sent there for its trust horizon,
+///    `match_trust_secs` or learned, so perhaps evicted) saves nothing here: it buys no queueing;
 /// 3. the lowest cost wins; ties go to the longer (trusted) match, then the
 ///    lower load, then fewer in flight (`inflight`: fresh, where reports
 ///    lag), then the longer untrusted match (an old match still goes to a
@@ -300,7 +301,8 @@ pub struct PodLoads<'a> {
     /// prefixes, share them evenly (each pod's cache holds its share).
     pub place_by_count: bool,
     /// Pods whose match is not trusted to be cached any more (no request
-    /// with the prefix sent there for `match_trust_secs`): their match buys
+    /// with the prefix sent there for the pod's trust horizon, learned or
+    /// `match_trust_secs`): their match buys
     /// no queueing (they cost as if unmatched) and counts in the ties only
     /// after in-flight counts.
     pub untrusted: &'a [PodSlot],

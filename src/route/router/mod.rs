@@ -23,7 +23,7 @@ use std::fmt;
 use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
 use crate::rng::SplitMix64;
-use crate::route::feedback::Plan;
+use crate::route::feedback::{Plan, TrustLearner};
 use crate::route::hashing::BlockHasher;
 use crate::route::latency::PodLatency;
 use crate::route::load::VmLoad;
@@ -141,6 +141,9 @@ pub struct Router {
     hints: RefCell<HashMap<(u16, u64), u32>>,
     /// This VM's copies of the buckets it used (see [`crate::route::mirror`]).
     mirror: RefCell<Mirror>,
+    /// Per pod, from which age its matches are not trusted, learned from
+    /// its answers (`feedback.cached_tokens`; see [`crate::route::feedback`]).
+    trust: RefCell<TrustLearner>,
 }
 
 impl Router {
@@ -165,6 +168,7 @@ impl Router {
             latency: RefCell::new(PodLatency::default()),
             hints: RefCell::new(HashMap::new()),
             mirror: RefCell::new(Mirror::default()),
+            trust: RefCell::new(TrustLearner::default()),
             settings,
         }
     }
@@ -215,11 +219,6 @@ impl Router {
 
     pub(crate) fn settings(&self) -> &Settings {
         &self.settings
-    }
-
-    /// The prefix table's sizing.
-    pub(crate) fn table_config(&self) -> TableConfig {
-        self.table
     }
 
     /// Replaces the pods' signals with the value the singleton published
@@ -425,18 +424,16 @@ impl Router {
                 let placed = self.placed.borrow();
                 let sent = self.sent.borrow();
                 let (slowness, reported_slow) = slowness(&self.latency.borrow(), &signals, pool);
-                // A match whose prefix nobody sent to its pod for
-                // `match_trust_secs` may have been evicted there.
-                let trust = cfg.match_trust_secs;
-                let untrusted: Vec<PodSlot> = if trust == 0 {
-                    Vec::new()
-                } else {
-                    matches
-                        .iter()
-                        .filter(|m| now_secs.saturating_sub(m.newest_access) >= trust)
-                        .map(|m| m.pod)
-                        .collect()
-                };
+                // A match whose prefix nobody sent to its pod for its
+                // trust horizon may have been evicted there.
+                let untrusted: Vec<PodSlot> = matches
+                    .iter()
+                    .filter(|m| {
+                        let horizon = self.match_trust_secs(m.pod);
+                        horizon > 0 && now_secs.saturating_sub(m.newest_access) >= horizon
+                    })
+                    .map(|m| m.pod)
+                    .collect();
                 let loads = PodLoads {
                     queue: &queue,
                     inflight: &ties,
@@ -497,18 +494,20 @@ impl Router {
             self.latency.borrow_mut().started_hit(choice.pod);
         }
         let predicted = chosen.map_or(0, |m| m.blocks);
-        let feedback = match model {
-            Some(model) if self.settings.feedback.cached_tokens && predicted > 0 => Some(Plan {
-                model,
-                pod: choice.pod,
-                predicted,
-                prompt_bytes: req.prompt.len(),
-                sampled: positions
-                    .iter()
-                    .zip(&anchors)
-                    .map(|(&i, &a)| (i, hashes[i], a))
-                    .collect(),
-            }),
+        let feedback = match chosen {
+            // Only the load-aware policy uses what is learned.
+            Some(m)
+                if self.settings.feedback.cached_tokens
+                    && self.settings.policy == PolicyMode::LoadAware
+                    && predicted > 0 =>
+            {
+                Some(Plan {
+                    pod: choice.pod,
+                    predicted,
+                    prompt_bytes: req.prompt.len(),
+                    age_secs: now_secs.saturating_sub(m.newest_access),
+                })
+            }
             _ => None,
         };
         Ok(Routed {
@@ -551,18 +550,20 @@ impl Router {
         self.mirror.borrow().len()
     }
 
-    /// Drops this VM's copies of the buckets of `blocks` (hash, anchor):
-    /// their records were just removed from shared data.
-    pub(crate) fn forget_copies(&self, blocks: &[(u64, u32)]) {
-        self.mirror
-            .borrow_mut()
-            .forget(&self.table, blocks.iter().map(|&(_, a)| a));
+    /// Counts what `pod`'s answer said of a match `age_secs` old (see
+    /// [`crate::route::feedback`]).
+    pub(crate) fn learn_trust(&self, pod: PodSlot, age_secs: u32, evicted: bool) {
+        self.trust.borrow_mut().observe(pod, age_secs, evicted);
     }
 
-    /// Forgets where the longest match of (model, first block) ended: the
-    /// pod's answer showed it shorter (see [`crate::route::feedback`]).
-    pub(crate) fn drop_hint(&self, model: u16, first_block: u64) {
-        self.hints.borrow_mut().remove(&(model, first_block));
+    /// Whole seconds from which a match on `pod` is not trusted: the
+    /// horizon learned from its answers, else `policy.match_trust_secs`;
+    /// 0 = every match is trusted.
+    pub(crate) fn match_trust_secs(&self, pod: PodSlot) -> u32 {
+        self.trust
+            .borrow()
+            .horizon(pod)
+            .unwrap_or(self.settings.load_aware.match_trust_secs)
     }
 
     /// Releases one in-flight request on `pod` (`timed_hit`: it was

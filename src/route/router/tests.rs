@@ -532,3 +532,47 @@ fn a_match_nobody_sent_to_its_pod_for_match_trust_secs_buys_no_queueing() {
     assert!(routed[1..].iter().all(|r| r.choice.pod == holder));
     assert_eq!(routed[3].choice.reason, Reason::PrefixMatch);
 }
+
+#[test]
+fn a_horizon_learned_from_a_pods_answers_replaces_match_trust_secs() {
+    let prefix = "q".repeat(4 * 100);
+    // `learn_on(holder)`: the pod the answers were about; trust off in the
+    // config.
+    let run = |learn_on: fn(PodSlot) -> PodSlot| -> (PodSlot, Vec<Routed>) {
+        let s = MemStore::new();
+        let r = router(r#","table_idle_expiry_secs":400,"feedback":{"cached_tokens":true}"#);
+        let mut rng = SplitMix64::new(1);
+        let mut routed = Vec::new();
+        for (i, (tail, t)) in [
+            ("aaaa", 1000),
+            ("bbbb", 1002),
+            ("cccc", 1004),
+            ("dddd", 1008),
+        ]
+        .iter()
+        .enumerate()
+        {
+            routed.push(
+                r.route(&s, &req(&format!("{prefix}{tail}")), *t, &mut rng)
+                    .unwrap(),
+            );
+            if i == 0 {
+                // The pod answered three matches 4 s old with a shortfall.
+                let pod = learn_on(routed[0].choice.pod);
+                for _ in 0..3 {
+                    r.learn_trust(pod, 4, true);
+                }
+                assert_eq!(r.match_trust_secs(pod), 4);
+            }
+        }
+        (routed[0].choice.pod, routed)
+    };
+    let (holder, routed) = run(|p| p);
+    assert_eq!(routed[1].choice.pod, holder, "2 s old: trusted");
+    assert_eq!(routed[2].choice.pod, holder);
+    assert_ne!(routed[3].choice.pod, holder, "4 s old: no queue credit");
+    assert_eq!(routed[3].choice.reason, Reason::LoadGuard);
+    // Learned of another pod: the holder's matches stay trusted.
+    let (holder, routed) = run(|p| PodSlot::new(((p.index() + 1) % 3) as u16));
+    assert!(routed[1..].iter().all(|r| r.choice.pod == holder));
+}

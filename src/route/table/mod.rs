@@ -159,18 +159,6 @@ pub(crate) struct WriteOutcome {
     pub(crate) refused: u32,
 }
 
-/// What one [`PrefixTable::forget`] did, for the stats.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct ForgetOutcome {
-    /// Records removed.
-    pub(crate) removed: u32,
-    pub(crate) cas_retries: u32,
-    /// Buckets whose update failed (CAS exhausted or a host error).
-    pub(crate) failed_buckets: u32,
-    /// Blocks not looked at: their bucket was past `max_buckets`.
-    pub(crate) buckets_left: u32,
-}
-
 /// The shared prefix table over a [`SharedStore`].
 pub struct PrefixTable<'s, S: SharedStore + ?Sized> {
     store: &'s S,
@@ -332,63 +320,6 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
                 Err(StoreError::CasMismatch) => {
                     out.cas_retries += self.cfg.max_cas_attempts;
                     out.failed_buckets += 1;
-                }
-                Err(_) => out.failed_buckets += 1,
-            }
-        }
-        out
-    }
-
-    /// Removes `pod`'s records of `blocks` (hash, anchor) for `model`: what
-    /// the pod's own answer showed it no longer holds (see
-    /// [`crate::route::feedback`]). One read-modify-write per bucket, in the
-    /// order the blocks come, at most `max_buckets` buckets (the blocks of
-    /// later buckets are left). Never creates a bucket.
-    pub(crate) fn forget(
-        &self,
-        blocks: &[(u64, u32)],
-        model: u16,
-        pod: PodSlot,
-        max_buckets: usize,
-    ) -> ForgetOutcome {
-        let mut out = ForgetOutcome::default();
-        let mut buckets: Vec<u32> = Vec::new();
-        for &(_, anchor) in blocks {
-            let b = self.bucket_of(anchor);
-            if !buckets.contains(&b) {
-                if buckets.len() >= max_buckets {
-                    out.buckets_left += 1;
-                    continue;
-                }
-                buckets.push(b);
-            }
-        }
-        for bucket in buckets {
-            let mut removed = 0;
-            let res = cas_update(
-                self.store,
-                &bucket_key(bucket),
-                self.cfg.max_cas_attempts,
-                |cur| {
-                    let mut records = decode_bucket(cur?, self.cfg.slots);
-                    let before = records.len();
-                    records.retain(|r| {
-                        !(r.pod == pod
-                            && r.model == model
-                            && blocks
-                                .iter()
-                                .any(|&(b, a)| r.block == b && self.bucket_of(a) == bucket))
-                    });
-                    removed = (before - records.len()) as u32;
-                    (removed > 0).then(|| encode_bucket(&records, self.cfg.slots))
-                },
-            );
-            match res {
-                Ok(o) => {
-                    out.cas_retries += o.retries;
-                    if o.written {
-                        out.removed += removed;
-                    }
                 }
                 Err(_) => out.failed_buckets += 1,
             }
