@@ -20,8 +20,9 @@
 //! horizon replaces `policy.match_trust_secs` for the pod). The table itself
 //! is not changed: the answer reports what `P` held *before* the request,
 //! and `P` has just cached the whole prompt again, so the records are true
-//! once more. Unmatched requests, the AIBrix policy and the setting off read
-//! no answer at all.
+//! once more. Unmatched requests, matches younger than [`MIN_HORIZON_SECS`]
+//! (they could not move a horizon), the AIBrix policy and the setting off
+//! read no answer at all.
 
 use crate::route::registry::{PodSlot, MAX_SLOTS};
 

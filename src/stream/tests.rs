@@ -845,6 +845,13 @@ fn primed(w: &Worker, host: &TestHost) -> (String, u8) {
     (first, pct)
 }
 
+/// Lets 3 s pass (and a tick see it): the matches made so far are then old
+/// enough for their answers to be read (`feedback::MIN_HORIZON_SECS`).
+fn aged(w: &Worker, host: &TestHost) {
+    host.now.set(host.now.get() + 3_000_000_000);
+    w.on_tick(host);
+}
+
 /// The prompt's tokens at podsim's 4 bytes per token.
 fn tokens_of(body: &[u8]) -> u64 {
     let req = crate::route::request::parse_body_as(
@@ -935,6 +942,7 @@ fn a_usage_split_across_chunks_anywhere_is_read() {
         let host = TestHost::default();
         let w = worker_on(&host, FEEDBACK_ON);
         primed(&w, &host);
+        aged(&w, &host);
         let (a, b) = usage.split_at(cut);
         let (_, _, calls) = run_answered(&w, &host, &body, &[a, b, b""]);
         assert_eq!(calls.get("get_buffer_bytes"), Some(&2), "cut {cut}");
@@ -965,6 +973,7 @@ fn malformed_or_hostile_usage_never_panics_and_changes_nothing() {
         let host = TestHost::default();
         let w = worker_on(&host, FEEDBACK_ON);
         primed(&w, &host);
+        aged(&w, &host);
         let (_, _, calls) = run_answered(&w, &host, &body, &[&case]);
         let shown = String::from_utf8_lossy(&case).into_owned();
         assert_eq!(calls.get("set_shared_data"), None, "{shown}");
@@ -983,6 +992,7 @@ fn malformed_or_hostile_usage_never_panics_and_changes_nothing() {
         }
         let cut = rng.below(bytes.len());
         let (a, b) = bytes.split_at(cut);
+        aged(&w, &host);
         run_answered(&w, &host, &body, &[a, b]);
     }
 }
@@ -992,6 +1002,7 @@ fn a_stream_without_a_usage_chunk_is_not_read() {
     let host = TestHost::default();
     let w = worker_on(&host, FEEDBACK_ON);
     primed(&w, &host);
+    aged(&w, &host);
     let mut v: serde_json::Value = serde_json::from_slice(&chat(SYS, 8 * 1024, "s")).unwrap();
     v["stream"] = serde_json::json!(true);
     let body = serde_json::to_vec(&v).unwrap();
@@ -1009,15 +1020,17 @@ fn a_stream_without_a_usage_chunk_is_not_read() {
         usage.as_bytes(),
         b"data: [DONE]\n\n",
     ];
+    aged(&w, &host);
     let (_, _, calls) = run_answered(&w, &host, &body, &chunks);
     assert_eq!(calls.get("get_buffer_bytes"), Some(&2), "stops once found");
     assert_eq!(w.meter.pending(Count::FeedbackEvictionsLearned), 1);
 }
 
-/// The answer path's hostcalls: none for an unmatched request, with the
-/// setting off or with the AIBrix policy (which learns nothing from it);
-/// with it on (the default), one read per chunk of a matched request's
-/// answer until its usage, and no write.
+/// The answer path's hostcalls: none for an unmatched request, a match
+/// younger than 2 s (it teaches nothing), with the setting off or with the
+/// AIBrix policy (which learns nothing from it); with it on (the default),
+/// one read per chunk of an older match's answer until its usage, and no
+/// write.
 #[test]
 fn feedback_hostcalls_only_on_matched_requests_with_the_setting_on() {
     for (extra, on) in [
@@ -1034,7 +1047,14 @@ fn feedback_hostcalls_only_on_matched_requests_with_the_setting_on() {
         let (_, pct, calls) = run_answered(&w, &host, &body, &[&usage, b""]);
         assert_eq!(pct, 0);
         assert!(calls.is_empty(), "unmatched, on={on}: {calls:?}");
-        // Matched, the pod held it all: one read with the setting on.
+        // Matched at once: too young to teach anything, not read.
+        let young = chat("never seen before ", 8 * 1024, "young");
+        let all = tokens_of(&young).to_string();
+        let (_, pct, calls) = run_answered(&w, &host, &young, &[&answer(&all, &all)]);
+        assert!(pct > 90);
+        assert!(calls.is_empty(), "young match, on={on}: {calls:?}");
+        // Matched 3 s later, the pod held it all: one read with the setting on.
+        aged(&w, &host);
         let full = chat("never seen before ", 8 * 1024, "r");
         let all = tokens_of(&full).to_string();
         let (_, pct, calls) = run_answered(&w, &host, &full, &[&answer(&all, &all)]);

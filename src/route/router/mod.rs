@@ -23,7 +23,7 @@ use std::fmt;
 use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
 use crate::rng::SplitMix64;
-use crate::route::feedback::{Plan, TrustLearner};
+use crate::route::feedback::{Plan, TrustLearner, MIN_HORIZON_SECS};
 use crate::route::hashing::BlockHasher;
 use crate::route::latency::PodLatency;
 use crate::route::load::VmLoad;
@@ -95,7 +95,8 @@ pub struct Routed {
     /// of its blocks, whole seconds; 0 without a match).
     pub(crate) matched_since: u32,
     /// With `feedback.cached_tokens` and a predicted match on the chosen
-    /// pod: what its answer is checked against.
+    /// pod at least [`MIN_HORIZON_SECS`] old: what its answer is checked
+    /// against.
     pub(crate) feedback: Option<Plan>,
 }
 
@@ -495,11 +496,14 @@ impl Router {
         }
         let predicted = chosen.map_or(0, |m| m.blocks);
         let feedback = match chosen {
-            // Only the load-aware policy uses what is learned.
+            // Only the load-aware policy uses what is learned, and only
+            // matches from MIN_HORIZON_SECS old teach anything: a hot
+            // prefix's answers are not read at all.
             Some(m)
                 if self.settings.feedback.cached_tokens
                     && self.settings.policy == PolicyMode::LoadAware
-                    && predicted > 0 =>
+                    && predicted > 0
+                    && now_secs.saturating_sub(m.newest_access) >= MIN_HORIZON_SECS =>
             {
                 Some(Plan {
                     pod: choice.pod,
