@@ -24,6 +24,8 @@
 //! (they could not move a horizon), the AIBrix policy and the setting off
 //! read no answer at all.
 
+use std::hash::{Hash, Hasher};
+
 use crate::route::registry::{PodSlot, MAX_SLOTS};
 
 /// Most body chunks read per answer (one hostcall each); past it the answer
@@ -56,6 +58,8 @@ pub(crate) const TRUST_WINDOW: u32 = 64;
 /// What the answers said of one pod's matches, by age.
 #[derive(Debug, Clone, Copy, Default)]
 struct Ages {
+    /// A hash of the name of the pod these counts are of (0: not bound).
+    owner: u64,
     held: [u16; AGES],
     evicted: [u16; AGES],
     total: u32,
@@ -63,13 +67,37 @@ struct Ages {
 
 /// Per pod slot: how old its matches were when its answers showed them held
 /// or evicted, and from which age they are not to be trusted. Bounded:
-/// [`MAX_SLOTS`] pods of 68 bytes.
+/// [`MAX_SLOTS`] pods of 80 bytes.
 #[derive(Debug, Default)]
 pub(crate) struct TrustLearner {
     pods: Vec<Ages>,
 }
 
 impl TrustLearner {
+    /// Binds `pod`'s slot to the member named `name`: when another pod
+    /// held the slot before (a retired name's slot given to a new pod), its
+    /// counts are dropped.
+    pub(crate) fn bind(&mut self, pod: PodSlot, name: &str) {
+        let i = pod.index();
+        if i >= MAX_SLOTS {
+            return;
+        }
+        if self.pods.len() <= i {
+            self.pods.resize(i + 1, Ages::default());
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut h);
+        // 0 means "not bound".
+        let owner = h.finish().max(1);
+        let p = &mut self.pods[i];
+        if p.owner != owner {
+            *p = Ages {
+                owner,
+                ..Ages::default()
+            };
+        }
+    }
+
     /// Counts one answer of `pod` to a match `age_secs` old: `evicted` when
     /// the pod cached clearly less than predicted.
     pub(crate) fn observe(&mut self, pod: PodSlot, age_secs: u32, evicted: bool) {
@@ -504,6 +532,23 @@ mod tests {
         assert_eq!(t.horizon(pod), None, "old evictions halved away");
         let p = &t.pods[1];
         assert!(p.total < TRUST_WINDOW, "{}", p.total);
+    }
+
+    #[test]
+    fn a_slot_given_to_another_pod_starts_afresh() {
+        let pod = PodSlot::new(3);
+        let mut t = TrustLearner::default();
+        t.bind(pod, "pod-a");
+        for _ in 0..3 {
+            t.observe(pod, 4, true);
+        }
+        assert_eq!(t.horizon(pod), Some(4));
+        // The same member again (every refresh): kept.
+        t.bind(pod, "pod-a");
+        assert_eq!(t.horizon(pod), Some(4));
+        // Its slot now names another pod: nothing is known of it.
+        t.bind(pod, "pod-b");
+        assert_eq!(t.horizon(pod), None);
     }
 
     #[test]

@@ -248,6 +248,13 @@ impl Router {
     /// Replaces the members (published by the singleton, or built from
     /// static pools), keeping the cooldowns.
     pub(crate) fn set_members(&self, members: Members) {
+        {
+            // A slot another pod held before starts learning afresh.
+            let mut trust = self.trust.borrow_mut();
+            for m in members.pools.values().flatten() {
+                trust.bind(m.slot, &m.name);
+            }
+        }
         self.fleet.borrow_mut().set_members(members);
     }
 
