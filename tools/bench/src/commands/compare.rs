@@ -821,6 +821,13 @@ pub struct FilterCounters {
     pub passive_cooldowns: i64,
     /// `passthrough` by reason (`no_endpoints`, ...), the non-zero ones.
     pub passthrough_reasons: BTreeMap<String, i64>,
+    /// Answers read (`feedback.checked`) and those that showed an eviction
+    /// (`feedback.evictions_learned`).
+    pub feedback_checked: i64,
+    pub feedback_evictions: i64,
+    /// Each pod's trust horizon at the end (`match_trust_s.<pod>`, whole
+    /// seconds, 0 = every match trusted), per replica.
+    pub match_trust_s: Vec<BTreeMap<String, i64>>,
 }
 
 /// One router on one workload.
@@ -964,6 +971,20 @@ pub fn run_one(
             cas_exhausted: sum("table.cas_exhausted"),
             passive_cooldowns: sum("fleet.passive_cooldowns"),
             passthrough_reasons: passthrough_reasons(&fs, &before),
+            feedback_checked: sum("feedback.checked"),
+            feedback_evictions: sum("feedback.evictions_learned"),
+            match_trust_s: fs
+                .iter()
+                .map(|replica| {
+                    replica
+                        .iter()
+                        .filter_map(|(k, v)| {
+                            k.strip_prefix("prefix_router.match_trust_s.")
+                                .map(|pod| (pod.to_string(), *v))
+                        })
+                        .collect()
+                })
+                .collect(),
         });
     }
     // (A pod restarted in a live-fleet run counts only since its return.)
