@@ -107,8 +107,9 @@ pub(crate) struct Stream {
     /// Timed as a hit to its end ([`crate::route::router::Routed::is_hit`] and not
     /// held).
     timed_hit: bool,
-    /// With `feedback.cached_tokens`, a request routed on a predicted match:
-    /// its answer is scanned for `cached_tokens` as it passes.
+    /// With `feedback.cached_tokens`, a request routed on a predicted match
+    /// at least 2 s old: its answer is scanned for `cached_tokens` as it
+    /// passes.
     feedback: Option<Box<Check>>,
 }
 
@@ -210,7 +211,8 @@ impl Stream {
     }
 
     /// A chunk of the answer passes (never held). Only a request routed on
-    /// a predicted match with `feedback.cached_tokens` on reads it (one
+    /// a predicted match at least 2 s old with `feedback.cached_tokens` on
+    /// (and the load-aware policy) reads it (one
     /// hostcall per chunk until `cached_tokens` is found, bounded by
     /// [`MAX_CHUNK_READS`]); every other stream returns here at once.
     pub(crate) fn on_response_body<H: Host>(

@@ -5,8 +5,8 @@
 //! data) answers which pods hold how much of the chain, `policy` picks a pod
 //! under the load guard from the in-flight counts of [`load`] and the
 //! slowness [`latency`] measures, and
-//! [`router`] ties the steps together; [`feedback`] corrects the table from
-//! the pods' answers (`cached_tokens`), and [`hold`] keeps a request whose
+//! [`router`] ties the steps together; [`feedback`] learns from the pods'
+//! answers (`cached_tokens`) how long each keeps a prefix, and [`hold`] keeps a request whose
 //! matched prefix its pod is still computing until that prefill answers. All of it runs over the
 //! [`store::SharedStore`] trait; [`registry`] names pods and models by small
 //! slots in that store, and [`meter`] keeps the path's stats in VM memory
