@@ -13,6 +13,7 @@
 //! request costs a second clock read.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 
 use crate::config::Settings;
 use crate::route::policy::Reason;
@@ -164,9 +165,9 @@ pub(crate) struct Meter {
     /// [`crate::sync::liveness`]); defined only with sync on.
     pub(crate) sync_success_age_s: u32,
     pub(crate) sync_singleton_age_s: u32,
-    /// Per-pod gauges (in flight, slowness) by family and pod address: id
-    /// and the value last recorded. At most [`MAX_POD_GAUGES`].
-    pod_gauges: RefCell<Vec<(&'static str, String, u32, u32)>>,
+    /// Per-pod gauges (in flight, slowness, trust horizon) by family and
+    /// pod address. At most [`MAX_POD_GAUGES`].
+    pod_gauges: RefCell<PodGauges>,
 }
 
 impl Meter {
@@ -195,7 +196,7 @@ impl Meter {
             sample_turn: Cell::new(0),
             sync_success_age_s: gauge("sync.last_success_age_s"),
             sync_singleton_age_s: gauge("sync.singleton_age_s"),
-            pod_gauges: RefCell::new(Vec::new()),
+            pod_gauges: RefCell::new(PodGauges::default()),
         }
     }
 
@@ -273,26 +274,33 @@ impl Meter {
     /// gets none: a fleet that churns through addresses stays bounded.
     fn pod_gauge(&self, sink: &impl MetricSink, family: &'static str, address: &str, value: u32) {
         let mut gauges = self.pod_gauges.borrow_mut();
-        let found = gauges
-            .iter()
-            .position(|(f, a, _, _)| *f == family && a == address);
-        let i = match found {
-            Some(i) => i,
-            None if gauges.len() >= MAX_POD_GAUGES => return,
+        let PodGauges { by_family, defined } = &mut *gauges;
+        let pods = by_family.entry(family).or_default();
+        let (id, last) = match pods.get_mut(address) {
+            Some(g) => g,
+            None if *defined >= MAX_POD_GAUGES => return,
             None => {
                 let name = format!("prefix_router.{family}.{}", stat_safe(address));
                 let id = sink.define_metric(MetricKind::Gauge, &name);
+                *defined += 1;
                 // u32::MAX: never recorded yet, so the first value is.
-                gauges.push((family, address.to_string(), id, u32::MAX));
-                gauges.len() - 1
+                pods.entry(address.to_string()).or_insert((id, u32::MAX))
             }
         };
-        let (_, _, id, last) = &mut gauges[i];
         if *last != value {
             *last = value;
             sink.record_metric(*id, u64::from(value));
         }
     }
+}
+
+/// Per-pod gauges by family, then pod address: (id, value last recorded).
+/// A lookup per member and family every tick, so a map, not a scan.
+#[derive(Default)]
+struct PodGauges {
+    by_family: HashMap<&'static str, HashMap<String, (u32, u32)>>,
+    /// Gauges defined in all families (at most [`MAX_POD_GAUGES`]).
+    defined: usize,
 }
 
 /// Per-pod gauges defined at most (three families of 2 x [`MAX_SLOTS`]
@@ -439,7 +447,7 @@ mod tests {
         for i in 0..MAX_POD_GAUGES + 10 {
             m.inflight(&sink, &format!("10.1.{}.{}:8000", i / 256, i % 256), 1);
         }
-        assert_eq!(m.pod_gauges.borrow().len(), MAX_POD_GAUGES);
+        assert_eq!(m.pod_gauges.borrow().defined, MAX_POD_GAUGES);
         assert_eq!(sink.value("prefix_router.inflight.10_1_0_0_8000"), 1);
         let defined = sink
             .names
