@@ -889,8 +889,7 @@ fn answers_showing_old_matches_evicted_teach_the_pod_a_horizon() {
     // that it held only 10 blocks (10 x 128 bytes = 320 tokens at 4 bytes
     // per token) of the ~66-block prompt.
     for (i, tail) in ["three", "four", "five"].iter().enumerate() {
-        host.now.set(host.now.get() + 3_000_000_000);
-        w.on_tick(&host);
+        aged(&w, &host);
         let body = chat(SYS, 8 * 1024, tail);
         let usage = answer(&tokens_of(&body).to_string(), "320");
         let (to, pct, calls) = run_answered(&w, &host, &body, &[&usage]);
@@ -915,8 +914,7 @@ fn answers_showing_old_matches_held_teach_nothing() {
     let w = worker_on(&host, FEEDBACK_ON);
     let (pod, _) = primed(&w, &host);
     for tail in ["three", "four", "five", "six"] {
-        host.now.set(host.now.get() + 3_000_000_000);
-        w.on_tick(&host);
+        aged(&w, &host);
         let body = chat(SYS, 8 * 1024, tail);
         let t = tokens_of(&body);
         // Held all but the new question (a bit under the prediction: noise).

@@ -502,21 +502,22 @@ impl Router {
             self.latency.borrow_mut().started_hit(choice.pod);
         }
         let predicted = chosen.map_or(0, |m| m.blocks);
-        let feedback = match chosen {
-            // Only the load-aware policy uses what is learned, and only
-            // matches from MIN_HORIZON_SECS old teach anything: a hot
-            // prefix's answers are not read at all.
-            Some(m)
+        // Only the load-aware policy uses what is learned, and only matches
+        // from MIN_HORIZON_SECS old teach anything: a hot prefix's answers
+        // are not read at all.
+        let age = chosen.map(|m| now_secs.saturating_sub(m.newest_access));
+        let feedback = match age {
+            Some(age_secs)
                 if self.settings.feedback.cached_tokens
                     && self.settings.policy == PolicyMode::LoadAware
                     && predicted > 0
-                    && now_secs.saturating_sub(m.newest_access) >= MIN_HORIZON_SECS =>
+                    && age_secs >= MIN_HORIZON_SECS =>
             {
                 Some(Plan {
                     pod: choice.pod,
                     predicted,
                     prompt_bytes: req.prompt.len(),
-                    age_secs: now_secs.saturating_sub(m.newest_access),
+                    age_secs,
                 })
             }
             _ => None,
