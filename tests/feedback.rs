@@ -26,31 +26,21 @@ fn start(feedback: bool) -> Running {
         .start()
 }
 
-/// POSTs `body` straight to `port` (the filter never sees it), holding it
-/// `delay_ms` in the pod.
-fn direct(port: u16, body: &str, delay_ms: u64) -> u16 {
-    let delay = delay_ms.to_string();
-    let reply = send(
-        "POST",
-        &format!("http://127.0.0.1:{port}/v1/completions"),
-        &[
-            ("content-type", "application/json"),
-            ("x-sim-delay-ms", delay.as_str()),
-        ],
-        Some(body.as_bytes()),
-        CLIENT_TIMEOUT,
-    )
-    .unwrap();
-    reply.status
-}
-
 /// Fills `pod`'s KV cache with other prompts, sent to it directly: the
 /// prefixes it held are evicted (LRU).
 fn evict_on(run: &Running, pod: &str) {
     let port = run.pod_named(pod).port;
     for i in 0..3 {
-        let status = direct(port, &completion_body(&json!(text(9000 + i, 3000))), 0);
-        assert_eq!(status, 200);
+        let body = completion_body(&json!(text(9000 + i, 3000)));
+        let reply = send(
+            "POST",
+            &format!("http://127.0.0.1:{port}/v1/completions"),
+            &[("content-type", "application/json")],
+            Some(body.as_bytes()),
+            CLIENT_TIMEOUT,
+        )
+        .unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
     }
 }
 
@@ -117,20 +107,9 @@ fn a_pod_that_evicted_old_matches_gives_them_no_queue_credit() {
         }
         // A request of prefix 0 stays in flight on its pod (a match 0 s
         // old: trusted). Then, 3 s after it was sent, prefix 0 again.
-        let body = completion_body(&prompt(0, 2));
-        let url = run.envoy.url("/v1/completions");
-        let busy = thread::spawn(move || {
-            send(
-                "POST",
-                &url,
-                &[
-                    ("content-type", "application/json"),
-                    ("x-sim-delay-ms", "6000"),
-                ],
-                Some(body.as_bytes()),
-                CLIENT_TIMEOUT,
-            )
-        });
+        let busy = run
+            .envoy
+            .slow_completion(completion_body(&prompt(0, 2)), 6000);
         thread::sleep(Duration::from_millis(3100));
         let old = run.complete(&prompt(0, 3));
         if feedback {

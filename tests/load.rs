@@ -5,32 +5,11 @@
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::Duration;
 
-use harness::{
-    completion_body, send, text, wait_until, Reply, Running, Setup, CLIENT_TIMEOUT, STATS_FLUSH,
-};
+use harness::{completion_body, send, text, wait_until, Running, Setup, STATS_FLUSH};
 use serde_json::json;
-
-/// Sends a completions request that the pod holds for `delay_ms`, on a thread.
-fn slow_request(run: &Running, body: String, delay_ms: u64) -> JoinHandle<Result<Reply, String>> {
-    let url = run.envoy.url("/v1/completions");
-    thread::spawn(move || {
-        let delay = delay_ms.to_string();
-        let headers = [
-            ("content-type", "application/json"),
-            ("x-sim-delay-ms", delay.as_str()),
-        ];
-        send(
-            "POST",
-            &url,
-            &headers,
-            Some(body.as_bytes()),
-            CLIENT_TIMEOUT,
-        )
-    })
-}
 
 fn total_inflight(run: &Running) -> i64 {
     run.envoy.inflight().values().sum()
@@ -58,7 +37,7 @@ fn load_guard_moves_traffic_from_busy_pod() {
     let mut holders = Vec::new();
     let mut guarded = false;
     for i in 1..=8 {
-        holders.push(slow_request(&run, body(i), 10_000));
+        holders.push(run.envoy.slow_completion(body(i), 10_000));
         let landed = wait_until(Duration::from_secs(5), || total_inflight(&run) >= i as i64);
         assert!(
             landed,
@@ -165,7 +144,7 @@ fn inflight_counters_return_to_zero() {
     let before: i64 = total_inflight(&run);
     let gauges_before = run.envoy.inflight();
     let slow: Vec<_> = (0..4)
-        .map(|i| slow_request(&run, body(7300 + i), 2500))
+        .map(|i| run.envoy.slow_completion(body(7300 + i), 2500))
         .collect();
     let landed = wait_until(Duration::from_secs(5), || {
         total_inflight(&run) >= before + 4

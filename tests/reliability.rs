@@ -16,10 +16,7 @@ use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use harness::{
-    completion_body, send, target_dir, text, wait_until, Reply, Running, Setup, CLIENT_TIMEOUT,
-    STATS_FLUSH,
-};
+use harness::{completion_body, target_dir, text, wait_until, Reply, Running, Setup, STATS_FLUSH};
 use serde_json::json;
 
 /// The fault-injection build of the filter.
@@ -93,20 +90,7 @@ fn a_trapped_vm_under_fail_reload_comes_back_and_leaves_no_stuck_count() {
     }
     // One request in flight on the VM that is about to die: its release
     // never runs.
-    let url = run.envoy.url("/v1/completions");
-    let slow_body = body(400);
-    let slow = thread::spawn(move || {
-        send(
-            "POST",
-            &url,
-            &[
-                ("content-type", "application/json"),
-                ("x-sim-delay-ms", "4000"),
-            ],
-            Some(slow_body.as_bytes()),
-            CLIENT_TIMEOUT,
-        )
-    });
+    let slow = run.envoy.slow_completion(body(400), 4000);
     let counted = wait_until(Duration::from_secs(5), || {
         run.envoy.inflight().values().sum::<i64>() == 1
     });

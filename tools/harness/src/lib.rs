@@ -661,6 +661,30 @@ impl Envoy {
         format!("http://127.0.0.1:{}{path}", self.listener)
     }
 
+    /// POSTs a completions `body` that the pod holds for `delay_ms` (podsim's
+    /// `x-sim-delay-ms`), on a thread: the request stays in flight meanwhile.
+    pub fn slow_completion(
+        &self,
+        body: String,
+        delay_ms: u64,
+    ) -> thread::JoinHandle<Result<Reply, String>> {
+        let url = self.url("/v1/completions");
+        thread::spawn(move || {
+            let delay = delay_ms.to_string();
+            let headers = [
+                ("content-type", "application/json"),
+                ("x-sim-delay-ms", delay.as_str()),
+            ];
+            send(
+                "POST",
+                &url,
+                &headers,
+                Some(body.as_bytes()),
+                CLIENT_TIMEOUT,
+            )
+        })
+    }
+
     /// POSTs a JSON body to `path` on a new connection, with `headers`
     /// after `content-type`; transport failures are errors.
     pub fn post_json(
