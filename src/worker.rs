@@ -16,7 +16,7 @@ use crate::route::policy::PolicyMode;
 use crate::route::registry::PodSlot;
 use crate::route::request::PromptRequest;
 use crate::route::router::{RouteError, Routed, Router};
-use crate::route::store::SharedStore;
+use crate::route::store::{SharedStore, StoreError};
 use crate::sync::handoff::{self, Touched};
 use crate::sync::liveness::{self, Heartbeat};
 
@@ -511,6 +511,7 @@ impl Worker {
         if self.settings().policy == PolicyMode::LoadAware {
             self.report_slowness(host);
             if self.settings().feedback.cached_tokens {
+                self.share_trust(host);
                 self.report_match_trust(host);
             }
         }
@@ -591,8 +592,20 @@ impl Worker {
         }
     }
 
+    /// Merges what this VM's answers said of the pods into the counts the
+    /// worker VMs share, and reads theirs: one get, plus one set when it
+    /// read answers since (see [`crate::route::feedback::TrustLearner::share`]).
+    /// A race lost three times waits for the next tick.
+    fn share_trust<H: Host>(&self, host: &H) {
+        match self.router.share_trust(host) {
+            Ok(()) | Err(StoreError::CasMismatch) => {}
+            Err(e) => log::warn!("prefix_router: trust counts not shared: {e}"),
+        }
+    }
+
     /// Sets `prefix_router.match_trust_s.<pod>` for every member (a write
-    /// only when it changed): the trust horizon this VM learned for it.
+    /// only when it changed): the trust horizon the worker VMs learned for
+    /// it (the same in every VM, as of its last tick).
     fn report_match_trust<H: Host>(&self, host: &H) {
         for (slot, _, address) in self.router.fleet().all() {
             self.meter

@@ -24,9 +24,8 @@
 //! (they could not move a horizon), the AIBrix policy and the setting off
 //! read no answer at all.
 
-use std::hash::{Hash, Hasher};
-
 use crate::route::registry::{PodSlot, MAX_SLOTS};
+use crate::route::store::{cas_update, SharedStore, StoreError};
 
 /// Most body chunks read per answer (one hostcall each); past it the answer
 /// is not checked. A non-streamed answer is one or two chunks; a streamed
@@ -56,7 +55,7 @@ pub(crate) const MIN_EVICTIONS: u32 = 3;
 pub(crate) const TRUST_WINDOW: u32 = 64;
 
 /// What the answers said of one pod's matches, by age.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Ages {
     /// A hash of the name of the pod these counts are of (0: not bound).
     owner: u64,
@@ -65,12 +64,90 @@ struct Ages {
     total: u32,
 }
 
+impl Ages {
+    fn bound(owner: u64) -> Self {
+        Self {
+            owner,
+            ..Self::default()
+        }
+    }
+
+    /// Adds `n` answers at `age`, then [`Ages::halve_past_window`].
+    fn add(&mut self, age: usize, evicted: bool, n: u16) {
+        let counts = if evicted {
+            &mut self.evicted
+        } else {
+            &mut self.held
+        };
+        let age = age.min(AGES - 1);
+        counts[age] = counts[age].saturating_add(n);
+        self.halve_past_window();
+    }
+
+    /// Adds `other`'s counts (another VM's, of the same pod), then
+    /// [`Ages::halve_past_window`].
+    fn merge(&mut self, other: &Ages) {
+        for age in 0..AGES {
+            self.held[age] = self.held[age].saturating_add(other.held[age]);
+            self.evicted[age] = self.evicted[age].saturating_add(other.evicted[age]);
+        }
+        self.halve_past_window();
+    }
+
+    /// Halves every count while the total is [`TRUST_WINDOW`] or more, so
+    /// the horizon follows the pod's recent answers.
+    fn halve_past_window(&mut self) {
+        self.total = self.sum();
+        while self.total >= TRUST_WINDOW {
+            self.held
+                .iter_mut()
+                .chain(self.evicted.iter_mut())
+                .for_each(|n| *n /= 2);
+            self.total = self.sum();
+        }
+    }
+
+    fn sum(&self) -> u32 {
+        self.held
+            .iter()
+            .chain(&self.evicted)
+            .map(|&n| u32::from(n))
+            .sum()
+    }
+}
+
+/// Shared-data key of the counts every worker VM merged (see
+/// [`TrustLearner::share`]).
+pub(crate) const SHARED_KEY: &str = "feedback/trust";
+/// Tries of one merge under CAS before it waits for the next tick.
+const MERGE_ATTEMPTS: u32 = 3;
+/// Version byte of the shared value.
+const SHARED_VERSION: u8 = 1;
+/// Bytes per pod in the shared value: slot (u16), owner (u64), then the
+/// held and evicted counts (u16 each), little endian.
+const ENTRY_BYTES: usize = 2 + 8 + 4 * AGES;
+
 /// Per pod slot: how old its matches were when its answers showed them held
 /// or evicted, and from which age they are not to be trusted. Bounded:
-/// [`MAX_SLOTS`] pods of 80 bytes.
+/// [`MAX_SLOTS`] pods of 80 bytes, twice (the view and this VM's counts
+/// not yet shared).
+///
+/// Every worker VM of the Envoy learns from the answers it sees, and on its
+/// tick merges them into one shared-data value, [`SHARED_KEY`]
+/// ([`TrustLearner::share`]): with `N` workers, each VM would otherwise see
+/// `1/N` of the answers, learn `N` times slower and report its own horizon.
 #[derive(Debug, Default)]
 pub(crate) struct TrustLearner {
+    /// What [`TrustLearner::horizon`] reads: every VM's counts as last
+    /// read, plus this VM's since.
     pods: Vec<Ages>,
+    /// This VM's counts not yet merged into the shared value.
+    pending: Vec<Ages>,
+}
+
+fn owner_of(name: &str) -> u64 {
+    // 0 means "not bound". XXH64 is the same in every VM and build.
+    xxhash_rust::xxh64::xxh64(name.as_bytes(), 0).max(1)
 }
 
 impl TrustLearner {
@@ -82,19 +159,14 @@ impl TrustLearner {
         if i >= MAX_SLOTS {
             return;
         }
-        if self.pods.len() <= i {
-            self.pods.resize(i + 1, Ages::default());
-        }
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        name.hash(&mut h);
-        // 0 means "not bound".
-        let owner = h.finish().max(1);
-        let p = &mut self.pods[i];
-        if p.owner != owner {
-            *p = Ages {
-                owner,
-                ..Ages::default()
-            };
+        let owner = owner_of(name);
+        for v in [&mut self.pods, &mut self.pending] {
+            if v.len() <= i {
+                v.resize(i + 1, Ages::default());
+            }
+            if v[i].owner != owner {
+                v[i] = Ages::bound(owner);
+            }
         }
     }
 
@@ -105,21 +177,65 @@ impl TrustLearner {
         if i >= MAX_SLOTS {
             return;
         }
-        if self.pods.len() <= i {
-            self.pods.resize(i + 1, Ages::default());
+        let age = age_secs as usize;
+        for v in [&mut self.pods, &mut self.pending] {
+            if v.len() <= i {
+                v.resize(i + 1, Ages::default());
+            }
         }
-        let p = &mut self.pods[i];
-        let age = (age_secs as usize).min(AGES - 1);
+        self.pods[i].add(age, evicted, 1);
+        // Raw counts: the merge halves.
+        let p = &mut self.pending[i];
         let counts = if evicted { &mut p.evicted } else { &mut p.held };
+        let age = age.min(AGES - 1);
         counts[age] = counts[age].saturating_add(1);
-        p.total += 1;
-        if p.total >= TRUST_WINDOW {
-            p.held
-                .iter_mut()
-                .chain(p.evicted.iter_mut())
-                .for_each(|n| *n /= 2);
-            p.total = p.held.iter().chain(&p.evicted).map(|&n| u32::from(n)).sum();
+        p.total = p.total.saturating_add(1);
+    }
+
+    /// The tick's exchange with the other worker VMs: merges this VM's
+    /// counts since the last merge into [`SHARED_KEY`] (one get and one
+    /// set under CAS, retried up to 3 times; with nothing new, one get),
+    /// then learns from the merged counts. A slot the shared value holds
+    /// for a pod of another name than this VM binds there is not read,
+    /// and is replaced by the next merge. An unreadable value is read as
+    /// empty (the next merge replaces it). On an error or a lost race
+    /// this VM's counts wait for the next tick, and its view is unchanged.
+    pub(crate) fn share<S: SharedStore + ?Sized>(&mut self, store: &S) -> Result<(), StoreError> {
+        let shared = if self.pending.iter().any(|p| p.total > 0) {
+            let pending = &self.pending;
+            let mut merged = Vec::new();
+            cas_update(store, SHARED_KEY, MERGE_ATTEMPTS, |current| {
+                merged = decode_shared(current.unwrap_or_default());
+                for (i, p) in pending.iter().enumerate().filter(|(_, p)| p.total > 0) {
+                    if merged.len() <= i {
+                        merged.resize(i + 1, Ages::default());
+                    }
+                    if merged[i].owner != p.owner {
+                        merged[i] = Ages::bound(p.owner);
+                    }
+                    merged[i].merge(p);
+                }
+                Some(encode_shared(&merged))
+            })?;
+            for p in &mut self.pending {
+                *p = Ages::bound(p.owner);
+            }
+            merged
+        } else {
+            let (value, _) = store.get(SHARED_KEY)?;
+            decode_shared(value.as_deref().unwrap_or_default())
+        };
+        let len = self.pods.len().max(shared.len());
+        self.pods.resize(len, Ages::default());
+        for (i, view) in self.pods.iter_mut().enumerate() {
+            let from = shared.get(i).copied().unwrap_or_default();
+            *view = if view.owner == 0 || from.owner == view.owner {
+                from
+            } else {
+                Ages::bound(view.owner)
+            };
         }
+        Ok(())
     }
 
     /// `pod`'s trust horizon: the age, from [`MIN_HORIZON_SECS`], that
@@ -148,6 +264,56 @@ impl TrustLearner {
         }
         best
     }
+}
+
+/// The shared value: [`SHARED_VERSION`], then [`ENTRY_BYTES`] per pod with
+/// counts, in slot order.
+fn encode_shared(pods: &[Ages]) -> Vec<u8> {
+    let used = pods.iter().filter(|p| p.total > 0).count();
+    let mut out = Vec::with_capacity(1 + used * ENTRY_BYTES);
+    out.push(SHARED_VERSION);
+    for (i, p) in pods.iter().enumerate().filter(|(_, p)| p.total > 0) {
+        // Slots are below MAX_SLOTS (1024).
+        out.extend_from_slice(&(i as u16).to_le_bytes());
+        out.extend_from_slice(&p.owner.to_le_bytes());
+        for n in p.held.iter().chain(&p.evicted) {
+            out.extend_from_slice(&n.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Reads [`encode_shared`]'s value; anything else (another version, a
+/// torn length) reads as no counts at all, and entries past
+/// [`MAX_SLOTS`] are skipped.
+fn decode_shared(bytes: &[u8]) -> Vec<Ages> {
+    let mut pods = Vec::new();
+    let Some((&SHARED_VERSION, rest)) = bytes.split_first() else {
+        return pods;
+    };
+    if rest.len() % ENTRY_BYTES != 0 {
+        return pods;
+    }
+    for e in rest.chunks_exact(ENTRY_BYTES) {
+        let u16_at = |at: usize| u16::from_le_bytes([e[at], e[at + 1]]);
+        let slot = usize::from(u16_at(0));
+        if slot >= MAX_SLOTS {
+            continue;
+        }
+        let mut owner = [0u8; 8];
+        owner.copy_from_slice(&e[2..10]);
+        let mut p = Ages::bound(u64::from_le_bytes(owner));
+        for age in 0..AGES {
+            p.held[age] = u16_at(10 + 2 * age);
+            p.evicted[age] = u16_at(10 + 2 * (AGES + age));
+        }
+        p.total = p.sum();
+        if pods.len() <= slot {
+            pods.resize(slot + 1, Ages::default());
+        }
+        pods[slot] = p;
+    }
+    pods
 }
 
 /// What to check in one answer: the prediction the request was routed on.
@@ -376,6 +542,7 @@ impl UsageScanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -549,6 +716,132 @@ mod tests {
         // Its slot now names another pod: nothing is known of it.
         t.bind(pod, "pod-b");
         assert_eq!(t.horizon(pod), None);
+    }
+
+    /// Two worker VMs of one Envoy, both bound to the same members.
+    fn two_vms() -> (TrustLearner, TrustLearner, MemStore) {
+        let (mut a, mut b) = (TrustLearner::default(), TrustLearner::default());
+        for t in [&mut a, &mut b] {
+            t.bind(PodSlot::new(0), "pod-a");
+            t.bind(PodSlot::new(2), "pod-c");
+        }
+        (a, b, MemStore::new())
+    }
+
+    #[test]
+    fn worker_vms_learn_from_each_others_answers() {
+        let pod = PodSlot::new(2);
+        let (mut a, mut b, store) = two_vms();
+        // Two evictions each: neither VM alone has the three a horizon needs.
+        for t in [&mut a, &mut b] {
+            t.observe(pod, 4, true);
+            t.observe(pod, 5, true);
+            t.observe(pod, 1, false);
+            assert_eq!(t.horizon(pod), None);
+        }
+        a.share(&store).unwrap();
+        assert_eq!(a.horizon(pod), None, "only a's own answers are shared yet");
+        b.share(&store).unwrap();
+        assert_eq!(b.horizon(pod), Some(4), "b reads a's two and its own two");
+        a.share(&store).unwrap();
+        assert_eq!(a.horizon(pod), Some(4));
+        // Nothing new: one get, no write; nothing counted twice.
+        let (gets, sets) = store.op_counts();
+        a.share(&store).unwrap();
+        b.share(&store).unwrap();
+        assert_eq!(store.op_counts(), (gets + 2, sets));
+        assert_eq!(a.pods[2].total, 6);
+        assert_eq!(b.pods[2], a.pods[2]);
+        assert_eq!(a.horizon(PodSlot::new(0)), None, "another pod: nothing");
+    }
+
+    #[test]
+    fn a_lost_race_keeps_the_counts_for_the_next_tick() {
+        let pod = PodSlot::new(0);
+        let (mut a, mut b, store) = two_vms();
+        for _ in 0..3 {
+            a.observe(pod, 3, true);
+        }
+        store.interfere_next(MERGE_ATTEMPTS);
+        assert_eq!(a.share(&store), Err(StoreError::CasMismatch));
+        assert_eq!(a.horizon(pod), Some(3), "its own view is kept");
+        b.share(&store).unwrap();
+        assert_eq!(b.horizon(pod), None, "nothing was written");
+        a.share(&store).unwrap();
+        b.share(&store).unwrap();
+        assert_eq!(b.horizon(pod), Some(3));
+        assert_eq!(b.pods[0].total, 3, "merged once");
+    }
+
+    #[test]
+    fn shared_counts_halve_at_the_window() {
+        let pod = PodSlot::new(0);
+        let (mut a, mut b, store) = two_vms();
+        for t in [&mut a, &mut b] {
+            for _ in 0..(TRUST_WINDOW / 2) {
+                t.observe(pod, 6, true);
+            }
+            t.share(&store).unwrap();
+        }
+        // 32 + 32 reached the window: halved to 32.
+        assert_eq!(b.pods[0].total, TRUST_WINDOW / 2);
+        assert_eq!(b.horizon(pod), Some(6));
+    }
+
+    #[test]
+    fn counts_of_a_pod_of_another_name_are_not_read_and_are_replaced() {
+        let pod = PodSlot::new(0);
+        let store = MemStore::new();
+        let mut old = TrustLearner::default();
+        old.bind(pod, "pod-old");
+        for _ in 0..3 {
+            old.observe(pod, 3, true);
+        }
+        old.share(&store).unwrap();
+        // A VM that knows slot 0 as another pod (the old one retired).
+        let mut new = TrustLearner::default();
+        new.bind(pod, "pod-new");
+        new.share(&store).unwrap();
+        assert_eq!(new.horizon(pod), None, "the old pod's counts");
+        new.observe(pod, 9, false);
+        new.share(&store).unwrap();
+        // Its merge replaced them: a VM still on the old name reads nothing.
+        old.share(&store).unwrap();
+        assert_eq!(old.horizon(pod), None);
+        assert_eq!(new.pods[0].total, 1);
+        // A VM not bound yet takes what is shared.
+        let mut fresh = TrustLearner::default();
+        fresh.share(&store).unwrap();
+        assert_eq!(fresh.pods[0].total, 1);
+    }
+
+    #[test]
+    fn an_unreadable_shared_value_reads_as_nothing_and_is_replaced() {
+        let pod = PodSlot::new(2);
+        let (mut a, _, store) = two_vms();
+        let mut valid = encode_shared(&[Ages::default(), Ages::default(), {
+            let mut p = Ages::bound(owner_of("pod-c"));
+            p.add(3, true, 5);
+            p
+        }]);
+        // A slot past MAX_SLOTS in an entry of the right size is skipped.
+        let mut far = valid[1..1 + ENTRY_BYTES].to_vec();
+        far[..2].copy_from_slice(&u16::MAX.to_le_bytes());
+        valid.extend_from_slice(&far);
+        let junk: [&[u8]; 5] = [b"", b"\x02", &valid[..valid.len() - 1], b"\x01abc", &valid];
+        for bytes in junk {
+            store.set(SHARED_KEY, bytes, None).unwrap();
+            let mut t = TrustLearner::default();
+            t.bind(pod, "pod-c");
+            t.share(&store).unwrap();
+            assert!(t.pods.len() <= MAX_SLOTS);
+        }
+        assert_eq!(decode_shared(&valid).len(), 3);
+        store.set(SHARED_KEY, b"\x07garbage", None).unwrap();
+        a.observe(pod, 3, true);
+        a.share(&store).unwrap();
+        let (v, _) = store.get(SHARED_KEY).unwrap();
+        assert_eq!(decode_shared(&v.unwrap())[2].total, 1, "replaced");
     }
 
     #[test]

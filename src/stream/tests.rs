@@ -909,6 +909,39 @@ fn answers_showing_old_matches_evicted_teach_the_pod_a_horizon() {
 }
 
 #[test]
+fn every_worker_vm_learns_the_horizon_from_answers_another_read() {
+    let host = TestHost::default();
+    let a = worker_on(&host, FEEDBACK_ON);
+    let b = worker_on(&host, FEEDBACK_ON);
+    let (pod, _) = primed(&a, &host);
+    for tail in ["three", "four", "five"] {
+        aged(&a, &host);
+        let body = chat(SYS, 8 * 1024, tail);
+        let usage = answer(&tokens_of(&body).to_string(), "320");
+        run_answered(&a, &host, &body, &[&usage]);
+    }
+    assert_eq!(trust_of(&a, &pod), 3);
+    assert_eq!(trust_of(&b, &pod), 0, "b read no answer");
+    // a's tick merges its last answer; b's reads all three.
+    host.now.set(host.now.get() + 300_000_000);
+    a.on_tick(&host);
+    let (_, merged) = host.store.get(crate::route::feedback::SHARED_KEY).unwrap();
+    b.on_tick(&host);
+    assert_eq!(trust_of(&b, &pod), 3, "learned from a's answers");
+    assert_eq!(trust_of(&a, &pod), 3);
+    // With no answers since, a tick only reads them.
+    for _ in 0..2 {
+        host.now.set(host.now.get() + 300_000_000);
+        a.on_tick(&host);
+        b.on_tick(&host);
+    }
+    let (_, now) = host.store.get(crate::route::feedback::SHARED_KEY).unwrap();
+    assert!(merged.is_some());
+    assert_eq!(now, merged, "nothing rewritten");
+    assert_eq!(trust_of(&b, &pod), 3);
+}
+
+#[test]
 fn answers_showing_old_matches_held_teach_nothing() {
     let host = TestHost::default();
     let w = worker_on(&host, FEEDBACK_ON);

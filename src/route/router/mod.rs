@@ -568,6 +568,12 @@ impl Router {
         self.trust.borrow_mut().observe(pod, age_secs, evicted);
     }
 
+    /// Merges this VM's answers into the counts every worker VM shares, and
+    /// learns from theirs (see [`TrustLearner::share`]).
+    pub(crate) fn share_trust<S: SharedStore + ?Sized>(&self, store: &S) -> Result<(), StoreError> {
+        self.trust.borrow_mut().share(store)
+    }
+
     /// Whole seconds from which a match on `pod` is not trusted: the
     /// horizon learned from its answers, else `policy.match_trust_secs`;
     /// 0 = every match is trusted.
