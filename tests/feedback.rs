@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 use std::thread;
 use std::time::Duration;
 
-use harness::{completion_body, send, text, Running, Setup, CLIENT_TIMEOUT};
+use harness::fleet::{sync_patch, Fleet};
+use harness::{completion_body, send, text, wait_until, Running, Setup, CLIENT_TIMEOUT};
 use serde_json::json;
 
 /// podsim KV blocks of 16 tokens (64 bytes of text): 64 blocks hold 4 KiB.
@@ -32,7 +33,11 @@ fn start(feedback: bool) -> Running {
 /// Fills `pod`'s KV cache with other prompts, sent to it directly: the
 /// prefixes it held are evicted (LRU).
 fn evict_on(run: &Running, pod: &str) {
-    let port = run.pod_named(pod).port;
+    evict_at(run.pod_named(pod).port);
+}
+
+/// [`evict_on`] the pod listening on `port`.
+fn evict_at(port: u16) {
     for i in 0..3 {
         let body = completion_body(&json!(text(9000 + i, 3000)));
         let reply = send(
@@ -137,4 +142,66 @@ fn a_pod_that_evicted_old_matches_gives_them_no_queue_credit() {
             "the busy request went to the holder"
         );
     }
+}
+
+/// Two synced replicas: the answers one replica read teach the other, which
+/// read none, each pod's horizon (through the replicas' `podload` reports).
+#[test]
+fn a_replica_learns_the_horizon_from_answers_another_replica_read() {
+    let mut f = Fleet::new("feedback-sync");
+    f.start_pods(&["--time-scale", "0", "--kv-capacity-blocks", KV_BLOCKS]);
+    f.start_redis();
+    let specs = ["a", "b"]
+        .iter()
+        .map(|name| {
+            f.spec(name, "sync.yaml")
+                .merge(sync_patch(500, json!({})))
+                .merge(json!({ "feedback": { "cached_tokens": true } }))
+        })
+        .collect();
+    f.launch_all(specs);
+    let (a, b) = (&f.replicas[0].envoy, &f.replicas[1].envoy);
+    let pods: Vec<String> = (0..LEARN)
+        .map(|k| a.complete(&prompt(k, 0)).unwrap().expect_pod())
+        .collect();
+    let mut per_pod: BTreeMap<&str, u32> = BTreeMap::new();
+    for p in &pods {
+        *per_pod.entry(p).or_default() += 1;
+    }
+    // pod-1..pod-4 listen on the fleet's ports in order.
+    let port_of = |pod: &str| {
+        let n: usize = pod.trim_start_matches("pod-").parse().unwrap();
+        f.pod_ports[n - 1]
+    };
+    thread::sleep(Duration::from_millis(2100));
+    for pod in per_pod.keys() {
+        evict_at(port_of(pod));
+    }
+    for (k, pod) in pods.iter().enumerate() {
+        let stale = a.complete(&prompt(k as u64, 1)).unwrap();
+        assert_eq!(&stale.expect_pod(), pod);
+        let usage: serde_json::Value = serde_json::from_str(&stale.body).unwrap();
+        assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    }
+    assert_eq!(
+        a.settled_router_stat("prefix_router.feedback.evictions_learned"),
+        LEARN as i64
+    );
+    // A pod with three evictions or more: B's gauge reads A's horizon.
+    let (&pod, _) = per_pod.iter().max_by_key(|(_, &n)| n).unwrap();
+    let gauge = format!("prefix_router.match_trust_s.127_0_0_1_{}", port_of(pod));
+    let learned = wait_until(Duration::from_secs(15), || {
+        (2..=3).contains(&b.router_stat(&gauge))
+    });
+    assert!(
+        learned,
+        "B's horizon for {pod}: {} (A's {})",
+        b.router_stat(&gauge),
+        a.router_stat(&gauge)
+    );
+    assert_eq!(
+        b.router_stat("prefix_router.feedback.checked"),
+        0,
+        "B read no answer"
+    );
 }

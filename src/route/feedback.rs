@@ -119,6 +119,14 @@ impl Ages {
 /// Shared-data key of the counts every worker VM merged (see
 /// [`TrustLearner::share`]).
 pub(crate) const SHARED_KEY: &str = "feedback/trust";
+/// Shared-data key of the other Envoy replicas' counts, summed by the sync
+/// singleton from their `podload` reports (the same encoding).
+pub(crate) const REMOTE_KEY: &str = "feedback/remote";
+/// Most pods whose counts a replica reports through Redis (those with the
+/// most answers), so a report stays small.
+pub(crate) const MAX_REPORTED_PODS: usize = 128;
+/// Counts per pod in a report: held by age, then evicted by age.
+pub(crate) const REPORTED_COUNTS: usize = 2 * AGES;
 /// Tries of one merge under CAS before it waits for the next tick.
 const MERGE_ATTEMPTS: u32 = 3;
 /// Version byte of the shared value.
@@ -143,6 +151,8 @@ pub(crate) struct TrustLearner {
     pods: Vec<Ages>,
     /// This VM's counts not yet merged into the shared value.
     pending: Vec<Ages>,
+    /// The other replicas' counts (with sync), as last read.
+    remote: Vec<Ages>,
 }
 
 fn owner_of(name: &str) -> u64 {
@@ -200,7 +210,25 @@ impl TrustLearner {
     /// and is replaced by the next merge. An unreadable value is read as
     /// empty (the next merge replaces it). On an error or a lost race
     /// this VM's counts wait for the next tick, and its view is unchanged.
-    pub(crate) fn share<S: SharedStore + ?Sized>(&mut self, store: &S) -> Result<(), StoreError> {
+    ///
+    /// With `remote` (sync on), it also reads the other replicas' counts
+    /// ([`REMOTE_KEY`], one more get), which the horizon adds to these.
+    pub(crate) fn share<S: SharedStore + ?Sized>(
+        &mut self,
+        store: &S,
+        remote: bool,
+    ) -> Result<(), StoreError> {
+        if remote {
+            let (value, _) = store.get(REMOTE_KEY)?;
+            let mut others = decode_shared(value.as_deref().unwrap_or_default());
+            for (i, o) in others.iter_mut().enumerate() {
+                let bound = self.pods.get(i).map_or(0, |p| p.owner);
+                if bound != 0 && o.owner != bound {
+                    *o = Ages::default();
+                }
+            }
+            self.remote = others;
+        }
         let shared = if self.pending.iter().any(|p| p.total > 0) {
             let pending = &self.pending;
             let mut merged = Vec::new();
@@ -246,7 +274,20 @@ impl TrustLearner {
     /// the split (every match is trusted, or the fixed
     /// `match_trust_secs` applies).
     pub(crate) fn horizon(&self, pod: PodSlot) -> Option<u32> {
-        let p = self.pods.get(pod.index())?;
+        let own = self.pods.get(pod.index());
+        let other = self.remote.get(pod.index());
+        let p = match (own, other) {
+            (None, None) => return None,
+            (Some(p), None) | (None, Some(p)) => *p,
+            (Some(a), Some(b)) => {
+                let mut sum = *a;
+                for age in 0..AGES {
+                    sum.held[age] = sum.held[age].saturating_add(b.held[age]);
+                    sum.evicted[age] = sum.evicted[age].saturating_add(b.evicted[age]);
+                }
+                sum
+            }
+        };
         let from = MIN_HORIZON_SECS as usize;
         // Trusting every match: every eviction from `from` on is a miss.
         let evictions: u32 = p.evicted[from..].iter().map(|&n| u32::from(n)).sum();
@@ -314,6 +355,71 @@ fn decode_shared(bytes: &[u8]) -> Vec<Ages> {
         pods[slot] = p;
     }
     pods
+}
+
+/// The counts a value of [`SHARED_KEY`] or [`REMOTE_KEY`] holds: (slot,
+/// held then evicted by age), for tests.
+#[cfg(test)]
+pub(crate) fn decoded_counts(bytes: &[u8]) -> Vec<(usize, Vec<u16>)> {
+    decode_shared(bytes)
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.total > 0)
+        .map(|(i, p)| (i, p.held.iter().chain(&p.evicted).copied().collect()))
+        .collect()
+}
+
+/// This replica's counts by pod name, for its `podload` report: the pods
+/// named in `names` (slot, name) whose slot in [`SHARED_KEY`] holds counts
+/// of that name, at most [`MAX_REPORTED_PODS`] (those with the most
+/// answers), each as [`REPORTED_COUNTS`] counts.
+pub(crate) fn reported_counts<'a, S: SharedStore + ?Sized>(
+    store: &S,
+    names: impl Iterator<Item = (PodSlot, &'a str)>,
+) -> Vec<(String, Vec<u16>)> {
+    let Ok((Some(bytes), _)) = store.get(SHARED_KEY) else {
+        return Vec::new();
+    };
+    let pods = decode_shared(&bytes);
+    let mut out: Vec<(u32, String, Vec<u16>)> = names
+        .filter_map(|(slot, name)| {
+            let p = pods.get(slot.index())?;
+            (p.total > 0 && p.owner == owner_of(name)).then(|| {
+                let counts = p.held.iter().chain(&p.evicted).copied().collect();
+                (p.total, name.to_string(), counts)
+            })
+        })
+        .collect();
+    out.sort_by_key(|p| std::cmp::Reverse(p.0));
+    out.truncate(MAX_REPORTED_PODS);
+    out.into_iter().map(|(_, n, c)| (n, c)).collect()
+}
+
+/// Sums the other replicas' reported counts (slot, pod name, counts; a
+/// report of another length than [`REPORTED_COUNTS`] is skipped) and
+/// publishes them as [`REMOTE_KEY`] for the workers.
+pub(crate) fn publish_remote<'a, S: SharedStore + ?Sized>(
+    store: &S,
+    reports: impl Iterator<Item = (PodSlot, &'a str, &'a [u16])>,
+) -> Result<(), StoreError> {
+    let mut pods: Vec<Ages> = Vec::new();
+    for (slot, name, counts) in reports {
+        let i = slot.index();
+        if i >= MAX_SLOTS || counts.len() != REPORTED_COUNTS {
+            continue;
+        }
+        if pods.len() <= i {
+            pods.resize(i + 1, Ages::default());
+        }
+        let p = &mut pods[i];
+        p.owner = owner_of(name);
+        for age in 0..AGES {
+            p.held[age] = p.held[age].saturating_add(counts[age]);
+            p.evicted[age] = p.evicted[age].saturating_add(counts[AGES + age]);
+        }
+        p.total = p.sum();
+    }
+    store.set(REMOTE_KEY, &encode_shared(&pods), None)
 }
 
 /// What to check in one answer: the prediction the request was routed on.
@@ -739,16 +845,16 @@ mod tests {
             t.observe(pod, 1, false);
             assert_eq!(t.horizon(pod), None);
         }
-        a.share(&store).unwrap();
+        a.share(&store, false).unwrap();
         assert_eq!(a.horizon(pod), None, "only a's own answers are shared yet");
-        b.share(&store).unwrap();
+        b.share(&store, false).unwrap();
         assert_eq!(b.horizon(pod), Some(4), "b reads a's two and its own two");
-        a.share(&store).unwrap();
+        a.share(&store, false).unwrap();
         assert_eq!(a.horizon(pod), Some(4));
         // Nothing new: one get, no write; nothing counted twice.
         let (gets, sets) = store.op_counts();
-        a.share(&store).unwrap();
-        b.share(&store).unwrap();
+        a.share(&store, false).unwrap();
+        b.share(&store, false).unwrap();
         assert_eq!(store.op_counts(), (gets + 2, sets));
         assert_eq!(a.pods[2].total, 6);
         assert_eq!(b.pods[2], a.pods[2]);
@@ -763,12 +869,12 @@ mod tests {
             a.observe(pod, 3, true);
         }
         store.interfere_next(MERGE_ATTEMPTS);
-        assert_eq!(a.share(&store), Err(StoreError::CasMismatch));
+        assert_eq!(a.share(&store, false), Err(StoreError::CasMismatch));
         assert_eq!(a.horizon(pod), Some(3), "its own view is kept");
-        b.share(&store).unwrap();
+        b.share(&store, false).unwrap();
         assert_eq!(b.horizon(pod), None, "nothing was written");
-        a.share(&store).unwrap();
-        b.share(&store).unwrap();
+        a.share(&store, false).unwrap();
+        b.share(&store, false).unwrap();
         assert_eq!(b.horizon(pod), Some(3));
         assert_eq!(b.pods[0].total, 3, "merged once");
     }
@@ -781,7 +887,7 @@ mod tests {
             for _ in 0..(TRUST_WINDOW / 2) {
                 t.observe(pod, 6, true);
             }
-            t.share(&store).unwrap();
+            t.share(&store, false).unwrap();
         }
         // 32 + 32 reached the window: halved to 32.
         assert_eq!(b.pods[0].total, TRUST_WINDOW / 2);
@@ -797,21 +903,21 @@ mod tests {
         for _ in 0..3 {
             old.observe(pod, 3, true);
         }
-        old.share(&store).unwrap();
+        old.share(&store, false).unwrap();
         // A VM that knows slot 0 as another pod (the old one retired).
         let mut new = TrustLearner::default();
         new.bind(pod, "pod-new");
-        new.share(&store).unwrap();
+        new.share(&store, false).unwrap();
         assert_eq!(new.horizon(pod), None, "the old pod's counts");
         new.observe(pod, 9, false);
-        new.share(&store).unwrap();
+        new.share(&store, false).unwrap();
         // Its merge replaced them: a VM still on the old name reads nothing.
-        old.share(&store).unwrap();
+        old.share(&store, false).unwrap();
         assert_eq!(old.horizon(pod), None);
         assert_eq!(new.pods[0].total, 1);
         // A VM not bound yet takes what is shared.
         let mut fresh = TrustLearner::default();
-        fresh.share(&store).unwrap();
+        fresh.share(&store, false).unwrap();
         assert_eq!(fresh.pods[0].total, 1);
     }
 
@@ -833,15 +939,61 @@ mod tests {
             store.set(SHARED_KEY, bytes, None).unwrap();
             let mut t = TrustLearner::default();
             t.bind(pod, "pod-c");
-            t.share(&store).unwrap();
+            t.share(&store, false).unwrap();
             assert!(t.pods.len() <= MAX_SLOTS);
         }
         assert_eq!(decode_shared(&valid).len(), 3);
         store.set(SHARED_KEY, b"\x07garbage", None).unwrap();
         a.observe(pod, 3, true);
-        a.share(&store).unwrap();
+        a.share(&store, false).unwrap();
         let (v, _) = store.get(SHARED_KEY).unwrap();
         assert_eq!(decode_shared(&v.unwrap())[2].total, 1, "replaced");
+    }
+
+    #[test]
+    fn a_report_names_at_most_128_pods_and_remote_counts_of_another_pod_are_not_read() {
+        let store = MemStore::new();
+        let mut t = TrustLearner::default();
+        let names: Vec<String> = (0..130).map(|i| format!("pod-{i}")).collect();
+        for (i, name) in (0u16..).zip(&names) {
+            t.bind(PodSlot::new(i), name);
+            // Pod i has i + 1 answers: pods 0 and 1 have the fewest.
+            for _ in 0..=i.min(60) {
+                t.observe(PodSlot::new(i), 3, true);
+            }
+        }
+        t.share(&store, false).unwrap();
+        let named = (0u16..)
+            .zip(&names)
+            .map(|(i, n)| (PodSlot::new(i), n.as_str()));
+        let report = reported_counts(&store, named);
+        assert_eq!(report.len(), MAX_REPORTED_PODS);
+        assert!(report
+            .iter()
+            .all(|(n, c)| n != "pod-0" && n != "pod-1" && c.len() == 32));
+        // Slot 5 renamed here: a report under its old name is not read.
+        let counts = vec![4u16; REPORTED_COUNTS];
+        publish_remote(
+            &store,
+            [(PodSlot::new(5), "pod-5", counts.as_slice())].into_iter(),
+        )
+        .unwrap();
+        let mut renamed = TrustLearner::default();
+        renamed.bind(PodSlot::new(5), "pod-new");
+        renamed.share(&store, true).unwrap();
+        assert_eq!(renamed.horizon(PodSlot::new(5)), None);
+        let mut same = TrustLearner::default();
+        same.bind(PodSlot::new(5), "pod-5");
+        same.share(&store, true).unwrap();
+        assert!(same.horizon(PodSlot::new(5)).is_some());
+        // A report of the wrong length is skipped.
+        publish_remote(
+            &store,
+            [(PodSlot::new(5), "pod-5", &counts[..3])].into_iter(),
+        )
+        .unwrap();
+        let (v, _) = store.get(REMOTE_KEY).unwrap();
+        assert_eq!(decoded_counts(&v.unwrap()), vec![]);
     }
 
     #[test]

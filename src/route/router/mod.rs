@@ -569,9 +569,11 @@ impl Router {
     }
 
     /// Merges this VM's answers into the counts every worker VM shares, and
-    /// learns from theirs (see [`TrustLearner::share`]).
+    /// learns from theirs and, with sync, the other replicas' (see
+    /// [`TrustLearner::share`]).
     pub(crate) fn share_trust<S: SharedStore + ?Sized>(&self, store: &S) -> Result<(), StoreError> {
-        self.trust.borrow_mut().share(store)
+        let remote = self.settings.sync.enabled;
+        self.trust.borrow_mut().share(store, remote)
     }
 
     /// Whole seconds from which a match on `pod` is not trusted: the
