@@ -137,8 +137,8 @@ const ENTRY_BYTES: usize = 2 + 8 + 4 * AGES;
 
 /// Per pod slot: how old its matches were when its answers showed them held
 /// or evicted, and from which age they are not to be trusted. Bounded:
-/// [`MAX_SLOTS`] pods of 80 bytes, twice (the view and this VM's counts
-/// not yet shared).
+/// [`MAX_SLOTS`] pods of 80 bytes, three times (the view, this VM's counts
+/// not yet shared, and the other replicas').
 ///
 /// Every worker VM of the Envoy learns from the answers it sees, and on its
 /// tick merges them into one shared-data value, [`SHARED_KEY`]
@@ -207,7 +207,7 @@ impl TrustLearner {
     /// set under CAS, retried up to 3 times; with nothing new, one get),
     /// then learns from the merged counts. A slot the shared value holds
     /// for a pod of another name than this VM binds there is not read,
-    /// and is replaced by the next merge. An unreadable value is read as
+    /// and is replaced by the next merge of counts for that slot. An unreadable value is read as
     /// empty (the next merge replaces it). On an error or a lost race
     /// this VM's counts wait for the next tick, and its view is unchanged.
     ///
