@@ -925,7 +925,10 @@ fn every_worker_vm_learns_the_horizon_from_answers_another_read() {
     // a's tick merges its last answer; b's reads all three.
     host.now.set(host.now.get() + 300_000_000);
     a.on_tick(&host);
-    let (_, merged) = host.store.get(crate::route::feedback::SHARED_KEY).unwrap();
+    let (_, merged) = host
+        .store
+        .get(crate::route::feedback::trust::SHARED_KEY)
+        .unwrap();
     b.on_tick(&host);
     assert_eq!(trust_of(&b, &pod), 3, "learned from a's answers");
     assert_eq!(trust_of(&a, &pod), 3);
@@ -935,7 +938,10 @@ fn every_worker_vm_learns_the_horizon_from_answers_another_read() {
         a.on_tick(&host);
         b.on_tick(&host);
     }
-    let (_, now) = host.store.get(crate::route::feedback::SHARED_KEY).unwrap();
+    let (_, now) = host
+        .store
+        .get(crate::route::feedback::trust::SHARED_KEY)
+        .unwrap();
     assert!(merged.is_some());
     assert_eq!(now, merged, "nothing rewritten");
     assert_eq!(trust_of(&b, &pod), 3);

@@ -8,10 +8,11 @@ use serde::{Deserialize, Serialize};
 use super::Clock;
 use crate::config::Settings;
 use crate::fleet::SharedView;
+use crate::route::feedback::trust as feedback;
+use crate::route::load;
 use crate::route::policy::PolicyMode;
 use crate::route::registry::PodSlot;
 use crate::route::store::SharedStore;
-use crate::route::{feedback, load};
 use crate::sync::{Capabilities, Rejected, Syncable};
 
 /// One replica's load report.
@@ -23,7 +24,7 @@ pub struct LoadReport {
     pub at_ms: u64,
     /// What this replica's answers said of each pod's old matches
     /// (`feedback.cached_tokens`): per pod name, held then evicted counts by
-    /// age (see [`crate::route::feedback::reported_counts`]). Absent in
+    /// age (see [`crate::route::feedback::trust::reported_counts`]). Absent in
     /// reports of replicas without it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub trust: BTreeMap<String, Vec<u16>>,
@@ -230,7 +231,8 @@ mod tests {
 
     #[test]
     fn trust_counts_travel_by_pod_name_and_the_others_are_summed() {
-        use crate::route::feedback::{self, TrustLearner, REMOTE_KEY};
+        use crate::route::feedback::trust::REMOTE_KEY;
+        use crate::route::feedback::TrustLearner;
         let store = Rc::new(MemStore::new());
         let s = settings();
         let fleet = view(&store, &s);
