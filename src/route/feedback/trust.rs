@@ -36,25 +36,39 @@ impl Ages {
         }
     }
 
-    /// Adds `n` answers at `age`, then [`Ages::halve_past_window`].
-    fn add(&mut self, age: usize, evicted: bool, n: u16) {
+    /// Adds one answer at `age` (raw: nothing halves).
+    fn count(&mut self, age: usize, evicted: bool) {
         let counts = if evicted {
             &mut self.evicted
         } else {
             &mut self.held
         };
         let age = age.min(AGES - 1);
-        counts[age] = counts[age].saturating_add(n);
+        counts[age] = counts[age].saturating_add(1);
+        self.total = self.total.saturating_add(1);
+    }
+
+    /// Adds counts by age (another VM's or replica's, of the same pod; raw:
+    /// nothing halves).
+    fn absorb(&mut self, held: &[u16], evicted: &[u16]) {
+        for (mine, theirs) in [(&mut self.held, held), (&mut self.evicted, evicted)] {
+            for (m, t) in mine.iter_mut().zip(theirs) {
+                *m = m.saturating_add(*t);
+            }
+        }
+        self.total = self.sum();
+    }
+
+    /// Adds one answer at `age`, then [`Ages::halve_past_window`].
+    fn add(&mut self, age: usize, evicted: bool) {
+        self.count(age, evicted);
         self.halve_past_window();
     }
 
     /// Adds `other`'s counts (another VM's, of the same pod), then
     /// [`Ages::halve_past_window`].
     fn merge(&mut self, other: &Ages) {
-        for age in 0..AGES {
-            self.held[age] = self.held[age].saturating_add(other.held[age]);
-            self.evicted[age] = self.evicted[age].saturating_add(other.evicted[age]);
-        }
+        self.absorb(&other.held, &other.evicted);
         self.halve_past_window();
     }
 
@@ -157,13 +171,9 @@ impl TrustLearner {
                 v.resize(i + 1, Ages::default());
             }
         }
-        self.pods[i].add(age, evicted, 1);
+        self.pods[i].add(age, evicted);
         // Raw counts: the merge halves.
-        let p = &mut self.pending[i];
-        let counts = if evicted { &mut p.evicted } else { &mut p.held };
-        let age = age.min(AGES - 1);
-        counts[age] = counts[age].saturating_add(1);
-        p.total = p.total.saturating_add(1);
+        self.pending[i].count(age, evicted);
     }
 
     /// The tick's exchange with the other worker VMs: merges this VM's
@@ -245,10 +255,7 @@ impl TrustLearner {
             (Some(p), None) | (None, Some(p)) => *p,
             (Some(a), Some(b)) => {
                 let mut sum = *a;
-                for age in 0..AGES {
-                    sum.held[age] = sum.held[age].saturating_add(b.held[age]);
-                    sum.evicted[age] = sum.evicted[age].saturating_add(b.evicted[age]);
-                }
+                sum.absorb(&b.held, &b.evicted);
                 sum
             }
         };
@@ -377,11 +384,8 @@ pub(crate) fn publish_remote<'a, S: SharedStore + ?Sized>(
         }
         let p = &mut pods[i];
         p.owner = owner_of(name);
-        for age in 0..AGES {
-            p.held[age] = p.held[age].saturating_add(counts[age]);
-            p.evicted[age] = p.evicted[age].saturating_add(counts[AGES + age]);
-        }
-        p.total = p.sum();
+        let (held, evicted) = counts.split_at(AGES);
+        p.absorb(held, evicted);
     }
     store.set(REMOTE_KEY, &encode_shared(&pods), None)
 }
@@ -582,7 +586,7 @@ mod tests {
         let (mut a, _, store) = two_vms();
         let mut valid = encode_shared(&[Ages::default(), Ages::default(), {
             let mut p = Ages::bound(owner_of("pod-c"));
-            p.add(3, true, 5);
+            (0..5).for_each(|_| p.add(3, true));
             p
         }]);
         // A slot past MAX_SLOTS in an entry of the right size is skipped.
