@@ -594,7 +594,8 @@ impl Worker {
 
     /// Merges what this VM's answers said of the pods into the counts the
     /// worker VMs share, and reads theirs: one get, plus one set when it
-    /// read answers since (see [`crate::route::feedback::trust::TrustLearner::share`]).
+    /// read answers since, plus with sync one get of the other replicas'
+    /// (see [`crate::route::feedback::trust::TrustLearner::share`]).
     /// A race lost three times waits for the next tick.
     fn share_trust<H: Host>(&self, host: &H) {
         match self.router.share_trust(host) {
