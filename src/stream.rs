@@ -111,6 +111,9 @@ pub(crate) struct Stream {
     /// at least 2 s old: its answer is scanned for `cached_tokens` as it
     /// passes.
     feedback: Option<Box<Check>>,
+    /// Its prefill is timed until its first answer bytes
+    /// ([`crate::route::prefill`]).
+    prefill_timed: bool,
 }
 
 /// One answer being checked against its routing prediction.
@@ -227,6 +230,10 @@ impl Stream {
             self.computing = false;
             w.answered(host, self.id);
         }
+        if self.prefill_timed && body_size > 0 {
+            self.prefill_timed = false;
+            w.prefill_answered(host, self.id);
+        }
         let Some(check) = self.feedback.as_mut() else {
             return;
         };
@@ -267,6 +274,9 @@ impl Stream {
         }
         if std::mem::take(&mut self.held) {
             w.left_hold(self.id);
+        }
+        if std::mem::take(&mut self.prefill_timed) {
+            w.prefill_ended(self.id);
         }
         self.release(w, host);
     }
@@ -377,6 +387,9 @@ impl Stream {
         if hold.held && std::mem::take(&mut self.timed_hit) {
             // Its wait for another's prefill is not its pod's speed.
             w.router.untime_hit(pod);
+        }
+        if let (Some(blocks), false) = (routed.prefill_blocks, hold.held) {
+            self.prefill_timed = w.prefill_started(host, self.id, pod, blocks);
         }
         if let Some(plan) = routed.feedback {
             // A streamed answer without a usage chunk has nothing to read.

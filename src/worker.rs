@@ -13,6 +13,7 @@ use crate::route::feedback::{clearly_less, learned_blocks, Plan};
 use crate::route::hold::{self, Holds, Owner, Remembered, SharedEntry};
 use crate::route::meter::{Count, Meter, MetricSink};
 use crate::route::policy::PolicyMode;
+use crate::route::prefill;
 use crate::route::registry::PodSlot;
 use crate::route::request::PromptRequest;
 use crate::route::router::{RouteError, Routed, Router};
@@ -379,6 +380,34 @@ impl Worker {
         }
     }
 
+    /// Times stream `stream`'s prefill of `blocks` uncached blocks on `pod`
+    /// from now (one clock read, only when it is long enough to be timed;
+    /// see [`crate::route::prefill`]). Whether it is timed.
+    pub(crate) fn prefill_started<H: Host>(
+        &self,
+        host: &H,
+        stream: u32,
+        pod: PodSlot,
+        blocks: u32,
+    ) -> bool {
+        if blocks < prefill::MIN_BLOCKS {
+            return false;
+        }
+        let now_ms = host.now_nanos() / 1_000_000;
+        self.router.prefill_started(stream, pod, blocks, now_ms)
+    }
+
+    /// A timed prefill's first answer bytes (one clock read).
+    pub(crate) fn prefill_answered<H: Host>(&self, host: &H, stream: u32) {
+        self.router
+            .prefill_answered(stream, host.now_nanos() / 1_000_000);
+    }
+
+    /// A timed prefill's stream ended before any answer bytes.
+    pub(crate) fn prefill_ended(&self, stream: u32) {
+        self.router.prefill_ended(stream);
+    }
+
     /// A held stream ended before it was resumed.
     pub(crate) fn left_hold(&self, stream: u32) {
         self.holds.borrow_mut().left(stream);
@@ -411,9 +440,13 @@ impl Worker {
 
     /// The tick period the root context should run this worker at: fast
     /// while `hold` may wait for another worker VM's prefill (their ends
-    /// are seen only by polling), else [`TICK_MS`].
+    /// are seen only by polling), and while this VM times a prefill (an
+    /// overdue one reads slow within a fast tick; see
+    /// [`crate::route::prefill`]), else [`TICK_MS`].
     pub(crate) fn tick_ms(&self) -> u32 {
-        if self.settings().hold.enabled && self.router.other_vms_live() {
+        if (self.settings().hold.enabled && self.router.other_vms_live())
+            || self.router.prefills_open()
+        {
             FAST_TICK_MS
         } else {
             TICK_MS
@@ -480,8 +513,11 @@ impl Worker {
         }
     }
 
-    /// The worker's tick. Every tick: holds past their time go on, and this
-    /// VM's requests in flight are timed (pod slowness). Every
+    /// The worker's tick. Every tick: holds past their time go on, this
+    /// VM's requests in flight are timed (pod slowness), and, while other
+    /// worker VMs are live, the pods their prefill timing reads slow are
+    /// exchanged with them (one get; one set when this VM's reading is
+    /// new). Every
     /// [`TICK_MS`]: ages this VM's bucket copies (see
     /// [`crate::route::mirror`]), refreshes the fleet view, exchanges in-flight
     /// counts with the other VMs (and sets the in-flight gauges), flushes
@@ -492,6 +528,11 @@ impl Worker {
         self.tick_nanos.set(now_nanos);
         self.tick_holds(host, now_nanos / 1_000_000);
         self.router.tick_latency(now_nanos / 1_000_000);
+        if self.settings().policy == PolicyMode::LoadAware && self.router.other_vms_live() {
+            if let Err(e) = self.router.share_prefill(host, now_nanos / 1_000_000) {
+                log::debug!("prefix_router: prefill timing not shared: {e}");
+            }
+        }
         // At the fast tick, the rest runs every TICK_MS (a few ms early
         // rather than a whole fast tick late).
         let last = self.full_tick_nanos.get();

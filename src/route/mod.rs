@@ -20,6 +20,7 @@ pub mod load;
 pub mod meter;
 pub(crate) mod mirror;
 pub(crate) mod policy;
+pub mod prefill;
 pub mod registry;
 pub mod request;
 pub mod router;

@@ -1349,3 +1349,128 @@ fn a_request_waits_for_another_worker_vms_prefill_and_its_tick_resumes_it() {
         assert_eq!(n(&withdrawn, k), 1, "{k}: {withdrawn:?}");
     }
 }
+
+/// A streamed new prefix sent to a pod with a free slot is timed from
+/// routing to its first answer bytes: one clock read at each end, and the
+/// VM ticks fast meanwhile. A pod whose open prefill has run 2.5x as long
+/// as the other pod's took reads slow at once, before it answers: the
+/// next new prefix goes to the other pod, though that one is busier.
+#[test]
+fn a_new_prefix_avoids_a_pod_whose_prefill_is_overdue() {
+    let host = TestHost::default();
+    let w = worker_on(&host, "");
+    let slot_of = |address: &str| {
+        let fleet = w.router.fleet();
+        let member = fleet.all().find(|&(_, _, a)| a == address);
+        member.map(|(slot, _, _)| slot).unwrap()
+    };
+    let t0 = host.now.get();
+    let ms = |n: u64| t0 + n * 1_000_000;
+    host.reset_calls();
+    let (mut a, _) = start_stream(&w, &host, 10, &streamed_chat("alpha ", 8 * 1024, "q"));
+    let x = host.header(DESTINATION_HEADER).unwrap();
+    assert!(a.prefill_timed);
+    let clock = |h: &TestHost| {
+        h.calls
+            .borrow()
+            .get("get_current_time")
+            .copied()
+            .unwrap_or(0)
+    };
+    // The first request of the VM's sampling cycle is timed (two reads)
+    // and the prefill start is one more.
+    assert_eq!(clock(&host), 3);
+    assert_eq!(
+        w.tick_ms(),
+        crate::worker::FAST_TICK_MS,
+        "a prefill is timed"
+    );
+    let (mut b, _) = start_stream(&w, &host, 11, &streamed_chat("beta ", 8 * 1024, "q"));
+    let y = host.header(DESTINATION_HEADER).unwrap();
+    assert_ne!(x, y, "the idle pod");
+    assert!(b.prefill_timed);
+    // A's first bytes at 200 ms (one clock read); it goes on decoding.
+    host.now.set(ms(200));
+    host.reset_calls();
+    *host.answer.borrow_mut() = b"data: {}\n\n".to_vec();
+    a.on_response_body(&w, &host, 10, false);
+    assert_eq!(clock(&host), 1);
+    assert!(!a.prefill_timed);
+    a.on_response_body(&w, &host, 10, false);
+    assert_eq!(clock(&host), 1, "later chunks read nothing");
+    // A hit on x: x now runs two requests, y one.
+    let (mut d, _) = start_stream(&w, &host, 12, &chat("alpha ", 8 * 1024, "q2"));
+    assert_eq!(host.header(DESTINATION_HEADER).unwrap(), x);
+    assert!(!d.prefill_timed, "a hit has nothing to prefill");
+    // At 500 ms B has run 2.5x as long as A's prefill took.
+    host.now.set(ms(500));
+    w.on_tick(&host);
+    let slow = w.router.member_slowness();
+    assert!(slow[slot_of(&y).index()] >= 2400, "{slow:?}");
+    let (mut c, _) = start_stream(&w, &host, 13, &streamed_chat("gamma ", 8 * 1024, "q"));
+    assert_eq!(
+        host.header(DESTINATION_HEADER).unwrap(),
+        x,
+        "not the overdue pod"
+    );
+    assert!(!c.prefill_timed, "x had no free slot as far as the VM knew");
+    // B ends without answering: its prefill is no longer timed, and the
+    // VM ticks slowly again.
+    for (s, _) in [(&mut a, 0), (&mut b, 1), (&mut c, 2), (&mut d, 3)] {
+        s.on_done(&w, &host);
+    }
+    assert!(!w.router.prefills_open());
+    w.on_tick(&host);
+    assert_eq!(w.tick_ms(), crate::worker::TICK_MS);
+}
+
+/// With two worker VMs, what one VM's prefill timing reads reaches the
+/// other on their ticks (one get per tick each, and one set by the VM
+/// whose reading is new): B, which timed nothing, reads the overdue pod
+/// slow too.
+#[test]
+fn a_pod_one_worker_vm_reads_slow_reads_slow_in_the_other() {
+    let host = TestHost::default();
+    let a = worker_on(&host, "");
+    let b = worker_on(&host, "");
+    b.set_root_context(2);
+    for w in [&a, &b, &a] {
+        w.on_tick(&host);
+    }
+    let t0 = host.now.get();
+    let ms = |n: u64| t0 + n * 1_000_000;
+    // A times a prefill on each pod; the first answers at 200 ms.
+    let (mut x, _) = start_stream(&a, &host, 10, &streamed_chat("alpha ", 8 * 1024, "q"));
+    let (mut y, _) = start_stream(&a, &host, 11, &streamed_chat("beta ", 8 * 1024, "q"));
+    let slow_pod = host.header(DESTINATION_HEADER).unwrap();
+    host.now.set(ms(200));
+    *host.answer.borrow_mut() = b"data: {}\n\n".to_vec();
+    x.on_response_body(&a, &host, 10, false);
+    host.now.set(ms(500));
+    host.reset_calls();
+    a.on_tick(&host);
+    let a_calls = host.calls.borrow().clone();
+    host.reset_calls();
+    b.on_tick(&host);
+    let b_calls = host.calls.borrow().clone();
+    let slot = {
+        let fleet = b.router.fleet();
+        let member = fleet.all().find(|&(_, _, addr)| addr == slow_pod);
+        member.map(|(slot, _, _)| slot).unwrap()
+    };
+    let slow = b.router.member_slowness();
+    assert!(
+        slow.get(slot.index()).copied().unwrap_or(0) >= 2400,
+        "{slow:?}"
+    );
+    let n = |calls: &BTreeMap<&str, u32>, k: &str| calls.get(k).copied().unwrap_or(0);
+    // A's set is its reading (the tick's other sets are the in-flight
+    // exchange and stats, the same for both).
+    assert_eq!(
+        n(&a_calls, "set_shared_data"),
+        n(&b_calls, "set_shared_data") + 1
+    );
+    for s in [&mut x, &mut y] {
+        s.on_done(&a, &host);
+    }
+}

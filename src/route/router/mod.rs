@@ -31,6 +31,7 @@ use crate::route::mirror::{Mirror, Mirrored};
 use crate::route::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
 };
+use crate::route::prefill::PrefillTiming;
 use crate::route::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
 use crate::route::request::PromptRequest;
 use crate::route::store::{SharedStore, StoreError};
@@ -98,6 +99,10 @@ pub struct Routed {
     /// pod at least [`MIN_HORIZON_SECS`] old: what its answer is checked
     /// against.
     pub(crate) feedback: Option<Plan>,
+    /// With the load-aware policy, a streamed request sent to a pod with a
+    /// free slot (as far as this VM knew): its uncached blocks, for
+    /// [`Router::prefill_started`] (which times it if long enough).
+    pub(crate) prefill_blocks: Option<u32>,
 }
 
 impl Routed {
@@ -145,6 +150,8 @@ pub struct Router {
     /// Per pod, from which age its matches are not trusted, learned from
     /// its answers (`feedback.cached_tokens`; see [`crate::route::feedback`]).
     trust: RefCell<TrustLearner>,
+    /// How fast each pod prefills, timed by this VM (load-aware slowness).
+    prefill: RefCell<PrefillTiming>,
 }
 
 impl Router {
@@ -170,6 +177,7 @@ impl Router {
             hints: RefCell::new(HashMap::new()),
             mirror: RefCell::new(Mirror::default()),
             trust: RefCell::new(TrustLearner::default()),
+            prefill: RefCell::new(PrefillTiming::default()),
             settings,
         }
     }
@@ -192,11 +200,51 @@ impl Router {
     }
 
     /// Every tick (fast ones too): adds this VM's requests in flight to
-    /// their pods' time (see [`PodLatency::tick`]).
+    /// their pods' time (see [`PodLatency::tick`]), and reads the prefills
+    /// timed so far (see [`PrefillTiming::tick`]).
     pub(crate) fn tick_latency(&self, now_ms: u64) {
         self.latency
             .borrow_mut()
             .tick(self.load.borrow().own(), now_ms);
+        self.prefill.borrow_mut().tick(now_ms);
+    }
+
+    /// Times stream `stream`'s prefill of `blocks` uncached blocks on
+    /// `pod`, sent at `now_ms`, until [`Self::prefill_answered`] or
+    /// [`Self::prefill_ended`]; false when it is not timed.
+    pub(crate) fn prefill_started(
+        &self,
+        stream: u32,
+        pod: PodSlot,
+        blocks: u32,
+        now_ms: u64,
+    ) -> bool {
+        self.prefill.borrow_mut().start(stream, pod, blocks, now_ms)
+    }
+
+    /// Stream `stream`'s first answer bytes, at `now_ms`.
+    pub(crate) fn prefill_answered(&self, stream: u32, now_ms: u64) {
+        self.prefill.borrow_mut().answered(stream, now_ms);
+    }
+
+    /// Stream `stream` ended before any answer bytes.
+    pub(crate) fn prefill_ended(&self, stream: u32) {
+        self.prefill.borrow_mut().ended(stream);
+    }
+
+    /// Exchanges what the prefill timing reads with the replica's other
+    /// worker VMs (see [`PrefillTiming::share`]).
+    pub(crate) fn share_prefill<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        self.prefill.borrow_mut().share(store, now_ms)
+    }
+
+    /// Whether this VM is timing a prefill.
+    pub(crate) fn prefills_open(&self) -> bool {
+        self.prefill.borrow().any_open()
     }
 
     /// The tick's load exchange (see [`VmLoad::refresh`]); returns this
@@ -237,7 +285,14 @@ impl Router {
     /// nothing is measured yet.
     pub(crate) fn member_slowness(&self) -> Vec<u32> {
         let pool: Vec<PodSlot> = self.fleet.borrow().all().map(|(slot, _, _)| slot).collect();
-        slowness(&self.latency.borrow(), &self.signals.borrow(), &pool).0
+        let prefill = self.prefill.borrow();
+        slowness(
+            &self.latency.borrow(),
+            &self.signals.borrow(),
+            prefill.slowness(),
+            &pool,
+        )
+        .0
     }
 
     /// This VM's view of the fleet (members, health, cooldowns).
@@ -431,7 +486,10 @@ impl Router {
                 }
                 let placed = self.placed.borrow();
                 let sent = self.sent.borrow();
-                let (slowness, reported_slow) = slowness(&self.latency.borrow(), &signals, pool);
+                let prefill = self.prefill.borrow();
+                let (slowness, reported_slow) =
+                    slowness(&self.latency.borrow(), &signals, prefill.slowness(), pool);
+
                 // A match whose prefix nobody sent to its pod for its
                 // trust horizon may have been evicted there.
                 let untrusted: Vec<PodSlot> = matches
@@ -456,6 +514,10 @@ impl Router {
             }
         }
         .ok_or(RouteError::NoEndpoints)?;
+        // Before it is counted in flight there.
+        let timeable = req.stream
+            && self.settings.policy == PolicyMode::LoadAware
+            && self.had_free_slot(choice.pod, &load);
         let advance = usize::from(choice.reason != crate::route::policy::Reason::PrefixMatch);
         if advance == 1 {
             bump(&self.placed, choice.pod);
@@ -522,7 +584,13 @@ impl Router {
             }
             _ => None,
         };
+        let prefill_blocks = timeable.then(|| {
+            u32::try_from(hashes.len())
+                .unwrap_or(u32::MAX)
+                .saturating_sub(predicted)
+        });
         Ok(Routed {
+            prefill_blocks,
             choice,
             total_blocks: hashes.len(),
             probes,
@@ -534,6 +602,25 @@ impl Router {
             hashes,
             feedback,
         })
+    }
+
+    /// Whether `pod` had a slot free before this request, as far as this
+    /// VM knew: this replica's requests there plus the report's foreign
+    /// ones (else every count this VM knows, `load`) below the most the
+    /// pod was seen running at once (at least 1). A prefill is timed only
+    /// there, so that a queue the router knew of is not read as slowness.
+    fn had_free_slot(&self, pod: PodSlot, load: &[u32]) -> bool {
+        let i = pod.index();
+        let signals = self.signals.borrow();
+        let known = match signals.seen(pod) {
+            Some(seen) => self
+                .load
+                .borrow()
+                .replica_at(i)
+                .saturating_add(seen.foreign),
+            None => load.get(i).copied().unwrap_or(0),
+        };
+        known < signals.capacity(pod).max(1)
     }
 
     /// A hit on `pod` waits for another request's prefill (`hold`): its

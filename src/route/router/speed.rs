@@ -1,6 +1,7 @@
 //! How much slower each pod is than the others, as the load-aware policy
-//! weighs it ([`slowness`]): from this VM's timing of its hits and from
-//! the pods' reported time per output token.
+//! weighs it ([`slowness`]): from this VM's timing of its hits and of its
+//! new prefixes' prefills, and from the pods' reported time per output
+//! token.
 
 use crate::route::latency::PodLatency;
 use crate::route::policy::SLOW_PREFILL;
@@ -12,10 +13,11 @@ const MAX_SLOWNESS: u64 = 8_000;
 
 /// Per slot: how much slower `pool`'s pods are than the fastest one (the
 /// [`reference()`]; thousandths, 1000..=[`MAX_SLOWNESS`]; 0 = 1x, nothing
-/// known), and whether a pod of the pool reports itself slow (its time per
-/// output token at least [`SLOW_PREFILL`] / 1000 times the reference).
+/// known), and whether a pod of the pool reads slow by what it does, not
+/// by this VM's hits: its time per output token or its prefill time at
+/// least [`SLOW_PREFILL`] / 1000 times the reference.
 ///
-/// Two measures, each against its own reference; the higher counts:
+/// Three measures, each against its own reference; the highest counts:
 /// - this VM's own timing of its hits ([`PodLatency::mean_hit_ms`], once a
 ///   pod has enough of them completed): hits, not all requests, as a pod's
 ///   mean over all of them grows with its share of misses (their prefill),
@@ -23,10 +25,15 @@ const MAX_SLOWNESS: u64 = 8_000;
 /// - where at least two pods report their time per output token (pod
 ///   signals, [`crate::signals::PodSignals::token_us`]): every VM and
 ///   replica reads it as soon as a pod has made a few tokens, long before
-///   this VM has timed enough hits there.
+///   this VM has timed enough hits there;
+/// - `prefill`, this VM's timing of long uncached prefills
+///   ([`crate::route::prefill::PrefillTiming::slowness`], per slot, only
+///   where at least [`SLOW_PREFILL`]): a slow pod's first new prefix shows
+///   it once overdue, before the pod has made a token.
 pub(super) fn slowness(
     latency: &PodLatency,
     signals: &SignalView,
+    prefill: &[u32],
     pool: &[PodSlot],
 ) -> (Vec<u32>, bool) {
     let bound = pool.iter().map(|&p| p.index() + 1).max().unwrap_or(0);
@@ -58,6 +65,13 @@ pub(super) fn slowness(
             let r = ratio(us, reference);
             reported_slow |= i128::from(r) >= SLOW_PREFILL;
             out[pod.index()] = out[pod.index()].max(r);
+        }
+    }
+    for &pod in pool {
+        let s = prefill.get(pod.index()).copied().unwrap_or(0);
+        if s > 0 {
+            reported_slow |= i128::from(s) >= SLOW_PREFILL;
+            out[pod.index()] = out[pod.index()].max(s.min(MAX_SLOWNESS as u32));
         }
     }
     if out.iter().all(|&s| s == 0) {

@@ -456,7 +456,7 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
     };
     let pool: Vec<PodSlot> = (0..3).map(PodSlot::new).collect();
     let none = PodLatency::default();
-    let reported = |us: &[Option<u32>]| super::slowness(&none, &view(us), &pool);
+    let reported = |us: &[Option<u32>]| super::slowness(&none, &view(us), &[], &pool);
     assert_eq!(reported(&[None, None, None]), (vec![], false));
     // One pod reporting: nothing to compare with.
     assert_eq!(reported(&[Some(9_000), None, None]), (vec![], false));
@@ -481,15 +481,32 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
         super::slowness(
             &hits,
             &view(&[Some(3_000), Some(9_000), Some(3_000)]),
+            &[],
             &pool
         ),
         (vec![2000, 3000, 1000], true)
+    );
+    // Pod 2's prefill timing says 2.5x: it reads slow too (the prefill
+    // figure only comes where it is at least 1.5x).
+    assert_eq!(
+        super::slowness(
+            &hits,
+            &view(&[Some(3_000), Some(9_000), Some(3_000)]),
+            &[0, 0, 2500],
+            &pool
+        ),
+        (vec![2000, 3000, 2500], true)
+    );
+    // Alone it counts as slow as a report does.
+    assert_eq!(
+        super::slowness(&none, &view(&[None, None, None]), &[0, 2500], &pool),
+        (vec![0, 2500, 0], true)
     );
     // Three pods timed: against the second fastest too. Pod 0's hits read
     // half the others' (by chance, on the tick): the others are not slow.
     let hits = hits_ending(&[(0, 250), (1, 500), (2, 500)]);
     assert_eq!(
-        super::slowness(&hits, &view(&[None, None, None]), &pool),
+        super::slowness(&hits, &view(&[None, None, None]), &[], &pool),
         (vec![1000, 1000, 1000], false)
     );
 }
