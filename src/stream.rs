@@ -211,6 +211,13 @@ impl Stream {
         if let (Some(name), Some(pct)) = (&w.settings().match_header, self.match_percent) {
             host.set_response_header(name, &pct.to_string());
         }
+        // Only a 200's first bytes end a prefill: an error answer's come
+        // at once, and would read as the fastest pod (one property read,
+        // only for a timed prefill).
+        if self.prefill_timed && !w.answer_ok(host) {
+            self.prefill_timed = false;
+            w.prefill_ended(self.id);
+        }
     }
 
     /// A chunk of the answer passes (never held). Only a request routed on

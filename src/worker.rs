@@ -403,7 +403,13 @@ impl Worker {
             .prefill_answered(stream, host.now_nanos() / 1_000_000);
     }
 
-    /// A timed prefill's stream ended before any answer bytes.
+    /// Whether the pod answered 200 (`response.code`, one property read).
+    pub(crate) fn answer_ok<H: Host>(&self, host: &H) -> bool {
+        int_property(host, &["response", "code"]) == Some(200)
+    }
+
+    /// A timed prefill's stream ended before any answer bytes, or its
+    /// answer is not a 200.
     pub(crate) fn prefill_ended(&self, stream: u32) {
         self.router.prefill_ended(stream);
     }

@@ -1389,9 +1389,16 @@ fn a_new_prefix_avoids_a_pod_whose_prefill_is_overdue() {
     let y = host.header(DESTINATION_HEADER).unwrap();
     assert_ne!(x, y, "the idle pod");
     assert!(b.prefill_timed);
-    // A's first bytes at 200 ms (one clock read); it goes on decoding.
+    // A's 200 (one property read) and first bytes at 200 ms (one clock
+    // read); it goes on decoding.
     host.now.set(ms(200));
     host.reset_calls();
+    let ok = 200i64.to_le_bytes().to_vec();
+    host.properties
+        .borrow_mut()
+        .insert("response.code".into(), ok);
+    a.on_response_headers(&w, &host);
+    assert_eq!(host.calls.borrow().get("get_property"), Some(&1));
     *host.answer.borrow_mut() = b"data: {}\n\n".to_vec();
     a.on_response_body(&w, &host, 10, false);
     assert_eq!(clock(&host), 1);
@@ -1422,6 +1429,16 @@ fn a_new_prefix_avoids_a_pod_whose_prefill_is_overdue() {
     assert!(!w.router.prefills_open());
     w.on_tick(&host);
     assert_eq!(w.tick_ms(), crate::worker::TICK_MS);
+    // An error answer's first bytes come at once: not timed.
+    let (mut e, _) = start_stream(&w, &host, 14, &streamed_chat("delta ", 8 * 1024, "q"));
+    assert!(e.prefill_timed);
+    let busy = 503i64.to_le_bytes().to_vec();
+    host.properties
+        .borrow_mut()
+        .insert("response.code".into(), busy);
+    e.on_response_headers(&w, &host);
+    assert!(!e.prefill_timed && !w.router.prefills_open());
+    e.on_done(&w, &host);
 }
 
 /// With two worker VMs, what one VM's prefill timing reads reaches the

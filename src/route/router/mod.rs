@@ -489,7 +489,6 @@ impl Router {
                 let prefill = self.prefill.borrow();
                 let (slowness, reported_slow) =
                     slowness(&self.latency.borrow(), &signals, prefill.slowness(), pool);
-
                 // A match whose prefix nobody sent to its pod for its
                 // trust horizon may have been evicted there.
                 let untrusted: Vec<PodSlot> = matches
