@@ -29,7 +29,7 @@ const MERGE_ATTEMPTS: u32 = 3;
 /// Uncached blocks a prefill needs to be timed: shorter ones are mostly
 /// the fixed cost of the path and the first token.
 pub const MIN_BLOCKS: u32 = 32;
-/// Prefills timed per pod (the lowest counts; older ones drop).
+/// Prefills timed per pod (their lower median counts; older ones drop).
 const SAMPLES: usize = 8;
 /// Open prefills timed at once per VM (others go untimed).
 const MAX_OPEN: usize = 64;
@@ -52,14 +52,13 @@ struct Open {
 /// This VM's prefill timing per pod, bounded: [`SAMPLES`] per pod, at most
 /// [`MAX_SLOTS`] pods, [`MAX_OPEN`] open.
 ///
-/// A pod's prefill time is the lowest of its recent samples (µs per
-/// uncached block): queueing and concurrent work only add time, so the
-/// lowest is the closest to the pod's own speed. An open prefill bounds it
-/// from below: once it has run longer than the pod's samples say, its
-/// time so far counts. Only prefills sent to a pod with a free slot (as
-/// far as the router knew) are timed, so that a queue is not read as
-/// slowness; a pod that is busier than known still reads slow while its
-/// prefill is overdue, which new prefixes should avoid too.
+/// A pod's prefill time is the lower median of its recent samples (µs per
+/// uncached block; see `figure_of`). For a pod with no sample
+/// yet, an open prefill counts as a lower bound: its time so far. Only
+/// prefills sent to a pod with a free slot (as far as the router knew)
+/// are timed, so that a known queue is not read as slowness; a new pod
+/// that is busier than known (other replicas' requests) still reads slow
+/// while its first prefill is overdue, until that one answers.
 #[derive(Debug, Default)]
 pub struct PrefillTiming {
     /// Per slot: (µs per block, when answered, ms), newest last.
@@ -134,11 +133,7 @@ impl PrefillTiming {
         for s in &mut self.samples {
             s.retain(|&(_, at)| now_ms.saturating_sub(at) < SAMPLE_TTL_MS);
         }
-        let timed: Vec<u64> = self
-            .samples
-            .iter()
-            .filter_map(|s| s.iter().map(|&(us, _)| us).min())
-            .collect();
+        let timed: Vec<u64> = self.samples.iter().filter_map(|s| figure_of(s)).collect();
         self.own.clear();
         self.read_own(timed, now_ms);
         self.combine(now_ms);
@@ -151,15 +146,23 @@ impl PrefillTiming {
         let mut figure: Vec<u64> = self
             .samples
             .iter()
-            .map(|s| s.iter().map(|&(us, _)| us).min().unwrap_or(0))
+            .map(|s| figure_of(s).unwrap_or(0))
             .collect();
+        // An open prefill speaks only for a pod not timed yet (new, or its
+        // samples aged out): one that has answered as fast as the others
+        // is more likely queueing behind requests this VM does not know
+        // of, and every VM and replica reading it slow at once would herd
+        // the new prefixes onto the others.
         for o in &self.open {
-            let so_far =
-                now_ms.saturating_sub(o.start_ms).saturating_mul(1000) / u64::from(o.blocks);
             let i = o.pod.index();
             if figure.len() <= i {
                 figure.resize(i + 1, 0);
             }
+            if figure[i] > 0 && self.samples.get(i).is_some_and(|s| !s.is_empty()) {
+                continue;
+            }
+            let so_far =
+                now_ms.saturating_sub(o.start_ms).saturating_mul(1000) / u64::from(o.blocks);
             figure[i] = figure[i].max(so_far);
         }
         let slow: Vec<u32> = figure
@@ -247,6 +250,18 @@ impl PrefillTiming {
     }
 }
 
+/// A pod's prefill time from its samples: their lower median. Queueing
+/// only adds time, and a prompt the pod held though the table did not
+/// know it answers at once; the median leaves out a few of either.
+fn figure_of(samples: &[(u64, u64)]) -> Option<u64> {
+    let mut us: Vec<u64> = samples.iter().map(|&(us, _)| us).collect();
+    if us.is_empty() {
+        return None;
+    }
+    let mid = (us.len() - 1) / 2;
+    Some(*us.select_nth_unstable(mid).1)
+}
+
 /// [`SHARED_KEY`]'s value: the version, then an entry per slot.
 fn encode_shared(entries: &[(usize, u32, u64)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + entries.len() * ENTRY_BYTES);
@@ -324,12 +339,18 @@ mod tests {
         t.tick(700);
         // Reference: the second fastest of three (2,100 us per block).
         assert_eq!(t.slowness(), &[0, 0, 2857]);
-        // Queueing only adds time: the lowest sample counts.
+        // Queueing only adds time: of two samples the lower counts, and
+        // from three on the lower median, so one answered at once (a
+        // prompt the pod held after all) does not make the others slow.
         timed(&mut t, 4, 0, 700, 900);
         t.tick(1700);
         assert_eq!(t.slowness().first().copied().unwrap_or(0), 0);
+        timed(&mut t, 5, 1, 1700, 5);
+        timed(&mut t, 6, 1, 1700, 220);
+        t.tick(1950);
+        assert_eq!(t.slowness(), &[0, 0, 2857]);
         // Samples age out: a pod once slow is tried again.
-        t.tick(31_000);
+        t.tick(40_000);
         assert!(t.slowness().is_empty());
     }
 
@@ -349,6 +370,16 @@ mod tests {
         t.tick(500);
         assert!(t.slowness().is_empty());
         assert!(!t.any_open());
+        // On a pod that has answered as fast as the others, an overdue
+        // prefill is more likely queueing: it does not count.
+        assert!(t.start(4, p(1), 100, 500));
+        t.tick(1_500);
+        assert!(t.slowness().is_empty(), "{:?}", t.slowness());
+        // Once it answers, its sample is one of the pod's: of two, the
+        // lower counts.
+        t.answered(4, 1_500);
+        t.tick(1_600);
+        assert!(t.slowness().is_empty());
     }
 
     /// A VM that reads pod 2 slow, as in the test above.

@@ -100,8 +100,9 @@ pub struct Routed {
     /// against.
     pub(crate) feedback: Option<Plan>,
     /// With the load-aware policy, a streamed request sent to a pod with a
-    /// free slot (as far as this VM knew): its uncached blocks, for
-    /// [`Router::prefill_started`] (which times it if long enough).
+    /// free slot (as far as this VM knew) that held none of its prompt by
+    /// the table: its blocks, for [`Router::prefill_started`] (which times
+    /// it if long enough).
     pub(crate) prefill_blocks: Option<u32>,
 }
 
@@ -583,11 +584,11 @@ impl Router {
             }
             _ => None,
         };
-        let prefill_blocks = timeable.then(|| {
-            u32::try_from(hashes.len())
-                .unwrap_or(u32::MAX)
-                .saturating_sub(predicted)
-        });
+        // Only a prompt the table knew nothing of on that pod: a predicted
+        // match the pod had evicted would prefill more than the blocks
+        // past it, and read as a slow pod.
+        let prefill_blocks =
+            (timeable && predicted == 0).then(|| u32::try_from(hashes.len()).unwrap_or(u32::MAX));
         Ok(Routed {
             prefill_blocks,
             choice,
