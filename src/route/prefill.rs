@@ -1,6 +1,6 @@
 //! How fast each pod prefills, timed by this VM ([`PrefillTiming`]): from
-//! routing a streamed request with a long uncached prompt to its answer's
-//! first bytes, per uncached block. What it adds to the load-aware
+//! routing a streamed request with a long prompt new to its pod to its
+//! answer's first bytes, per block. What it adds to the load-aware
 //! slowness: a pod 3x slower than the others reads slow after its first
 //! such prefill, and, while that prefill is still open, as soon as it is
 //! overdue, long before the pod has made the tokens its reported
