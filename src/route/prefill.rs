@@ -123,10 +123,10 @@ impl PrefillTiming {
         !self.open.is_empty()
     }
 
-    /// Recomputes each pod's slowness at `now_ms`: its prefill time (or
-    /// an open prefill's time so far, when longer) against the reference
-    /// pod's, that is, the fastest or, from three pods timed on, the second
-    /// fastest (see `reference`).
+    /// Recomputes each pod's slowness at `now_ms`: its prefill time (for a
+    /// pod not timed yet, an open prefill's time so far) against the
+    /// reference pod's, that is, the fastest or, from three pods timed on,
+    /// the second fastest (see `reference`).
     pub fn tick(&mut self, now_ms: u64) {
         self.open
             .retain(|o| now_ms.saturating_sub(o.start_ms) < OPEN_TTL_MS);
@@ -158,7 +158,7 @@ impl PrefillTiming {
             if figure.len() <= i {
                 figure.resize(i + 1, 0);
             }
-            if figure[i] > 0 && self.samples.get(i).is_some_and(|s| !s.is_empty()) {
+            if self.samples.get(i).is_some_and(|s| !s.is_empty()) {
                 continue;
             }
             let so_far =
