@@ -98,7 +98,7 @@ pub(crate) struct Stream {
     /// Set while a body is awaited.
     kind: Option<ApiKind>,
     /// Pod counted in flight for this stream, released exactly once.
-    inflight_pod: Option<PodSlot>,
+    inflight_pod: Option<(PodSlot, u64)>,
     /// Where the request was sent, for the passive health check at the end,
     /// and whether that check reads the upstream address even without a
     /// retry (1 request in [`SAMPLE_EVERY`], not the timed one).
@@ -298,8 +298,8 @@ impl Stream {
     }
 
     fn release<H: Host>(&mut self, w: &Worker, host: &H) {
-        if let Some(pod) = self.inflight_pod.take() {
-            w.release(host, pod, std::mem::take(&mut self.timed_hit));
+        if let Some((pod, seq)) = self.inflight_pod.take() {
+            w.release(host, pod, seq, std::mem::take(&mut self.timed_hit));
         }
         // An answer cut short or never read to its usage.
         if self.feedback.take().is_some() {
@@ -373,7 +373,7 @@ impl Stream {
             .unwrap_or_default()
             .to_string();
         // Counted in flight from here: released on stream end whatever happens next.
-        self.inflight_pod = Some(pod);
+        self.inflight_pod = Some((pod, routed.seq));
         self.match_percent = Some(routed.choice.match_percent);
         self.timed_hit = routed.is_hit();
         if endpoint.is_empty() {

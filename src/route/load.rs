@@ -107,6 +107,10 @@ pub(crate) struct VmLoad {
     /// counts: this VM's peak plus the other VMs' published counts. At
     /// most [`PEAK_TICKS`], oldest first.
     peaks: std::collections::VecDeque<(u64, Vec<u32>)>,
+    /// The next request's number: this VM numbers the requests it routes.
+    next_seq: u64,
+    /// Per slot, the sum of the numbers of this VM's requests in flight.
+    seq_sum: Vec<u64>,
 }
 
 impl VmLoad {
@@ -123,7 +127,48 @@ impl VmLoad {
             remote: Vec::new(),
             own_peak: Vec::new(),
             peaks: std::collections::VecDeque::new(),
+            next_seq: 0,
+            seq_sum: Vec::new(),
         }
+    }
+
+    /// Counts a request routed to `pod` in flight; returns its number, for
+    /// [`Self::end`].
+    pub(crate) fn start(&mut self, pod: PodSlot) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.add(pod, 1);
+        let i = pod.index();
+        if i < MAX_SLOTS {
+            if self.seq_sum.len() <= i {
+                self.seq_sum.resize(i + 1, 0);
+            }
+            self.seq_sum[i] = self.seq_sum[i].saturating_add(seq);
+        }
+        seq
+    }
+
+    /// Ends request number `seq` on `pod`; returns this VM's new count there.
+    pub(crate) fn end(&mut self, pod: PodSlot, seq: u64) -> u32 {
+        if let Some(s) = self.seq_sum.get_mut(pod.index()) {
+            *s = s.saturating_sub(seq);
+        }
+        self.add(pod, -1)
+    }
+
+    /// Per slot, how long ago this VM sent its requests in flight there, on
+    /// average, counted in requests it routed since (0 with none), at least
+    /// `n` long.
+    pub(crate) fn own_age(&self, n: usize) -> Vec<u64> {
+        let mut out = vec![0u64; n.max(self.own.len())];
+        for (i, age) in out.iter_mut().enumerate() {
+            let count = u64::from(self.own.get(i).copied().unwrap_or(0));
+            let sum = self.seq_sum.get(i).copied().unwrap_or(0);
+            if let Some(mean) = sum.checked_div(count) {
+                *age = self.next_seq.saturating_sub(mean);
+            }
+        }
+        out
     }
 
     /// Adds `delta` to `pod`'s count of this VM (saturating at 0); returns
@@ -453,6 +498,29 @@ mod tests {
         assert_eq!(vm.add(p(0), -1), 0);
         let past = PodSlot::new(u16::try_from(MAX_SLOTS).unwrap());
         assert_eq!(vm.add(past, 1), 0, "out of range is not counted");
+    }
+
+    #[test]
+    fn own_age_reads_how_long_ago_the_requests_in_flight_were_sent() {
+        let mut vm = VmLoad::new(1);
+        let a = vm.start(p(0));
+        let b = vm.start(p(1));
+        let c = vm.start(p(1));
+        // Three routed: pod 0's request is 3 old, pod 1's 2 and 1 (mean 1.5,
+        // in whole requests 2), pod 2 has none.
+        assert_eq!(vm.own_age(3), vec![3, 2, 0]);
+        assert_eq!(vm.replica(3), vec![1, 2, 0]);
+        assert_eq!(vm.end(p(0), a), 0);
+        assert_eq!(vm.end(p(1), b), 1);
+        assert_eq!(vm.own_age(3), vec![0, 1, 0]);
+        assert_eq!(vm.end(p(1), c), 0);
+        // Ending more than started, or a number never given, saturates.
+        assert_eq!(vm.end(p(1), u64::MAX), 0);
+        assert_eq!(vm.own_age(2), vec![0, 0]);
+        let past = PodSlot::new(u16::try_from(MAX_SLOTS).unwrap());
+        let d = vm.start(past);
+        assert_eq!(vm.end(past, d), 0, "out of range is not counted");
+        assert_eq!(vm.own_age(1).len(), 2);
     }
 
     #[test]

@@ -115,9 +115,11 @@ pub fn effective_load(
 ///    `slowness`: a prefix placed now draws its later requests there),
 ///    then the pod it placed fewer new prefixes on (`placed`, so no pod's
 ///    cache holds more than its share; with `place_by_count`, unmatched
-///    pods compare `placed` first, right after the match); remaining ties among unmatched
-///    pods rotate with `turn` (as in [`choose`]), among matched pods they
-///    are shuffled;
+///    pods compare `placed` first, right after the match), then, among
+///    unmatched pods, the one whose requests in flight this VM sent
+///    longest ago (`age`: it frees a slot first); remaining ties among
+///    unmatched pods rotate with `turn` (as in [`choose`]), among matched
+///    pods they are shuffled;
 /// 4. a hot prefix is copied. The prompt's prefix group (`share`: its
 ///    part of this VM's recent requests) needs `ceil(0.9 x share x pods)`
 ///    pods, and one more than hold it when it is big (at least half a
@@ -194,8 +196,21 @@ pub fn choose_load_aware(
         let cost = (uncached * prefill_slow + queue) / 1000;
         -(cost.min(i128::from(i64::MAX)) as i64)
     };
+    // How long ago this VM sent its requests in flight there, for a pod
+    // without a match: of pods alike, the one whose requests are oldest
+    // frees a slot first. Not among holders of a match: their requests
+    // are hits and misses mixed, whose age says less of when they end
+    // (with it there too, cache-pressure through three replicas read
+    // higher TTFT p99s; see policy-notes).
+    let age_of = |pod: PodSlot| -> u64 {
+        if matched_of(pod) == 0 {
+            loads.age.get(pod.index()).copied().unwrap_or(0)
+        } else {
+            0
+        }
+    };
     // (-cost, trusted match, [-placed,] -load, -in flight, untrusted
-    // match, -sent, -placed) decides; equal keys tie.
+    // match, -sent, -placed, age) decides; equal keys tie.
     let key = |pod: PodSlot| {
         let placed_first = if loads.place_by_count && matched_of(pod) == 0 {
             at(loads.placed, pod)
@@ -211,6 +226,7 @@ pub fn choose_load_aware(
             matched_of(pod) - trusted_of(pod),
             std::cmp::Reverse(sent_of(pod)),
             std::cmp::Reverse(at(loads.placed, pod)),
+            age_of(pod),
         )
     };
     let eligible = pool.iter().copied().filter(|&p| load_of(p) <= bound);
@@ -306,6 +322,10 @@ pub struct PodLoads<'a> {
     /// no queueing (they cost as if unmatched) and counts in the ties only
     /// after in-flight counts.
     pub untrusted: &'a [PodSlot],
+    /// How long ago this VM sent its requests in flight on the pod, on
+    /// average, counted in requests it routed since (0 with none): the
+    /// last tie among unmatched pods (older requests free a slot sooner).
+    pub age: &'a [u64],
 }
 
 /// The policy's two knobs (AIBrix ships 16 and 2).

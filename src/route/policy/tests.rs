@@ -179,6 +179,7 @@ fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: us
         slowness: &[],
         place_by_count: false,
         untrusted: &[],
+        age: &[],
     };
     choose_load_aware(
         &LA,
@@ -316,6 +317,7 @@ fn load_aware_equal_queues_go_to_fewer_in_flight_before_rotating() {
         slowness: &[],
         place_by_count: false,
         untrusted: &[],
+        age: &[],
     };
     for turn in 0..8 {
         let c = choose_load_aware(
@@ -343,6 +345,7 @@ fn load_aware_new_prefixes_among_equally_loaded_pods_go_to_the_pod_given_fewest(
         slowness: &[],
         place_by_count: false,
         untrusted: &[],
+        age: &[],
     };
     let c = la_with(&loads, &[0, 1, 2], &[], 4, 0.0);
     assert_eq!((c.pod, c.reason), (p(1), Reason::NoMatch));
@@ -360,6 +363,7 @@ fn place_by_count_puts_placed_before_in_flight_for_new_prefixes_only() {
         slowness: &[],
         place_by_count: false,
         untrusted: &[],
+        age: &[],
     };
     assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(0));
     loads.place_by_count = true;
@@ -367,6 +371,39 @@ fn place_by_count_puts_placed_before_in_flight_for_new_prefixes_only() {
     // A match still comes first, and among matched pods placed counts last.
     let c = la_with(&loads, &[0, 1, 2], &[(0, 3), (2, 3)], 4, 0.0);
     assert_eq!((c.pod, c.reason), (p(0), Reason::PrefixMatch));
+}
+
+/// The last tie for a new prompt: among unmatched pods alike in
+/// everything else, the one whose requests in flight were sent longest
+/// ago (it frees a slot first), whatever the rotation. Holders of a match
+/// stay shuffled.
+#[test]
+fn the_last_tie_for_a_new_prompt_goes_to_the_pod_whose_requests_are_oldest() {
+    let mut loads = PodLoads {
+        queue: &[0, 0, 0],
+        inflight: &[1, 1, 1],
+        placed: &[2, 2, 2],
+        sent: &[4, 4, 4],
+        slowness: &[],
+        place_by_count: false,
+        untrusted: &[],
+        age: &[3, 9, 5],
+    };
+    let mut holders = std::collections::BTreeSet::new();
+    for turn in 0..12 {
+        let mut rng = SplitMix64::new(turn as u64);
+        let mut pick = |l: &PodLoads<'_>, m: &[(u16, u32)]| {
+            choose_load_aware(&LA, &pods(&[0, 1, 2]), l, &ms(m), 4, 0.0, turn, &mut rng)
+                .unwrap()
+                .pod
+        };
+        assert_eq!(pick(&loads, &[]), p(1));
+        holders.insert(pick(&loads, &[(0, 3), (2, 3)]));
+    }
+    assert_eq!(holders.into_iter().collect::<Vec<_>>(), vec![p(0), p(2)]);
+    // It is the last: fewer in flight, sent or placed come first.
+    loads.sent = &[4, 5, 4];
+    assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(2));
 }
 
 #[test]
@@ -381,6 +418,7 @@ fn load_aware_queue_on_a_slow_pod_costs_in_proportion() {
         slowness: &[1000, 1000],
         place_by_count: false,
         untrusted: &[],
+        age: &[],
     };
     let pick = |l: &PodLoads<'_>| la_with(l, &[0, 1], &[(0, 10)], 10, 0.0).pod;
     assert_eq!(pick(&loads), p(0));
@@ -401,6 +439,7 @@ fn load_aware_misses_go_to_fast_pods_and_slow_pods_keep_what_they_hold() {
         slowness: &[3000, 1000],
         place_by_count: false,
         untrusted: &[],
+        age: &[],
     };
     // A slack wide enough that the bound never decides here.
     let cfg = LoadAwareConfig {
@@ -451,6 +490,7 @@ fn load_aware_traffic_decides_between_equal_pods_before_placements() {
         slowness: &[],
         place_by_count: false,
         untrusted: &[],
+        age: &[],
     };
     assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(1));
 }
@@ -465,6 +505,7 @@ fn load_aware_copies_a_hot_prefix_to_the_least_busy_pod_until_enough_hold_it() {
         slowness: &[],
         place_by_count: false,
         untrusted: &[],
+        age: &[],
     };
     let pick = |loads: &PodLoads<'_>, matches: &[(u16, u32)], share| {
         la_with(loads, &[0, 1, 2], matches, 40, share)
@@ -543,6 +584,7 @@ fn load_aware_never_overflows_on_extreme_loads() {
         slowness: &[u32::MAX, 0],
         place_by_count: false,
         untrusted: &[],
+        age: &[],
     };
     let c = choose_load_aware(
         &cfg,
@@ -616,6 +658,7 @@ fn load_aware_an_untrusted_match_buys_no_queueing_but_still_breaks_ties() {
             slowness: &[],
             place_by_count: false,
             untrusted,
+            age: &[],
         };
         choose_load_aware(
             &LA,

@@ -78,6 +78,9 @@ impl From<StoreError> for RouteError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routed {
     pub choice: Choice,
+    /// This VM's number for the request, counted in flight on the chosen
+    /// pod: [`Router::release`] takes it back.
+    pub seq: u64,
     pub(crate) total_blocks: usize,
     pub(crate) probes: usize,
     /// Model id in the table, None when the registry is full.
@@ -424,6 +427,7 @@ impl Router {
                 }
                 let placed = self.placed.borrow();
                 let sent = self.sent.borrow();
+                let age = vm_load.own_age(0);
                 let prefill = self.prefill.borrow();
                 let (slowness, reported_slow) =
                     slowness(&self.latency.borrow(), &signals, prefill.slowness(), pool);
@@ -445,6 +449,7 @@ impl Router {
                     slowness: &slowness,
                     place_by_count: reported_slow,
                     untrusted: &untrusted,
+                    age: &age,
                 };
                 let share = share.unwrap_or(0.0);
                 choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng)
@@ -491,9 +496,10 @@ impl Router {
             }
             None => WriteOutcome::default(),
         };
+        let seq;
         {
             let mut load = self.load.borrow_mut();
-            load.add(choice.pod, 1);
+            seq = load.start(choice.pod);
             load.publish(store, now_ms);
         }
         if choice.match_percent >= HIT_PERCENT {
@@ -527,6 +533,7 @@ impl Router {
         let prefill_blocks =
             (timeable && predicted == 0).then(|| u32::try_from(hashes.len()).unwrap_or(u32::MAX));
         Ok(Routed {
+            seq,
             prefill_blocks,
             choice,
             total_blocks: hashes.len(),
@@ -561,12 +568,13 @@ impl Router {
         &self,
         store: &S,
         pod: PodSlot,
+        seq: u64,
         timed_hit: bool,
         now_secs: u32,
     ) -> u32 {
         self.latency.borrow_mut().completed(pod, timed_hit);
         let mut load = self.load.borrow_mut();
-        let left = load.add(pod, -1);
+        let left = load.end(pod, seq);
         load.publish(store, u64::from(now_secs) * 1000);
         left
     }

@@ -45,7 +45,13 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
     let route = |r: &Request, rng: &mut SplitMix64| {
         let req = parse_body(kind(r), r.body.as_bytes()).expect("parse body");
         if let Ok(routed) = router.route(&store, &req, 1_000_000, rng) {
-            router.release(&store, routed.choice.pod, routed.is_hit(), 1_000_000);
+            router.release(
+                &store,
+                routed.choice.pod,
+                routed.seq,
+                routed.is_hit(),
+                1_000_000,
+            );
         }
     };
     for r in primed {
@@ -63,7 +69,13 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
         let (g0, s0) = store.op_counts();
         let t = Instant::now();
         if let Ok(routed) = router.route(&store, &req, 1_000_000, &mut rng) {
-            router.release(&store, routed.choice.pod, routed.is_hit(), 1_000_000);
+            router.release(
+                &store,
+                routed.choice.pod,
+                routed.seq,
+                routed.is_hit(),
+                1_000_000,
+            );
         }
         // The worker's tick ages the VM's bucket copies (Envoy ticks
         // every 250 ms; this bench's side serves about this many requests
