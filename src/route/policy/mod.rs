@@ -450,4 +450,6 @@ pub(crate) fn choose(
 }
 
 #[cfg(test)]
+mod load_aware_tests;
+#[cfg(test)]
 mod tests;
