@@ -97,7 +97,8 @@ pub(crate) struct Stream {
     held: bool,
     /// Set while a body is awaited.
     kind: Option<ApiKind>,
-    /// Pod counted in flight for this stream, released exactly once.
+    /// Pod counted in flight for this stream, and the request's number
+    /// there ([`crate::route::router::Routed::seq`]), released exactly once.
     inflight_pod: Option<(PodSlot, u64)>,
     /// Where the request was sent, for the passive health check at the end,
     /// and whether that check reads the upstream address even without a

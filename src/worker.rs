@@ -459,8 +459,9 @@ impl Worker {
         }
     }
 
-    /// Releases one in-flight request on `pod`: in VM memory, plus one set
-    /// while other worker VMs are live (see [`crate::route::load`]).
+    /// Releases in-flight request number `seq` ([`Routed::seq`]) on `pod`:
+    /// in VM memory, plus one set while other worker VMs are live (see
+    /// [`crate::route::load`]).
     pub(crate) fn release<H: Host>(&self, host: &H, pod: PodSlot, seq: u64, timed_hit: bool) {
         let now_secs = secs(self.clock_nanos(host));
         self.router.release(host, pod, seq, timed_hit, now_secs);

@@ -559,7 +559,8 @@ impl Router {
         self.mirror.borrow().len()
     }
 
-    /// Releases one in-flight request on `pod` (`timed_hit`: it was
+    /// Releases one in-flight request on `pod`, number `seq` (its
+    /// [`Routed::seq`]; `timed_hit`: it was
     /// routed as a hit, [`Routed::is_hit`], and timed as one to the end, not
     /// taken back by [`Self::untime_hit`]), and (while other VMs of the
     /// replica are live) writes this VM's counts for them, one set;

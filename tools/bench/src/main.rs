@@ -209,7 +209,7 @@ enum Command {
     },
     /// Routers side by side on simulated pods: round robin, the filter (1 and
     /// 3 Envoys, with and without sync), sglang-router and vllm-router.
-    Compare(commands::compare::CompareCli),
+    Compare(Box<commands::compare::CompareCli>),
     /// Who was best, figure by figure, over saved `compare` runs (their
     /// results JSON files): each router's median and how often it was at
     /// least as good as each of the others.
@@ -360,7 +360,7 @@ fn main() {
                 redis_cluster,
             },
         ),
-        Command::Compare(c) => commands::compare::main(&rt, c),
+        Command::Compare(c) => commands::compare::main(&rt, *c),
         Command::League { files } => prefix_bench::league::main(&files),
         Command::Real(c) => commands::real::main(&rt, c),
         Command::Iperf(c) => commands::iperf::main(c),

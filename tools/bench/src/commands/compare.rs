@@ -179,6 +179,8 @@ pub struct CompareArgs {
     pub filter_patch: Option<serde_json::Value>,
     /// Worker threads of a lone Envoy (plain, filter, filter-aibrix).
     pub single_concurrency: u32,
+    /// Worker threads of each replica of the 3-Envoy fleets.
+    pub replica_concurrency: u32,
 }
 
 impl CompareArgs {
@@ -334,9 +336,13 @@ pub struct CompareCli {
     #[arg(long, value_parser = parse_json_patch)]
     pub filter_patch: Option<serde_json::Value>,
     /// Worker threads (`--concurrency`) of a lone Envoy: round robin, filter,
-    /// filter-aibrix (the 3-replica fleets run 1 each).
+    /// filter-aibrix (the 3-replica fleets: `--replica-concurrency`).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub envoy_concurrency: u32,
+    /// Worker threads (`--concurrency`) of each Envoy of the 3-replica
+    /// fleets (`filter-3x-*`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub replica_concurrency: u32,
     /// Runs the whole comparison this many times (same seed: the pods' and
     /// Envoys' timing differs from run to run) and ends with each target's
     /// passes out of the runs, with every run's figures.
@@ -393,6 +399,7 @@ impl CompareCli {
             warm_sync: !self.cold_sync,
             filter_patch: self.filter_patch,
             single_concurrency: self.envoy_concurrency,
+            replica_concurrency: self.replica_concurrency,
             results_dir: self.results_dir,
         })
     }
@@ -1669,6 +1676,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &CompareArgs) -> (Vec<Target>, Ve
         warm_sync: args.warm_sync,
         filter_patch: args.filter_patch.clone(),
         single_concurrency: args.single_concurrency,
+        replica_concurrency: args.replica_concurrency,
         ..GatewayOptions::default()
     };
     let mut text = String::from("prefix-bench compare\n");
