@@ -20,7 +20,16 @@ Policies, each a sort key per pod (lowest wins; ties rotate per balancer):
   own_oldest       own, then this balancer's oldest request in flight there
   own_sent_oldest  own, sent, then oldest (the filter with the age tie)
 
-usage: balance-model.py <policy>:<R> ...   e.g. own_sent:3 own_sent_oldest:3
+Replicas of several worker VMs (<policy>:<R>:<V>, V VMs per replica, a
+request to a VM of its replica at random; in-flight counts and sent counts
+are the replica's, as the filter exchanges them per request):
+  vm_sent          replica's in-flight count, then the VM's sent count
+  vm_sent_own_age  then the oldest of this VM's own requests in flight
+  vm_sent_rep_age  then the oldest of the replica's requests in flight
+  vm_sent_rep_tick20, vm_sent_rep_tick250
+                   the same, send times known to the tick (20 or 250 ms)
+
+usage: balance-model.py <policy>:<R>[:<V>] ...   e.g. own_sent:3 own_sent_oldest:3
 Prints TTFT p90/p99/p99.9 ms for seeds 1-3, 60,000 requests each.
 """
 import random
@@ -29,7 +38,9 @@ import sys
 RATE, S, P, PODS, SLOTS, N = 39.4, 0.308, 0.213, 4, 4, 60000
 
 
-def sim(policy, balancers, seed):
+def sim(policy, balancers, seed, vms=1):
+    if vms > 1:
+        return sim_vms(policy, balancers, vms, seed)
     rnd = random.Random(seed)
     t = 0.0
     free_at = [[0.0] * SLOTS for _ in range(PODS)]  # when each slot frees
@@ -76,13 +87,59 @@ def sim(policy, balancers, seed):
     return [ttfts[int(f * len(ttfts))] * 1000 for f in (0.9, 0.99, 0.999)]
 
 
+def sim_vms(policy, replicas, vms, seed):
+    rnd = random.Random(seed)
+    t = 0.0
+    free_at = [[0.0] * SLOTS for _ in range(PODS)]
+    inflight = [[] for _ in range(PODS)]  # (end, replica, vm, sent at)
+    sent = [[[0] * PODS for _ in range(vms)] for _ in range(replicas)]
+    turn = [[rnd.randrange(PODS) for _ in range(vms)] for _ in range(replicas)]
+    ttfts = []
+    for i in range(N):
+        t += rnd.expovariate(RATE)
+        r = i % replicas
+        v = rnd.randrange(vms)
+        for p in range(PODS):
+            inflight[p] = [x for x in inflight[p] if x[0] > t]
+        count = [sum(1 for x in inflight[p] if x[1] == r) for p in range(PODS)]
+
+        def oldest(p, mine, tick):
+            times = [
+                x[3] if tick == 0 else x[3] - (x[3] % tick)
+                for x in inflight[p]
+                if x[1] == r and (not mine or x[2] == v)
+            ]
+            return min(times, default=t)
+
+        keys = {
+            "vm_sent": lambda p: (count[p], sent[r][v][p]),
+            "vm_sent_own_age": lambda p: (count[p], sent[r][v][p], oldest(p, True, 0)),
+            "vm_sent_rep_age": lambda p: (count[p], sent[r][v][p], oldest(p, False, 0)),
+            "vm_sent_rep_tick20": lambda p: (count[p], sent[r][v][p], oldest(p, False, 0.02)),
+            "vm_sent_rep_tick250": lambda p: (count[p], sent[r][v][p], oldest(p, False, 0.25)),
+        }
+        key = keys[policy]
+        best = min(key(p) for p in range(PODS))
+        ties = [p for p in range(PODS) if key(p) == best]
+        pod = ties[turn[r][v] % len(ties)]
+        turn[r][v] += 1
+        slot = min(range(SLOTS), key=lambda j: free_at[pod][j])
+        start = max(t, free_at[pod][slot])
+        free_at[pod][slot] = start + S
+        ttfts.append(start - t + P)
+        inflight[pod].append((start + S, r, v, t))
+        sent[r][v][pod] += 1
+    ttfts.sort()
+    return [ttfts[int(f * len(ttfts))] * 1000 for f in (0.9, 0.99, 0.999)]
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
         sys.exit(2)
     for arg in sys.argv[1:]:
-        policy, _, r = arg.partition(":")
-        runs = [sim(policy, int(r or 1), seed) for seed in (1, 2, 3)]
+        policy, r, v = (arg.split(":") + ["1", "1"])[:3]
+        runs = [sim(policy, int(r), seed, int(v)) for seed in (1, 2, 3)]
         print(arg, " ".join("%.0f/%.0f/%.0f" % tuple(x) for x in runs))
 
 
