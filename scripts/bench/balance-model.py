@@ -38,59 +38,12 @@ import sys
 RATE, S, P, PODS, SLOTS, N = 39.4, 0.308, 0.213, 4, 4, 60000
 
 
-def sim(policy, balancers, seed, vms=1):
-    if vms > 1:
-        return sim_vms(policy, balancers, vms, seed)
+def sim(policy, replicas, seed, vms=1):
+    """TTFT p90/p99/p99.9 ms of one run: `replicas` balancers in turn, each of
+    `vms` worker VMs (a request goes to one of its replica's at random)."""
     rnd = random.Random(seed)
     t = 0.0
     free_at = [[0.0] * SLOTS for _ in range(PODS)]  # when each slot frees
-    inflight = [[] for _ in range(PODS)]  # (end, balancer, sent at)
-    sent = [[0] * PODS for _ in range(balancers)]
-    turn = [rnd.randrange(PODS) for _ in range(balancers)]
-    ttfts = []
-    for i in range(N):
-        t += rnd.expovariate(RATE)
-        b = i % balancers
-        for p in range(PODS):
-            inflight[p] = [x for x in inflight[p] if x[0] > t]
-        own = [sum(1 for x in inflight[p] if x[1] == b) for p in range(PODS)]
-        total = [len(inflight[p]) for p in range(PODS)]
-        # Oldest first: the earliest send time, none = never (sorts last
-        # among equals only through the other fields).
-        oldest = [min((x[2] for x in inflight[p] if x[1] == b), default=t) for p in range(PODS)]
-        oldest_all = [min((x[2] for x in inflight[p]), default=t) for p in range(PODS)]
-        if policy == "rr":
-            pod = turn[b] % PODS
-            turn[b] += 1
-        else:
-            keys = {
-                "jsq": lambda p: (total[p],),
-                "jsq_sent": lambda p: (total[p], sent[b][p]),
-                "jsq_oldest": lambda p: (total[p], oldest_all[p]),
-                "own": lambda p: (own[p],),
-                "own_sent": lambda p: (own[p], sent[b][p]),
-                "own_oldest": lambda p: (own[p], oldest[p]),
-                "own_sent_oldest": lambda p: (own[p], sent[b][p], oldest[p]),
-            }
-            key = keys[policy]
-            best = min(key(p) for p in range(PODS))
-            ties = [p for p in range(PODS) if key(p) == best]
-            pod = ties[turn[b] % len(ties)]
-            turn[b] += 1
-        slot = min(range(SLOTS), key=lambda j: free_at[pod][j])
-        start = max(t, free_at[pod][slot])
-        free_at[pod][slot] = start + S
-        ttfts.append(start - t + P)
-        inflight[pod].append((start + S, b, t))
-        sent[b][pod] += 1
-    ttfts.sort()
-    return [ttfts[int(f * len(ttfts))] * 1000 for f in (0.9, 0.99, 0.999)]
-
-
-def sim_vms(policy, replicas, vms, seed):
-    rnd = random.Random(seed)
-    t = 0.0
-    free_at = [[0.0] * SLOTS for _ in range(PODS)]
     inflight = [[] for _ in range(PODS)]  # (end, replica, vm, sent at)
     sent = [[[0] * PODS for _ in range(vms)] for _ in range(replicas)]
     turn = [[rnd.randrange(PODS) for _ in range(vms)] for _ in range(replicas)]
@@ -98,30 +51,45 @@ def sim_vms(policy, replicas, vms, seed):
     for i in range(N):
         t += rnd.expovariate(RATE)
         r = i % replicas
-        v = rnd.randrange(vms)
+        v = rnd.randrange(vms) if vms > 1 else 0
         for p in range(PODS):
             inflight[p] = [x for x in inflight[p] if x[0] > t]
-        count = [sum(1 for x in inflight[p] if x[1] == r) for p in range(PODS)]
+        total = [len(inflight[p]) for p in range(PODS)]
+        # The replica's requests in flight (with one VM: the balancer's own).
+        own = [sum(1 for x in inflight[p] if x[1] == r) for p in range(PODS)]
 
-        def oldest(p, mine, tick):
+        def oldest(p, scope, tick=0.0):
+            """The earliest send time in flight on `p` (now with none): of
+            every request, the replica's, or this VM's, known to `tick`."""
             times = [
                 x[3] if tick == 0 else x[3] - (x[3] % tick)
                 for x in inflight[p]
-                if x[1] == r and (not mine or x[2] == v)
+                if scope == "all" or (x[1] == r and (scope == "replica" or x[2] == v))
             ]
             return min(times, default=t)
 
+        sent_here = sent[r][v]
         keys = {
-            "vm_sent": lambda p: (count[p], sent[r][v][p]),
-            "vm_sent_own_age": lambda p: (count[p], sent[r][v][p], oldest(p, True, 0)),
-            "vm_sent_rep_age": lambda p: (count[p], sent[r][v][p], oldest(p, False, 0)),
-            "vm_sent_rep_tick20": lambda p: (count[p], sent[r][v][p], oldest(p, False, 0.02)),
-            "vm_sent_rep_tick250": lambda p: (count[p], sent[r][v][p], oldest(p, False, 0.25)),
+            "jsq": lambda p: (total[p],),
+            "jsq_sent": lambda p: (total[p], sent_here[p]),
+            "jsq_oldest": lambda p: (total[p], oldest(p, "all")),
+            "own": lambda p: (own[p],),
+            "own_sent": lambda p: (own[p], sent_here[p]),
+            "own_oldest": lambda p: (own[p], oldest(p, "replica")),
+            "own_sent_oldest": lambda p: (own[p], sent_here[p], oldest(p, "replica")),
+            "vm_sent": lambda p: (own[p], sent_here[p]),
+            "vm_sent_own_age": lambda p: (own[p], sent_here[p], oldest(p, "vm")),
+            "vm_sent_rep_age": lambda p: (own[p], sent_here[p], oldest(p, "replica")),
+            "vm_sent_rep_tick20": lambda p: (own[p], sent_here[p], oldest(p, "replica", 0.02)),
+            "vm_sent_rep_tick250": lambda p: (own[p], sent_here[p], oldest(p, "replica", 0.25)),
         }
-        key = keys[policy]
-        best = min(key(p) for p in range(PODS))
-        ties = [p for p in range(PODS) if key(p) == best]
-        pod = ties[turn[r][v] % len(ties)]
+        if policy == "rr":
+            pod = turn[r][v] % PODS
+        else:
+            key = keys[policy]
+            best = min(key(p) for p in range(PODS))
+            ties = [p for p in range(PODS) if key(p) == best]
+            pod = ties[turn[r][v] % len(ties)]
         turn[r][v] += 1
         slot = min(range(SLOTS), key=lambda j: free_at[pod][j])
         start = max(t, free_at[pod][slot])

@@ -157,18 +157,17 @@ impl VmLoad {
     }
 
     /// Per slot, how long ago this VM sent its requests in flight there, on
-    /// average, counted in requests it routed since (0 with none), at least
-    /// `n` long.
-    pub(crate) fn own_age(&self, n: usize) -> Vec<u64> {
-        let mut out = vec![0u64; n.max(self.own.len())];
-        for (i, age) in out.iter_mut().enumerate() {
-            let count = u64::from(self.own.get(i).copied().unwrap_or(0));
-            let sum = self.seq_sum.get(i).copied().unwrap_or(0);
-            if let Some(mean) = sum.checked_div(count) {
-                *age = self.next_seq.saturating_sub(mean);
-            }
-        }
-        out
+    /// average, counted in requests it routed since (0 with none; slots
+    /// past the vector: none).
+    pub(crate) fn own_age(&self) -> Vec<u64> {
+        self.own
+            .iter()
+            .zip(self.seq_sum.iter().chain(std::iter::repeat(&0)))
+            .map(|(&count, &sum)| {
+                sum.checked_div(u64::from(count))
+                    .map_or(0, |mean| self.next_seq.saturating_sub(mean))
+            })
+            .collect()
     }
 
     /// Adds `delta` to `pod`'s count of this VM (saturating at 0); returns
@@ -508,19 +507,19 @@ mod tests {
         let c = vm.start(p(1));
         // Three routed: pod 0's request is 3 old, pod 1's 2 and 1 (mean 1.5,
         // in whole requests 2), pod 2 has none.
-        assert_eq!(vm.own_age(3), vec![3, 2, 0]);
+        assert_eq!(vm.own_age(), vec![3, 2]);
         assert_eq!(vm.replica(3), vec![1, 2, 0]);
         assert_eq!(vm.end(p(0), a), 0);
         assert_eq!(vm.end(p(1), b), 1);
-        assert_eq!(vm.own_age(3), vec![0, 1, 0]);
+        assert_eq!(vm.own_age(), vec![0, 1]);
         assert_eq!(vm.end(p(1), c), 0);
         // Ending more than started, or a number never given, saturates.
         assert_eq!(vm.end(p(1), u64::MAX), 0);
-        assert_eq!(vm.own_age(2), vec![0, 0]);
+        assert_eq!(vm.own_age(), vec![0, 0]);
         let past = PodSlot::new(u16::try_from(MAX_SLOTS).unwrap());
         let d = vm.start(past);
         assert_eq!(vm.end(past, d), 0, "out of range is not counted");
-        assert_eq!(vm.own_age(1).len(), 2);
+        assert_eq!(vm.own_age().len(), 2);
     }
 
     #[test]

@@ -133,21 +133,19 @@ impl PrefillTiming {
         for s in &mut self.samples {
             s.retain(|&(_, at)| now_ms.saturating_sub(at) < SAMPLE_TTL_MS);
         }
-        let timed: Vec<u64> = self.samples.iter().filter_map(|s| figure_of(s)).collect();
+        let figures: Vec<Option<u64>> = self.samples.iter().map(|s| figure_of(s)).collect();
         self.own.clear();
-        self.read_own(timed, now_ms);
+        self.read_own(&figures, now_ms);
         self.combine(now_ms);
     }
 
-    fn read_own(&mut self, timed: Vec<u64>, now_ms: u64) {
+    /// `figures`: each slot's prefill time from its samples (None: none).
+    fn read_own(&mut self, figures: &[Option<u64>], now_ms: u64) {
+        let timed = figures.iter().flatten().copied().collect();
         let Some(reference) = reference(timed).filter(|&r| r > 0) else {
             return;
         };
-        let mut figure: Vec<u64> = self
-            .samples
-            .iter()
-            .map(|s| figure_of(s).unwrap_or(0))
-            .collect();
+        let mut figure: Vec<u64> = figures.iter().map(|f| f.unwrap_or(0)).collect();
         // An open prefill speaks only for a pod not timed yet (new, or its
         // samples aged out): one that has answered as fast as the others
         // is more likely queueing behind requests this VM does not know
@@ -158,7 +156,7 @@ impl PrefillTiming {
             if figure.len() <= i {
                 figure.resize(i + 1, 0);
             }
-            if self.samples.get(i).is_some_and(|s| !s.is_empty()) {
+            if figures.get(i).copied().flatten().is_some() {
                 continue;
             }
             let so_far =

@@ -18,12 +18,7 @@ fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: us
     let loads = PodLoads {
         queue: load,
         inflight: load,
-        placed: &[],
-        sent: &[],
-        slowness: &[],
-        place_by_count: false,
-        untrusted: &[],
-        age: &[],
+        ..PodLoads::default()
     };
     choose_load_aware(
         &LA,
@@ -156,12 +151,7 @@ fn load_aware_equal_queues_go_to_fewer_in_flight_before_rotating() {
     let loads = PodLoads {
         queue: &[0, 0],
         inflight: &[3, 1],
-        placed: &[],
-        sent: &[],
-        slowness: &[],
-        place_by_count: false,
-        untrusted: &[],
-        age: &[],
+        ..PodLoads::default()
     };
     for turn in 0..8 {
         let c = choose_load_aware(
@@ -185,11 +175,7 @@ fn load_aware_new_prefixes_among_equally_loaded_pods_go_to_the_pod_given_fewest(
         queue: &[0, 0, 0],
         inflight: &[1, 1, 1],
         placed: &[5, 2, 3],
-        sent: &[],
-        slowness: &[],
-        place_by_count: false,
-        untrusted: &[],
-        age: &[],
+        ..PodLoads::default()
     };
     let c = la_with(&loads, &[0, 1, 2], &[], 4, 0.0);
     assert_eq!((c.pod, c.reason), (p(1), Reason::NoMatch));
@@ -203,11 +189,7 @@ fn place_by_count_puts_placed_before_in_flight_for_new_prefixes_only() {
         queue: &[0, 0, 0],
         inflight: &[0, 2, 2],
         placed: &[6, 2, 3],
-        sent: &[],
-        slowness: &[],
-        place_by_count: false,
-        untrusted: &[],
-        age: &[],
+        ..PodLoads::default()
     };
     assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(0));
     loads.place_by_count = true;
@@ -228,10 +210,8 @@ fn the_last_tie_for_a_new_prompt_goes_to_the_pod_whose_requests_are_oldest() {
         inflight: &[1, 1, 1],
         placed: &[2, 2, 2],
         sent: &[4, 4, 4],
-        slowness: &[],
-        place_by_count: false,
-        untrusted: &[],
         age: &[3, 9, 5],
+        ..PodLoads::default()
     };
     let mut holders = std::collections::BTreeSet::new();
     for turn in 0..12 {
@@ -257,12 +237,8 @@ fn load_aware_queue_on_a_slow_pod_costs_in_proportion() {
     let mut loads = PodLoads {
         queue: &[2, 0],
         inflight: &[6, 4],
-        placed: &[],
-        sent: &[],
         slowness: &[1000, 1000],
-        place_by_count: false,
-        untrusted: &[],
-        age: &[],
+        ..PodLoads::default()
     };
     let pick = |l: &PodLoads<'_>| la_with(l, &[0, 1], &[(0, 10)], 10, 0.0).pod;
     assert_eq!(pick(&loads), p(0));
@@ -281,9 +257,7 @@ fn load_aware_misses_go_to_fast_pods_and_slow_pods_keep_what_they_hold() {
         placed: &[0, 5],
         sent: &[0, 5],
         slowness: &[3000, 1000],
-        place_by_count: false,
-        untrusted: &[],
-        age: &[],
+        ..PodLoads::default()
     };
     // A slack wide enough that the bound never decides here.
     let cfg = LoadAwareConfig {
@@ -331,10 +305,7 @@ fn load_aware_traffic_decides_between_equal_pods_before_placements() {
         inflight: &[0, 0, 0],
         placed: &[1, 9, 9],
         sent: &[40, 10, 30],
-        slowness: &[],
-        place_by_count: false,
-        untrusted: &[],
-        age: &[],
+        ..PodLoads::default()
     };
     assert_eq!(la_with(&loads, &[0, 1, 2], &[], 4, 0.0).pod, p(1));
 }
@@ -344,12 +315,8 @@ fn load_aware_copies_a_hot_prefix_to_the_least_busy_pod_until_enough_hold_it() {
     let loads = PodLoads {
         queue: &[0, 0, 0],
         inflight: &[2, 1, 1],
-        placed: &[],
         sent: &[50, 20, 10],
-        slowness: &[],
-        place_by_count: false,
-        untrusted: &[],
-        age: &[],
+        ..PodLoads::default()
     };
     let pick = |loads: &PodLoads<'_>, matches: &[(u16, u32)], share| {
         la_with(loads, &[0, 1, 2], matches, 40, share)
@@ -426,9 +393,7 @@ fn load_aware_never_overflows_on_extreme_loads() {
         placed: &[u32::MAX, 0],
         sent: &[u32::MAX, 0],
         slowness: &[u32::MAX, 0],
-        place_by_count: false,
-        untrusted: &[],
-        age: &[],
+        ..PodLoads::default()
     };
     let c = choose_load_aware(
         &cfg,
@@ -491,12 +456,8 @@ fn load_aware_an_untrusted_match_buys_no_queueing_but_still_breaks_ties() {
         let loads = PodLoads {
             queue,
             inflight,
-            placed: &[],
-            sent: &[],
-            slowness: &[],
-            place_by_count: false,
             untrusted,
-            age: &[],
+            ..PodLoads::default()
         };
         choose_load_aware(
             &LA,

@@ -427,7 +427,7 @@ impl Router {
                 }
                 let placed = self.placed.borrow();
                 let sent = self.sent.borrow();
-                let age = vm_load.own_age(0);
+                let age = vm_load.own_age();
                 let prefill = self.prefill.borrow();
                 let (slowness, reported_slow) =
                     slowness(&self.latency.borrow(), &signals, prefill.slowness(), pool);
@@ -496,12 +496,12 @@ impl Router {
             }
             None => WriteOutcome::default(),
         };
-        let seq;
-        {
+        let seq = {
             let mut load = self.load.borrow_mut();
-            seq = load.start(choice.pod);
+            let seq = load.start(choice.pod);
             load.publish(store, now_ms);
-        }
+            seq
+        };
         if choice.match_percent >= HIT_PERCENT {
             // Timed as a hit until released, or until it waits (untime_hit).
             self.latency.borrow_mut().started_hit(choice.pod);

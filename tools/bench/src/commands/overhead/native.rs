@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use envoy_prefix_router::config::Settings;
 use envoy_prefix_router::rng::SplitMix64;
-use envoy_prefix_router::route::request::{parse_body, ApiKind};
+use envoy_prefix_router::route::request::{parse_body, ApiKind, PromptRequest};
 use envoy_prefix_router::route::router::Router;
 use envoy_prefix_router::route::store::MemStore;
 use serde_json::Value;
@@ -42,9 +42,9 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
         Api::Completions => ApiKind::Completions,
         Api::Chat => ApiKind::ChatCompletions,
     };
-    let route = |r: &Request, rng: &mut SplitMix64| {
-        let req = parse_body(kind(r), r.body.as_bytes()).expect("parse body");
-        if let Ok(routed) = router.route(&store, &req, 1_000_000, rng) {
+    // Routes a parsed request and releases it at once.
+    let route_and_release = |req: &PromptRequest, rng: &mut SplitMix64| {
+        if let Ok(routed) = router.route(&store, req, 1_000_000, rng) {
             router.release(
                 &store,
                 routed.choice.pod,
@@ -55,7 +55,8 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
         }
     };
     for r in primed {
-        route(r, &mut rng);
+        let req = parse_body(kind(r), r.body.as_bytes()).expect("parse body");
+        route_and_release(&req, &mut rng);
     }
     let mut n = Native::default();
     let mut ops = 0u64;
@@ -68,15 +69,7 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
         n.hash_us += t.elapsed().as_secs_f64();
         let (g0, s0) = store.op_counts();
         let t = Instant::now();
-        if let Ok(routed) = router.route(&store, &req, 1_000_000, &mut rng) {
-            router.release(
-                &store,
-                routed.choice.pod,
-                routed.seq,
-                routed.is_hit(),
-                1_000_000,
-            );
-        }
+        route_and_release(&req, &mut rng);
         // The worker's tick ages the VM's bucket copies (Envoy ticks
         // every 250 ms; this bench's side serves about this many requests
         // in one).
