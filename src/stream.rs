@@ -12,6 +12,7 @@ use crate::route::feedback::{
     streams_without_usage, Plan, UsageScanner, MAX_CHUNK_READS, MAX_SCAN_BYTES,
 };
 use crate::route::meter::{Count, SAMPLE_EVERY};
+use crate::route::load::Ticket;
 use crate::route::registry::PodSlot;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
 use crate::route::router::RouteError;
@@ -97,9 +98,9 @@ pub(crate) struct Stream {
     held: bool,
     /// Set while a body is awaited.
     kind: Option<ApiKind>,
-    /// Pod counted in flight for this stream, and the request's number
-    /// there ([`crate::route::router::Routed::seq`]), released exactly once.
-    inflight_pod: Option<(PodSlot, u64)>,
+    /// Pod counted in flight for this stream, and the request's ticket
+    /// there ([`crate::route::router::Routed::ticket`]), released exactly once.
+    inflight_pod: Option<(PodSlot, Ticket)>,
     /// Where the request was sent, for the passive health check at the end,
     /// and whether that check reads the upstream address even without a
     /// retry (1 request in [`SAMPLE_EVERY`], not the timed one).
@@ -299,8 +300,8 @@ impl Stream {
     }
 
     fn release<H: Host>(&mut self, w: &Worker, host: &H) {
-        if let Some((pod, seq)) = self.inflight_pod.take() {
-            w.release(host, pod, seq, std::mem::take(&mut self.timed_hit));
+        if let Some((pod, ticket)) = self.inflight_pod.take() {
+            w.release(host, pod, ticket, std::mem::take(&mut self.timed_hit));
         }
         // An answer cut short or never read to its usage.
         if self.feedback.take().is_some() {
@@ -374,7 +375,7 @@ impl Stream {
             .unwrap_or_default()
             .to_string();
         // Counted in flight from here: released on stream end whatever happens next.
-        self.inflight_pod = Some((pod, routed.seq));
+        self.inflight_pod = Some((pod, routed.ticket));
         self.match_percent = Some(routed.choice.match_percent);
         self.timed_hit = routed.is_hit();
         if endpoint.is_empty() {

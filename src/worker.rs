@@ -11,6 +11,7 @@ use crate::fleet::{self, Members};
 use crate::rng::SplitMix64;
 use crate::route::feedback::{clearly_less, learned_blocks, Plan};
 use crate::route::hold::{self, Holds, Owner, Remembered, SharedEntry};
+use crate::route::load::Ticket;
 use crate::route::meter::{Count, Meter, MetricSink};
 use crate::route::policy::PolicyMode;
 use crate::route::prefill;
@@ -209,9 +210,9 @@ impl Worker {
         } else {
             None
         };
-        let routed = self
-            .router
-            .route(host, req, now, &mut self.rng.borrow_mut());
+        let routed =
+            self.router
+                .route_at(host, req, now_nanos / 1_000_000, &mut self.rng.borrow_mut());
         if let Ok(r) = &routed {
             let m = &self.meter;
             m.inc(Count::Routed(r.choice.reason));
@@ -459,12 +460,12 @@ impl Worker {
         }
     }
 
-    /// Releases in-flight request number `seq` ([`Routed::seq`]) on `pod`:
+    /// Releases in-flight request `ticket` ([`Routed::ticket`]) on `pod`:
     /// in VM memory, plus one set while other worker VMs are live (see
     /// [`crate::route::load`]).
-    pub(crate) fn release<H: Host>(&self, host: &H, pod: PodSlot, seq: u64, timed_hit: bool) {
+    pub(crate) fn release<H: Host>(&self, host: &H, pod: PodSlot, ticket: Ticket, timed_hit: bool) {
         let now_secs = secs(self.clock_nanos(host));
-        self.router.release(host, pod, seq, timed_hit, now_secs);
+        self.router.release(host, pod, ticket, timed_hit, now_secs);
     }
 
     /// A pod for a request the filter does not route (pass-through), chosen

@@ -2,7 +2,7 @@
 //!
 //! Each worker VM counts its own streams in memory ([`VmLoad`]). On its
 //! tick (250 ms) the VM publishes its counts to a key of its own,
-//! `load/vm/<i>`, and reads the other VMs' keys and the other replicas'
+//! `load/worker/<i>`, and reads the other VMs' keys and the other replicas'
 //! total (`load/remote`, written by the sync singleton).
 //!
 //! While other VMs of the replica are live, each request also exchanges at
@@ -23,21 +23,32 @@
 //! index first (at most [`MAX_VMS`]); a reader stops at the first key never
 //! written.
 //!
-//! Counts are a `u32` per pod slot (index = the pod's registry slot, see
-//! [`crate::route::registry`]), little endian.
+//! A published value is `token u64 | at_ms u64 | version u8 (1)`, then per
+//! pod slot (index = the pod's registry slot, see
+//! [`crate::route::registry`]) `count u32 | sent_ms u64`: the VM's requests
+//! in flight there and the sum of the times (ms) they were sent, little
+//! endian. The sums give the replica's age tie (see [`VmLoad::age`]). A
+//! value of another version counts nothing but keeps its key taken while
+//! live, so VMs of two builds never claim one key.
 
 use crate::route::registry::{PodSlot, MAX_SLOTS};
 use crate::route::store::{SharedStore, StoreError};
 
 /// Key holding the other replicas' total, per slot (sync singleton only).
 const REMOTE_KEY: &str = "load/remote";
-const VM_KEY_PREFIX: &str = "load/vm/";
-/// Most worker VMs whose counts are kept (keys `load/vm/0..MAX_VMS`).
+/// The VMs' keys. (Builds before the version byte wrote counts alone to
+/// `load/vm/<i>`; a new key keeps them from misreading the sums as counts.)
+const VM_KEY_PREFIX: &str = "load/worker/";
+/// Most worker VMs whose counts are kept (keys `load/worker/0..MAX_VMS`).
 pub(crate) const MAX_VMS: usize = 64;
 /// A VM's counts stop counting this long after its last publish (20 ticks).
 pub const VM_STALE_MS: u64 = 5_000;
-/// Token and time before the counts.
-const HEADER: usize = 16;
+/// Token, time and version before the counts.
+const HEADER: usize = 17;
+/// The layout of a published value this build writes and reads.
+const VERSION: u8 = 1;
+/// Bytes per pod slot in a published value: count and sum of send times.
+const SLOT_BYTES: usize = 12;
 /// Most other VMs' keys read per routed request ([`VmLoad::read_others`]);
 /// the counts of any beyond are those read on the tick.
 pub(crate) const FRESH_READS: usize = 7;
@@ -56,26 +67,52 @@ struct Published {
     token: u64,
     at_ms: u64,
     counts: Vec<u32>,
+    /// Per slot, the sum of the send times (ms) of the requests counted.
+    sent_ms: Vec<u64>,
 }
 
 impl Published {
-    /// The value a VM with `token` writes at `at_ms` for its `counts`.
-    fn encode(token: u64, at_ms: u64, counts: &[u32]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER + 4 * counts.len());
+    /// The value a VM with `token` writes at `at_ms` for its `counts` and
+    /// their `sent_ms` sums (missing sums: 0).
+    fn encode(token: u64, at_ms: u64, counts: &[u32], sent_ms: &[u64]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER + SLOT_BYTES * counts.len());
         out.extend_from_slice(&token.to_le_bytes());
         out.extend_from_slice(&at_ms.to_le_bytes());
-        out.extend(counts.iter().flat_map(|c| c.to_le_bytes()));
+        out.push(VERSION);
+        for (i, c) in counts.iter().enumerate() {
+            out.extend_from_slice(&c.to_le_bytes());
+            out.extend_from_slice(&sent_ms.get(i).copied().unwrap_or(0).to_le_bytes());
+        }
         out
     }
 
-    /// None for an empty or malformed value.
+    /// None for an empty or malformed value; no counts for a value of
+    /// another version.
     fn decode(bytes: &[u8]) -> Option<Published> {
         let token = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
         let at_ms = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
+        let version = *bytes.get(16)?;
+        let slots = if version == VERSION {
+            &bytes[HEADER..]
+        } else {
+            &[]
+        };
+        let (counts, sent_ms) = slots
+            .chunks_exact(SLOT_BYTES)
+            .take(MAX_SLOTS)
+            .map(|c| {
+                let (count, sent) = c.split_at(4);
+                (
+                    u32::from_le_bytes(count.try_into().unwrap_or_default()),
+                    u64::from_le_bytes(sent.try_into().unwrap_or_default()),
+                )
+            })
+            .unzip();
         Some(Published {
             token,
             at_ms,
-            counts: decode_counts(&bytes[HEADER..]),
+            counts,
+            sent_ms,
         })
     }
 
@@ -84,20 +121,31 @@ impl Published {
     }
 }
 
+/// A request [`VmLoad`] counts in flight: its number among this VM's
+/// requests and when it was sent (ms). [`VmLoad::end`] takes it back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ticket {
+    pub seq: u64,
+    pub sent_ms: u64,
+}
+
 /// One worker VM's in-flight counts and its picture of everyone else's.
 #[derive(Debug)]
 pub(crate) struct VmLoad {
     token: u64,
-    /// The `load/vm/<i>` key this VM holds, once claimed.
+    /// The `load/worker/<i>` key this VM holds, once claimed.
     key: Option<usize>,
     own: Vec<u32>,
     /// Other live VMs of this replica, as of the last refresh or read.
     others: Vec<u32>,
+    /// Their requests' summed send times (ms) per slot, read with `others`.
+    others_ms: Vec<u64>,
     /// The keys of the other VMs live at the last refresh, read again
     /// per request (at most [`FRESH_READS`]).
     other_keys: Vec<usize>,
     /// What the refresh read of the live VMs past [`FRESH_READS`].
     others_rest: Vec<u32>,
+    others_rest_ms: Vec<u64>,
     /// Other replicas (sync), as of the last refresh.
     remote: Vec<u32>,
     /// The most requests this VM had in flight per slot since the last
@@ -111,6 +159,8 @@ pub(crate) struct VmLoad {
     next_seq: u64,
     /// Per slot, the sum of the numbers of this VM's requests in flight.
     seq_sum: Vec<u64>,
+    /// Per slot, the sum of their send times (ms).
+    ms_sum: Vec<u64>,
 }
 
 impl VmLoad {
@@ -122,44 +172,76 @@ impl VmLoad {
             key: None,
             own: Vec::new(),
             others: Vec::new(),
+            others_ms: Vec::new(),
             other_keys: Vec::new(),
             others_rest: Vec::new(),
+            others_rest_ms: Vec::new(),
             remote: Vec::new(),
             own_peak: Vec::new(),
             peaks: std::collections::VecDeque::new(),
             next_seq: 0,
             seq_sum: Vec::new(),
+            ms_sum: Vec::new(),
         }
     }
 
-    /// Counts a request routed to `pod` in flight; returns its number, for
-    /// [`Self::end`].
-    pub(crate) fn start(&mut self, pod: PodSlot) -> u64 {
+    /// Counts a request routed to `pod` at `now_ms` in flight; returns its
+    /// ticket, for [`Self::end`].
+    pub(crate) fn start(&mut self, pod: PodSlot, now_ms: u64) -> Ticket {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.add(pod, 1);
         let i = pod.index();
         if i < MAX_SLOTS {
-            if self.seq_sum.len() <= i {
-                self.seq_sum.resize(i + 1, 0);
-            }
-            self.seq_sum[i] = self.seq_sum[i].saturating_add(seq);
+            add_at(&mut self.seq_sum, i, seq);
+            add_at(&mut self.ms_sum, i, now_ms);
         }
-        seq
+        Ticket {
+            seq,
+            sent_ms: now_ms,
+        }
     }
 
-    /// Ends request number `seq` on `pod`; returns this VM's new count there.
-    pub(crate) fn end(&mut self, pod: PodSlot, seq: u64) -> u32 {
-        if let Some(s) = self.seq_sum.get_mut(pod.index()) {
-            *s = s.saturating_sub(seq);
+    /// Ends the request of `ticket` on `pod`; returns this VM's new count
+    /// there.
+    pub(crate) fn end(&mut self, pod: PodSlot, ticket: Ticket) -> u32 {
+        let i = pod.index();
+        if let Some(s) = self.seq_sum.get_mut(i) {
+            *s = s.saturating_sub(ticket.seq);
+        }
+        if let Some(s) = self.ms_sum.get_mut(i) {
+            *s = s.saturating_sub(ticket.sent_ms);
         }
         self.add(pod, -1)
+    }
+
+    /// Per slot, how long ago the requests in flight there were sent, on
+    /// average (0 with none; slots past the vector: none): the last tie of
+    /// the load-aware policy. While other worker VMs of the replica are
+    /// live, the replica's requests (theirs as of their last publish), in
+    /// ms of the router's clock (the tick's: 20 ms while `hold` is on);
+    /// else this VM's own, counted in requests it routed since, which
+    /// needs no clock.
+    pub(crate) fn age(&self, now_ms: u64) -> Vec<u64> {
+        if !self.others_live() {
+            return self.own_age();
+        }
+        let at32 = |v: &[u32], i: usize| u64::from(v.get(i).copied().unwrap_or(0));
+        let at64 = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
+        (0..self.own.len().max(self.others.len()))
+            .map(|i| {
+                let count = at32(&self.own, i) + at32(&self.others, i);
+                let sum = at64(&self.ms_sum, i).saturating_add(at64(&self.others_ms, i));
+                sum.checked_div(count)
+                    .map_or(0, |mean| now_ms.saturating_sub(mean))
+            })
+            .collect()
     }
 
     /// Per slot, how long ago this VM sent its requests in flight there, on
     /// average, counted in requests it routed since (0 with none; slots
     /// past the vector: none).
-    pub(crate) fn own_age(&self) -> Vec<u64> {
+    fn own_age(&self) -> Vec<u64> {
         self.own
             .iter()
             .zip(self.seq_sum.iter().chain(std::iter::repeat(&0)))
@@ -239,8 +321,10 @@ impl VmLoad {
         // higher of their last two reads.
         let mut tick_peak = self.own_peak.clone();
         let mut others = Vec::new();
+        let mut others_ms = Vec::new();
         let mut other_keys = Vec::new();
         let mut rest = Vec::new();
+        let mut rest_ms = Vec::new();
         let mut mine: Option<(usize, Option<u32>)> = None;
         let mut free: Option<(usize, Option<u32>)> = None;
         for i in 0..MAX_VMS {
@@ -253,10 +337,12 @@ impl VmLoad {
                 Some(p) if p.token == self.token => mine = Some((i, cas)),
                 Some(p) if p.live(now_ms) => {
                     add_into(&mut others, &p.counts);
+                    add_sums_into(&mut others_ms, &p.sent_ms);
                     if other_keys.len() < FRESH_READS {
                         other_keys.push(i);
                     } else {
                         add_into(&mut rest, &p.counts);
+                        add_sums_into(&mut rest_ms, &p.sent_ms);
                     }
                 }
                 _ => free = free.or(Some((i, cas))),
@@ -271,14 +357,16 @@ impl VmLoad {
         self.peaks.push_back((now_ms, tick_peak));
         self.own_peak.clone_from(&self.own);
         self.others = others;
+        self.others_ms = others_ms;
         self.other_keys = other_keys;
         self.others_rest = rest;
+        self.others_rest_ms = rest_ms;
         self.remote = if with_remote {
             read_counts(store, REMOTE_KEY)?
         } else {
             Vec::new()
         };
-        let value = Published::encode(self.token, now_ms, &self.own);
+        let value = Published::encode(self.token, now_ms, &self.own, &self.ms_sum);
         // Our key, or (first tick, or it was taken while we stalled) the
         // first free one: written under the CAS just read, so two VMs never
         // hold one key; the loser tries again next tick.
@@ -317,6 +405,7 @@ impl VmLoad {
             return;
         }
         let mut others = self.others_rest.clone();
+        let mut others_ms = self.others_rest_ms.clone();
         for &i in &self.other_keys {
             let Ok((value, _)) = store.get(&vm_key(i)) else {
                 return;
@@ -324,9 +413,11 @@ impl VmLoad {
             let published = value.as_deref().and_then(Published::decode);
             if let Some(p) = published.filter(|p| p.token != self.token && p.live(now_ms)) {
                 add_into(&mut others, &p.counts);
+                add_sums_into(&mut others_ms, &p.sent_ms);
             }
         }
         self.others = others;
+        self.others_ms = others_ms;
     }
 
     /// Writes this VM's counts to its key at once (one set, no CAS: the
@@ -341,7 +432,7 @@ impl VmLoad {
         let Some(i) = self.key.filter(|_| !self.other_keys.is_empty()) else {
             return false;
         };
-        let value = Published::encode(self.token, now_ms, &self.own);
+        let value = Published::encode(self.token, now_ms, &self.own, &self.ms_sum);
         store.set(&vm_key(i), &value, None).is_ok()
     }
 
@@ -413,6 +504,23 @@ fn add_into(total: &mut Vec<u32>, counts: &[u32]) {
     for (t, c) in total.iter_mut().zip(counts) {
         *t = t.saturating_add(*c);
     }
+}
+
+fn add_sums_into(total: &mut Vec<u64>, sums: &[u64]) {
+    if total.len() < sums.len() {
+        total.resize(sums.len(), 0);
+    }
+    for (t, s) in total.iter_mut().zip(sums) {
+        *t = t.saturating_add(*s);
+    }
+}
+
+/// Adds `value` to slot `i` of `sums` (grown to it).
+fn add_at(sums: &mut Vec<u64>, i: usize, value: u64) {
+    if sums.len() <= i {
+        sums.resize(i + 1, 0);
+    }
+    sums[i] = sums[i].saturating_add(value);
 }
 
 fn max_into(high: &mut Vec<u32>, counts: &[u32]) {
@@ -500,26 +608,87 @@ mod tests {
     }
 
     #[test]
-    fn own_age_reads_how_long_ago_the_requests_in_flight_were_sent() {
+    fn a_lone_vms_age_reads_how_many_requests_ago_its_requests_were_sent() {
         let mut vm = VmLoad::new(1);
-        let a = vm.start(p(0));
-        let b = vm.start(p(1));
-        let c = vm.start(p(1));
+        // The clock does not move: a lone VM counts requests, not time.
+        let a = vm.start(p(0), 1000);
+        let b = vm.start(p(1), 1000);
+        let c = vm.start(p(1), 1000);
         // Three routed: pod 0's request is 3 old, pod 1's 2 and 1 (mean 1.5,
         // in whole requests 2), pod 2 has none.
-        assert_eq!(vm.own_age(), vec![3, 2]);
+        assert_eq!(vm.age(1000), vec![3, 2]);
         assert_eq!(vm.replica(3), vec![1, 2, 0]);
         assert_eq!(vm.end(p(0), a), 0);
         assert_eq!(vm.end(p(1), b), 1);
-        assert_eq!(vm.own_age(), vec![0, 1]);
+        assert_eq!(vm.age(1000), vec![0, 1]);
         assert_eq!(vm.end(p(1), c), 0);
-        // Ending more than started, or a number never given, saturates.
-        assert_eq!(vm.end(p(1), u64::MAX), 0);
-        assert_eq!(vm.own_age(), vec![0, 0]);
+        // Ending more than started, or a ticket never given, saturates.
+        let never = Ticket {
+            seq: u64::MAX,
+            sent_ms: u64::MAX,
+        };
+        assert_eq!(vm.end(p(1), never), 0);
+        assert_eq!(vm.age(1000), vec![0, 0]);
         let past = PodSlot::new(u16::try_from(MAX_SLOTS).unwrap());
-        let d = vm.start(past);
+        let d = vm.start(past, 1000);
         assert_eq!(vm.end(past, d), 0, "out of range is not counted");
-        assert_eq!(vm.own_age().len(), 2);
+        assert_eq!(vm.age(1000).len(), 2);
+    }
+
+    #[test]
+    fn with_other_vms_live_the_age_is_the_replicas_in_ms() {
+        let s = MemStore::new();
+        let (mut a, mut b) = (VmLoad::new(1), VmLoad::new(2));
+        a.refresh(&s, 1000, false).unwrap();
+        b.refresh(&s, 1000, false).unwrap();
+        a.refresh(&s, 1000, false).unwrap();
+        assert!(a.others_live() && b.others_live());
+        // A sends to pod 0 at 1000 and 1100; B to pod 1 at 1200, then to
+        // pod 0 at 1300.
+        let a1 = a.start(p(0), 1000);
+        assert!(a.publish(&s, 1000));
+        a.start(p(0), 1100);
+        assert!(a.publish(&s, 1100));
+        b.start(p(1), 1200);
+        assert!(b.publish(&s, 1200));
+        b.read_others(&s, 1300);
+        b.start(p(0), 1300);
+        // At 1400, for B: pod 0 holds the replica's 1000, 1100 and 1300
+        // (mean 1133, 267 ms ago), pod 1 its own 1200. By B's own requests
+        // alone pod 1's would be the older.
+        assert_eq!(b.age(1400), vec![267, 200]);
+        // A reads B's requests after B publishes; A's own end at once.
+        assert!(b.publish(&s, 1300));
+        a.read_others(&s, 1400);
+        a.end(p(0), a1);
+        assert_eq!(a.age(1400), vec![200, 200]);
+        // A VM gone quiet past the stale bound: its requests age nothing.
+        let late = 1401 + VM_STALE_MS;
+        a.read_others(&s, late);
+        assert_eq!(a.age(late), vec![late - 1100]);
+    }
+
+    #[test]
+    fn a_value_of_another_version_counts_nothing_but_keeps_its_key() {
+        let s = MemStore::new();
+        let mut value = Published::encode(7, 1000, &[5], &[5000]);
+        assert_eq!(
+            Published::decode(&value),
+            Some(Published {
+                token: 7,
+                at_ms: 1000,
+                counts: vec![5],
+                sent_ms: vec![5000],
+            })
+        );
+        value[16] = VERSION + 1;
+        s.set(&vm_key(0), &value, None).unwrap();
+        let mut vm = VmLoad::new(9);
+        vm.add(p(0), 1);
+        vm.refresh(&s, 1000, false).unwrap();
+        assert_eq!(vm.key(), Some(1), "the other build's key stays its own");
+        assert_eq!(vm.replica(1), vec![1]);
+        assert_eq!(replica_total(&s, 1000).unwrap(), vec![1]);
     }
 
     #[test]

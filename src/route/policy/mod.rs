@@ -116,8 +116,8 @@ pub fn effective_load(
 ///    then the pod it placed fewer new prefixes on (`placed`, so no pod's
 ///    cache holds more than its share; with `place_by_count`, unmatched
 ///    pods compare `placed` first, right after the match), then, among
-///    unmatched pods, the one whose requests in flight this VM sent
-///    longest ago (`age`: it frees a slot first); remaining ties among
+///    unmatched pods, the one whose requests in flight were sent longest
+///    ago (`age`: it frees a slot first); remaining ties among
 ///    unmatched pods rotate with `turn` (as in [`choose`]), among matched
 ///    pods they are shuffled;
 /// 4. a hot prefix is copied. The prompt's prefix group (`share`: its
@@ -322,9 +322,12 @@ pub struct PodLoads<'a> {
     /// no queueing (they cost as if unmatched) and counts in the ties only
     /// after in-flight counts.
     pub untrusted: &'a [PodSlot],
-    /// How long ago this VM sent its requests in flight on the pod, on
-    /// average, counted in requests it routed since (0 with none): the
+    /// How long ago the requests in flight on the pod were sent, on
+    /// average (0 with none; higher = older, in one unit for all pods): the
     /// last tie among unmatched pods (older requests free a slot sooner).
+    /// The router gives the replica's ages in ms while other worker VMs
+    /// are live, else this VM's own counted in requests it routed since
+    /// (see [`crate::route::load::VmLoad::age`]).
     pub age: &'a [u64],
 }
 

@@ -26,7 +26,7 @@ use crate::rng::SplitMix64;
 use crate::route::feedback::{Plan, TrustLearner, MIN_HORIZON_SECS};
 use crate::route::hashing::BlockHasher;
 use crate::route::latency::PodLatency;
-use crate::route::load::VmLoad;
+use crate::route::load::{Ticket, VmLoad};
 use crate::route::mirror::{Mirror, Mirrored};
 use crate::route::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
@@ -78,9 +78,9 @@ impl From<StoreError> for RouteError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routed {
     pub choice: Choice,
-    /// This VM's number for the request, counted in flight on the chosen
-    /// pod: [`Router::release`] takes it back.
-    pub seq: u64,
+    /// The request as counted in flight on the chosen pod:
+    /// [`Router::release`] takes it back.
+    pub ticket: Ticket,
     pub(crate) total_blocks: usize,
     pub(crate) probes: usize,
     /// Model id in the table, None when the registry is full.
@@ -319,9 +319,7 @@ impl Router {
         Ok(id)
     }
 
-    /// Routes one request, records its blocks for the chosen pod and counts
-    /// it in flight; the caller must release it with [`Router::release`]
-    /// when the stream ends.
+    /// [`Self::route_at`] with the clock in whole seconds.
     pub fn route<S: SharedStore + ?Sized>(
         &self,
         store: &S,
@@ -329,6 +327,20 @@ impl Router {
         now_secs: u32,
         rng: &mut SplitMix64,
     ) -> Result<Routed, RouteError> {
+        self.route_at(store, req, u64::from(now_secs) * 1000, rng)
+    }
+
+    /// Routes one request at `now_ms` (unix ms), records its blocks for the
+    /// chosen pod and counts it in flight; the caller must release it with
+    /// [`Router::release`] when the stream ends.
+    pub fn route_at<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        req: &PromptRequest,
+        now_ms: u64,
+        rng: &mut SplitMix64,
+    ) -> Result<Routed, RouteError> {
+        let now_secs = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
         if self.fleet.borrow().is_empty() {
             // Before this VM's first tick: build static pools, or read what
             // the singleton published (one read, only while nothing is known).
@@ -390,7 +402,6 @@ impl Router {
         // This replica's other VMs as of now (one get each while there are
         // any); other replicas' load exists only when syncing (see
         // refresh_load).
-        let now_ms = u64::from(now_secs) * 1000;
         self.load.borrow_mut().read_others(store, now_ms);
         let load = self.load.borrow().fleet(self.fleet.borrow().bound());
         let lengths: Vec<(PodSlot, u32)> = matches.iter().map(|m| (m.pod, m.blocks)).collect();
@@ -427,7 +438,7 @@ impl Router {
                 }
                 let placed = self.placed.borrow();
                 let sent = self.sent.borrow();
-                let age = vm_load.own_age();
+                let age = vm_load.age(now_ms);
                 let prefill = self.prefill.borrow();
                 let (slowness, reported_slow) =
                     slowness(&self.latency.borrow(), &signals, prefill.slowness(), pool);
@@ -496,11 +507,11 @@ impl Router {
             }
             None => WriteOutcome::default(),
         };
-        let seq = {
+        let ticket = {
             let mut load = self.load.borrow_mut();
-            let seq = load.start(choice.pod);
+            let ticket = load.start(choice.pod, now_ms);
             load.publish(store, now_ms);
-            seq
+            ticket
         };
         if choice.match_percent >= HIT_PERCENT {
             // Timed as a hit until released, or until it waits (untime_hit).
@@ -533,7 +544,7 @@ impl Router {
         let prefill_blocks =
             (timeable && predicted == 0).then(|| u32::try_from(hashes.len()).unwrap_or(u32::MAX));
         Ok(Routed {
-            seq,
+            ticket,
             prefill_blocks,
             choice,
             total_blocks: hashes.len(),
@@ -559,8 +570,8 @@ impl Router {
         self.mirror.borrow().len()
     }
 
-    /// Releases one in-flight request on `pod`, number `seq` (its
-    /// [`Routed::seq`]; `timed_hit`: it was
+    /// Releases one in-flight request on `pod`, `ticket` (its
+    /// [`Routed::ticket`]; `timed_hit`: it was
     /// routed as a hit, [`Routed::is_hit`], and timed as one to the end, not
     /// taken back by [`Self::untime_hit`]), and (while other VMs of the
     /// replica are live) writes this VM's counts for them, one set;
@@ -569,13 +580,13 @@ impl Router {
         &self,
         store: &S,
         pod: PodSlot,
-        seq: u64,
+        ticket: Ticket,
         timed_hit: bool,
         now_secs: u32,
     ) -> u32 {
         self.latency.borrow_mut().completed(pod, timed_hit);
         let mut load = self.load.borrow_mut();
-        let left = load.end(pod, seq);
+        let left = load.end(pod, ticket);
         load.publish(store, u64::from(now_secs) * 1000);
         left
     }

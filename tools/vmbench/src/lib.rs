@@ -148,7 +148,7 @@ fn route_one(b: &mut Bench, kind: ApiKind, body: &[u8]) -> bool {
             b.router.release(
                 &b.store,
                 routed.choice.pod,
-                routed.seq,
+                routed.ticket,
                 routed.is_hit(),
                 1_000_000,
             );

@@ -48,7 +48,7 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
             router.release(
                 &store,
                 routed.choice.pod,
-                routed.seq,
+                routed.ticket,
                 routed.is_hit(),
                 1_000_000,
             );
