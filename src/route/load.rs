@@ -23,13 +23,18 @@
 //! index first (at most [`MAX_VMS`]); a reader stops at the first key never
 //! written.
 //!
+//! Each VM also counts, per pod, the requests it sent and the new prefixes
+//! it placed recently (halved whenever one reaches [`HALVE_AT`]), and the
+//! sum of the send times of its requests in flight. They travel with the
+//! counts, so that the load-aware ties (sent, placed, age) weigh the
+//! replica's traffic, not one worker's share of it.
+//!
 //! A published value is `token u64 | at_ms u64 | version u8 (1)`, then per
 //! pod slot (index = the pod's registry slot, see
-//! [`crate::route::registry`]) `count u32 | sent_ms u64`: the VM's requests
-//! in flight there and the sum of the times (ms) they were sent, little
-//! endian. The sums give the replica's age tie (see [`VmLoad::age`]). A
-//! value of another version counts nothing but keeps its key taken while
-//! live, so VMs of two builds never claim one key.
+//! [`crate::route::registry`]) `count u32 | sent u32 | placed u32 | sent_ms
+//! u64`, little endian. A value of another version counts nothing but
+//! keeps its key taken while live, so VMs of two builds never claim one
+//! key.
 
 use crate::route::registry::{PodSlot, MAX_SLOTS};
 use crate::route::store::{SharedStore, StoreError};
@@ -37,7 +42,7 @@ use crate::route::store::{SharedStore, StoreError};
 /// Key holding the other replicas' total, per slot (sync singleton only).
 const REMOTE_KEY: &str = "load/remote";
 /// The VMs' keys. (Builds before the version byte wrote counts alone to
-/// `load/vm/<i>`; a new key keeps them from misreading the sums as counts.)
+/// `load/vm/<i>`; a new key keeps them from misreading the rest as counts.)
 const VM_KEY_PREFIX: &str = "load/worker/";
 /// Most worker VMs whose counts are kept (keys `load/worker/0..MAX_VMS`).
 pub(crate) const MAX_VMS: usize = 64;
@@ -47,8 +52,8 @@ pub const VM_STALE_MS: u64 = 5_000;
 const HEADER: usize = 17;
 /// The layout of a published value this build writes and reads.
 const VERSION: u8 = 1;
-/// Bytes per pod slot in a published value: count and sum of send times.
-const SLOT_BYTES: usize = 12;
+/// Bytes per pod slot in a published value.
+const SLOT_BYTES: usize = 20;
 /// Most other VMs' keys read per routed request ([`VmLoad::read_others`]);
 /// the counts of any beyond are those read on the tick.
 pub(crate) const FRESH_READS: usize = 7;
@@ -56,38 +61,75 @@ pub(crate) const FRESH_READS: usize = 7;
 /// 250 ms): how far back a pod's report can be set against what this
 /// replica had sent it (see [`VmLoad::peak_since`]).
 const PEAK_TICKS: usize = 8;
+/// Sent and placed counts halve, every slot, when one reaches this: they
+/// follow recent traffic.
+pub(crate) const HALVE_AT: u32 = 256;
 
 fn vm_key(i: usize) -> String {
     format!("{VM_KEY_PREFIX}{i}")
 }
 
-/// One VM's published counts.
+/// Per pod slot, what one VM, or several summed, has in flight and sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Tally {
+    /// Requests in flight.
+    counts: Vec<u32>,
+    /// Requests sent recently.
+    sent: Vec<u32>,
+    /// New prefixes placed recently.
+    placed: Vec<u32>,
+    /// The sum of the send times (ms) of the requests in flight.
+    sent_ms: Vec<u64>,
+}
+
+impl Tally {
+    /// Slots with anything recorded.
+    fn len(&self) -> usize {
+        self.counts
+            .len()
+            .max(self.sent.len())
+            .max(self.placed.len())
+            .max(self.sent_ms.len())
+    }
+
+    /// Adds `other`, slot by slot (saturating).
+    fn add(&mut self, other: &Tally) {
+        add_into(&mut self.counts, &other.counts);
+        add_into(&mut self.sent, &other.sent);
+        add_into(&mut self.placed, &other.placed);
+        add_sums_into(&mut self.sent_ms, &other.sent_ms);
+    }
+}
+
+/// One VM's published value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Published {
     token: u64,
     at_ms: u64,
-    counts: Vec<u32>,
-    /// Per slot, the sum of the send times (ms) of the requests counted.
-    sent_ms: Vec<u64>,
+    tally: Tally,
 }
 
 impl Published {
-    /// The value a VM with `token` writes at `at_ms` for its `counts` and
-    /// their `sent_ms` sums (missing sums: 0).
-    fn encode(token: u64, at_ms: u64, counts: &[u32], sent_ms: &[u64]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER + SLOT_BYTES * counts.len());
+    /// The value a VM with `token` writes at `at_ms` for its `tally`.
+    fn encode(token: u64, at_ms: u64, tally: &Tally) -> Vec<u8> {
+        let n = tally.len().min(MAX_SLOTS);
+        let mut out = Vec::with_capacity(HEADER + SLOT_BYTES * n);
         out.extend_from_slice(&token.to_le_bytes());
         out.extend_from_slice(&at_ms.to_le_bytes());
         out.push(VERSION);
-        for (i, c) in counts.iter().enumerate() {
-            out.extend_from_slice(&c.to_le_bytes());
-            out.extend_from_slice(&sent_ms.get(i).copied().unwrap_or(0).to_le_bytes());
+        let at = |v: &[u32], i: usize| v.get(i).copied().unwrap_or(0);
+        for i in 0..n {
+            out.extend_from_slice(&at(&tally.counts, i).to_le_bytes());
+            out.extend_from_slice(&at(&tally.sent, i).to_le_bytes());
+            out.extend_from_slice(&at(&tally.placed, i).to_le_bytes());
+            let sum = tally.sent_ms.get(i).copied().unwrap_or(0);
+            out.extend_from_slice(&sum.to_le_bytes());
         }
         out
     }
 
-    /// None for an empty or malformed value; no counts for a value of
-    /// another version.
+    /// None for an empty or malformed value; nothing counted for a value
+    /// of another version.
     fn decode(bytes: &[u8]) -> Option<Published> {
         let token = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
         let at_ms = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
@@ -97,22 +139,20 @@ impl Published {
         } else {
             &[]
         };
-        let (counts, sent_ms) = slots
-            .chunks_exact(SLOT_BYTES)
-            .take(MAX_SLOTS)
-            .map(|c| {
-                let (count, sent) = c.split_at(4);
-                (
-                    u32::from_le_bytes(count.try_into().unwrap_or_default()),
-                    u64::from_le_bytes(sent.try_into().unwrap_or_default()),
-                )
-            })
-            .unzip();
+        let mut tally = Tally::default();
+        for slot in slots.chunks_exact(SLOT_BYTES).take(MAX_SLOTS) {
+            let u32_at = |at: usize| u32::from_le_bytes([slot[at], slot[at + 1], slot[at + 2], slot[at + 3]]);
+            tally.counts.push(u32_at(0));
+            tally.sent.push(u32_at(4));
+            tally.placed.push(u32_at(8));
+            let mut sum = [0; 8];
+            sum.copy_from_slice(&slot[12..20]);
+            tally.sent_ms.push(u64::from_le_bytes(sum));
+        }
         Some(Published {
             token,
             at_ms,
-            counts,
-            sent_ms,
+            tally,
         })
     }
 
@@ -135,17 +175,15 @@ pub(crate) struct VmLoad {
     token: u64,
     /// The `load/worker/<i>` key this VM holds, once claimed.
     key: Option<usize>,
-    own: Vec<u32>,
+    /// This VM's own, exact.
+    own: Tally,
     /// Other live VMs of this replica, as of the last refresh or read.
-    others: Vec<u32>,
-    /// Their requests' summed send times (ms) per slot, read with `others`.
-    others_ms: Vec<u64>,
+    others: Tally,
     /// The keys of the other VMs live at the last refresh, read again
     /// per request (at most [`FRESH_READS`]).
     other_keys: Vec<usize>,
     /// What the refresh read of the live VMs past [`FRESH_READS`].
-    others_rest: Vec<u32>,
-    others_rest_ms: Vec<u64>,
+    others_rest: Tally,
     /// Other replicas (sync), as of the last refresh.
     remote: Vec<u32>,
     /// The most requests this VM had in flight per slot since the last
@@ -159,8 +197,6 @@ pub(crate) struct VmLoad {
     next_seq: u64,
     /// Per slot, the sum of the numbers of this VM's requests in flight.
     seq_sum: Vec<u64>,
-    /// Per slot, the sum of their send times (ms).
-    ms_sum: Vec<u64>,
 }
 
 impl VmLoad {
@@ -170,31 +206,33 @@ impl VmLoad {
         Self {
             token,
             key: None,
-            own: Vec::new(),
-            others: Vec::new(),
-            others_ms: Vec::new(),
+            own: Tally::default(),
+            others: Tally::default(),
             other_keys: Vec::new(),
-            others_rest: Vec::new(),
-            others_rest_ms: Vec::new(),
+            others_rest: Tally::default(),
             remote: Vec::new(),
             own_peak: Vec::new(),
             peaks: std::collections::VecDeque::new(),
             next_seq: 0,
             seq_sum: Vec::new(),
-            ms_sum: Vec::new(),
         }
     }
 
-    /// Counts a request routed to `pod` at `now_ms` in flight; returns its
-    /// ticket, for [`Self::end`].
-    pub(crate) fn start(&mut self, pod: PodSlot, now_ms: u64) -> Ticket {
+    /// Counts a request routed to `pod` at `now_ms` in flight and sent
+    /// there (and, when it places a `new_prefix`, placed there); returns
+    /// its ticket, for [`Self::end`].
+    pub(crate) fn start(&mut self, pod: PodSlot, now_ms: u64, new_prefix: bool) -> Ticket {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.add(pod, 1);
         let i = pod.index();
         if i < MAX_SLOTS {
             add_at(&mut self.seq_sum, i, seq);
-            add_at(&mut self.ms_sum, i, now_ms);
+            add_at(&mut self.own.sent_ms, i, now_ms);
+            bump(&mut self.own.sent, i);
+            if new_prefix {
+                bump(&mut self.own.placed, i);
+            }
         }
         Ticket {
             seq,
@@ -209,10 +247,22 @@ impl VmLoad {
         if let Some(s) = self.seq_sum.get_mut(i) {
             *s = s.saturating_sub(ticket.seq);
         }
-        if let Some(s) = self.ms_sum.get_mut(i) {
+        if let Some(s) = self.own.sent_ms.get_mut(i) {
             *s = s.saturating_sub(ticket.sent_ms);
         }
         self.add(pod, -1)
+    }
+
+    /// Per slot, the requests this replica sent recently: this VM's, plus
+    /// the other VMs' as of their last publish (at least `n` long).
+    pub(crate) fn sent(&self, n: usize) -> Vec<u32> {
+        sum(&[&self.own.sent, &self.others.sent], n)
+    }
+
+    /// Per slot, the new prefixes this replica placed recently, like
+    /// [`Self::sent`].
+    pub(crate) fn placed(&self, n: usize) -> Vec<u32> {
+        sum(&[&self.own.placed, &self.others.placed], n)
     }
 
     /// Per slot, how long ago the requests in flight there were sent, on
@@ -226,13 +276,14 @@ impl VmLoad {
         if !self.others_live() {
             return self.own_age();
         }
-        let at32 = |v: &[u32], i: usize| u64::from(v.get(i).copied().unwrap_or(0));
-        let at64 = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
-        (0..self.own.len().max(self.others.len()))
-            .map(|i| {
-                let count = at32(&self.own, i) + at32(&self.others, i);
-                let sum = at64(&self.ms_sum, i).saturating_add(at64(&self.others_ms, i));
-                sum.checked_div(count)
+        let mut replica = self.others.clone();
+        replica.add(&self.own);
+        replica
+            .counts
+            .iter()
+            .zip(replica.sent_ms.iter().chain(std::iter::repeat(&0)))
+            .map(|(&count, &sum)| {
+                sum.checked_div(u64::from(count))
                     .map_or(0, |mean| now_ms.saturating_sub(mean))
             })
             .collect()
@@ -243,6 +294,7 @@ impl VmLoad {
     /// past the vector: none).
     fn own_age(&self) -> Vec<u64> {
         self.own
+            .counts
             .iter()
             .zip(self.seq_sum.iter().chain(std::iter::repeat(&0)))
             .map(|(&count, &sum)| {
@@ -259,15 +311,16 @@ impl VmLoad {
         if i >= MAX_SLOTS {
             return 0;
         }
-        if self.own.len() <= i {
-            self.own.resize(i + 1, 0);
+        let own = &mut self.own.counts;
+        if own.len() <= i {
+            own.resize(i + 1, 0);
         }
-        self.own[i] = self.own[i].saturating_add_signed(delta);
+        own[i] = own[i].saturating_add_signed(delta);
         if self.own_peak.len() <= i {
             self.own_peak.resize(i + 1, 0);
         }
-        self.own_peak[i] = self.own_peak[i].max(self.own[i]);
-        self.own[i]
+        self.own_peak[i] = self.own_peak[i].max(own[i]);
+        own[i]
     }
 
     /// The most requests this replica had in flight on `pod` at any time
@@ -280,7 +333,7 @@ impl VmLoad {
     pub(crate) fn peak_since(&self, pod: PodSlot, since_ms: u64) -> u32 {
         let i = pod.index();
         let at = |v: &[u32]| v.get(i).copied().unwrap_or(0);
-        let current = at(&self.own_peak).saturating_add(at(&self.others));
+        let current = at(&self.own_peak).saturating_add(at(&self.others.counts));
         // A tick's peak covers the time since the previous tick (its own
         // count at the start included): the ticks ending at or after
         // `since_ms` cover it.
@@ -294,18 +347,18 @@ impl VmLoad {
     /// This replica's in-flight count per slot (this VM exactly, the other
     /// VMs as of their last publish), at least `n` long.
     pub(crate) fn replica(&self, n: usize) -> Vec<u32> {
-        sum(&[&self.own, &self.others], n)
+        sum(&[&self.own.counts, &self.others.counts], n)
     }
 
     /// [`Self::replica`] for one slot, without building the vector.
     pub(crate) fn replica_at(&self, slot: usize) -> u32 {
         let at = |v: &[u32]| v.get(slot).copied().unwrap_or(0);
-        at(&self.own).saturating_add(at(&self.others))
+        at(&self.own.counts).saturating_add(at(&self.others.counts))
     }
 
     /// [`Self::replica`] plus the other replicas' counts.
     pub(crate) fn fleet(&self, n: usize) -> Vec<u32> {
-        sum(&[&self.own, &self.others, &self.remote], n)
+        sum(&[&self.own.counts, &self.others.counts, &self.remote], n)
     }
 
     /// The tick's exchange: publishes this VM's counts and reads the other
@@ -320,11 +373,9 @@ impl VmLoad {
         // The tick that ends: this VM's peak and the other VMs' counts, the
         // higher of their last two reads.
         let mut tick_peak = self.own_peak.clone();
-        let mut others = Vec::new();
-        let mut others_ms = Vec::new();
+        let mut others = Tally::default();
         let mut other_keys = Vec::new();
-        let mut rest = Vec::new();
-        let mut rest_ms = Vec::new();
+        let mut rest = Tally::default();
         let mut mine: Option<(usize, Option<u32>)> = None;
         let mut free: Option<(usize, Option<u32>)> = None;
         for i in 0..MAX_VMS {
@@ -336,37 +387,33 @@ impl VmLoad {
             match Published::decode(&bytes) {
                 Some(p) if p.token == self.token => mine = Some((i, cas)),
                 Some(p) if p.live(now_ms) => {
-                    add_into(&mut others, &p.counts);
-                    add_sums_into(&mut others_ms, &p.sent_ms);
+                    others.add(&p.tally);
                     if other_keys.len() < FRESH_READS {
                         other_keys.push(i);
                     } else {
-                        add_into(&mut rest, &p.counts);
-                        add_sums_into(&mut rest_ms, &p.sent_ms);
+                        rest.add(&p.tally);
                     }
                 }
                 _ => free = free.or(Some((i, cas))),
             }
         }
-        let mut others_high = others.clone();
-        max_into(&mut others_high, &self.others);
+        let mut others_high = others.counts.clone();
+        max_into(&mut others_high, &self.others.counts);
         add_into(&mut tick_peak, &others_high);
         if self.peaks.len() >= PEAK_TICKS {
             self.peaks.pop_front();
         }
         self.peaks.push_back((now_ms, tick_peak));
-        self.own_peak.clone_from(&self.own);
+        self.own_peak.clone_from(&self.own.counts);
         self.others = others;
-        self.others_ms = others_ms;
         self.other_keys = other_keys;
         self.others_rest = rest;
-        self.others_rest_ms = rest_ms;
         self.remote = if with_remote {
             read_counts(store, REMOTE_KEY)?
         } else {
             Vec::new()
         };
-        let value = Published::encode(self.token, now_ms, &self.own, &self.ms_sum);
+        let value = Published::encode(self.token, now_ms, &self.own);
         // Our key, or (first tick, or it was taken while we stalled) the
         // first free one: written under the CAS just read, so two VMs never
         // hold one key; the loser tries again next tick.
@@ -405,19 +452,16 @@ impl VmLoad {
             return;
         }
         let mut others = self.others_rest.clone();
-        let mut others_ms = self.others_rest_ms.clone();
         for &i in &self.other_keys {
             let Ok((value, _)) = store.get(&vm_key(i)) else {
                 return;
             };
             let published = value.as_deref().and_then(Published::decode);
             if let Some(p) = published.filter(|p| p.token != self.token && p.live(now_ms)) {
-                add_into(&mut others, &p.counts);
-                add_sums_into(&mut others_ms, &p.sent_ms);
+                others.add(&p.tally);
             }
         }
         self.others = others;
-        self.others_ms = others_ms;
     }
 
     /// Writes this VM's counts to its key at once (one set, no CAS: the
@@ -432,7 +476,7 @@ impl VmLoad {
         let Some(i) = self.key.filter(|_| !self.other_keys.is_empty()) else {
             return false;
         };
-        let value = Published::encode(self.token, now_ms, &self.own, &self.ms_sum);
+        let value = Published::encode(self.token, now_ms, &self.own);
         store.set(&vm_key(i), &value, None).is_ok()
     }
 
@@ -449,7 +493,7 @@ impl VmLoad {
 
     /// This VM's own in-flight count per slot.
     pub fn own(&self) -> &[u32] {
-        &self.own
+        &self.own.counts
     }
 
     /// The key index this VM publishes to (None before its first claim).
@@ -471,7 +515,7 @@ pub(crate) fn replica_total<S: SharedStore + ?Sized>(
             break;
         };
         if let Some(p) = Published::decode(&bytes).filter(|p| p.live(now_ms)) {
-            add_into(&mut total, &p.counts);
+            add_into(&mut total, &p.tally.counts);
         }
     }
     Ok(total)
@@ -512,6 +556,18 @@ fn add_sums_into(total: &mut Vec<u64>, sums: &[u64]) {
     }
     for (t, s) in total.iter_mut().zip(sums) {
         *t = t.saturating_add(*s);
+    }
+}
+
+/// Counts one in slot `i` of `counts` (grown to it); every slot halves
+/// when one reaches [`HALVE_AT`].
+fn bump(counts: &mut Vec<u32>, i: usize) {
+    if counts.len() <= i {
+        counts.resize(i + 1, 0);
+    }
+    counts[i] += 1;
+    if counts[i] >= HALVE_AT {
+        counts.iter_mut().for_each(|n| *n /= 2);
     }
 }
 
@@ -611,9 +667,9 @@ mod tests {
     fn a_lone_vms_age_reads_how_many_requests_ago_its_requests_were_sent() {
         let mut vm = VmLoad::new(1);
         // The clock does not move: a lone VM counts requests, not time.
-        let a = vm.start(p(0), 1000);
-        let b = vm.start(p(1), 1000);
-        let c = vm.start(p(1), 1000);
+        let a = vm.start(p(0), 1000, true);
+        let b = vm.start(p(1), 1000, true);
+        let c = vm.start(p(1), 1000, true);
         // Three routed: pod 0's request is 3 old, pod 1's 2 and 1 (mean 1.5,
         // in whole requests 2), pod 2 has none.
         assert_eq!(vm.age(1000), vec![3, 2]);
@@ -630,7 +686,7 @@ mod tests {
         assert_eq!(vm.end(p(1), never), 0);
         assert_eq!(vm.age(1000), vec![0, 0]);
         let past = PodSlot::new(u16::try_from(MAX_SLOTS).unwrap());
-        let d = vm.start(past, 1000);
+        let d = vm.start(past, 1000, true);
         assert_eq!(vm.end(past, d), 0, "out of range is not counted");
         assert_eq!(vm.age(1000).len(), 2);
     }
@@ -645,14 +701,14 @@ mod tests {
         assert!(a.others_live() && b.others_live());
         // A sends to pod 0 at 1000 and 1100; B to pod 1 at 1200, then to
         // pod 0 at 1300.
-        let a1 = a.start(p(0), 1000);
+        let a1 = a.start(p(0), 1000, true);
         assert!(a.publish(&s, 1000));
-        a.start(p(0), 1100);
+        a.start(p(0), 1100, true);
         assert!(a.publish(&s, 1100));
-        b.start(p(1), 1200);
+        b.start(p(1), 1200, true);
         assert!(b.publish(&s, 1200));
         b.read_others(&s, 1300);
-        b.start(p(0), 1300);
+        b.start(p(0), 1300, true);
         // At 1400, for B: pod 0 holds the replica's 1000, 1100 and 1300
         // (mean 1133, 267 ms ago), pod 1 its own 1200. By B's own requests
         // alone pod 1's would be the older.
@@ -669,17 +725,54 @@ mod tests {
     }
 
     #[test]
+    fn sent_and_placed_counts_are_the_replicas_and_follow_recent_traffic() {
+        let s = MemStore::new();
+        let (mut a, mut b) = (VmLoad::new(1), VmLoad::new(2));
+        // A lone VM: its own counts.
+        a.start(p(0), 1000, true);
+        a.start(p(0), 1000, false);
+        assert_eq!((a.sent(2), a.placed(2)), (vec![2, 0], vec![1, 0]));
+        a.refresh(&s, 1000, false).unwrap();
+        b.refresh(&s, 1000, false).unwrap();
+        a.refresh(&s, 1000, false).unwrap();
+        // B sends to pod 1, new prefixes; A reads it per request.
+        b.start(p(1), 1100, true);
+        assert!(b.publish(&s, 1100));
+        a.read_others(&s, 1200);
+        assert_eq!((a.sent(2), a.placed(2)), (vec![2, 1], vec![1, 1]));
+        assert_eq!((b.sent(2), b.placed(2)), (vec![2, 1], vec![1, 1]), "read on B's tick");
+        // Ending a request leaves what was sent.
+        let t = a.start(p(1), 1200, false);
+        a.end(p(1), t);
+        assert_eq!(a.sent(2), vec![2, 2]);
+        // Every count halves when one reaches HALVE_AT.
+        for _ in 0..HALVE_AT - 2 {
+            a.start(p(0), 1300, false);
+        }
+        // A's [256, 1] halved to [128, 0], plus B's [0, 1].
+        assert_eq!(a.sent(2), vec![HALVE_AT / 2, 1]);
+        assert_eq!(a.placed(2), vec![1, 1], "placed counts halve on their own");
+    }
+
+    #[test]
     fn a_value_of_another_version_counts_nothing_but_keeps_its_key() {
         let s = MemStore::new();
-        let mut value = Published::encode(7, 1000, &[5], &[5000]);
+        let tally = Tally {
+            counts: vec![5, 0],
+            sent: vec![9, 1],
+            placed: vec![2],
+            sent_ms: vec![5000],
+        };
+        let mut value = Published::encode(7, 1000, &tally);
+        let read = Published::decode(&value).unwrap();
+        assert_eq!((read.token, read.at_ms), (7, 1000));
         assert_eq!(
-            Published::decode(&value),
-            Some(Published {
-                token: 7,
-                at_ms: 1000,
-                counts: vec![5],
-                sent_ms: vec![5000],
-            })
+            read.tally,
+            Tally {
+                placed: vec![2, 0],
+                sent_ms: vec![5000, 0],
+                ..tally
+            }
         );
         value[16] = VERSION + 1;
         s.set(&vm_key(0), &value, None).unwrap();

@@ -40,9 +40,6 @@ use crate::signals::SignalView;
 
 /// Most table reads one routing decision may do.
 pub(crate) const MAX_PROBES: usize = 64;
-/// A VM's new-prefix counts per pod are halved when one reaches this, so
-/// they follow recent placements.
-const PLACED_HALVE_AT: u32 = 256;
 /// Most probe hints one VM keeps (then they start over).
 const MAX_HINTS: usize = 4096;
 /// Requests per window of [`Demand`].
@@ -138,12 +135,6 @@ pub struct Router {
     signals: RefCell<SignalView>,
     /// How long this VM's requests take per pod (load-aware slowness).
     latency: RefCell<PodLatency>,
-    /// New prefixes this VM placed per pod slot (load-aware tie-break),
-    /// halved whenever one reaches [`PLACED_HALVE_AT`].
-    placed: RefCell<Vec<u32>>,
-    /// Requests this VM sent per pod slot (load-aware tie-break and hot
-    /// prefix copies), halved the same way.
-    sent: RefCell<Vec<u32>>,
     /// Recent traffic per prefix group (load-aware hot prefix copies).
     demand: RefCell<Demand>,
     /// (model, first block) -> sampled index where the longest match ended
@@ -174,8 +165,6 @@ impl Router {
             turn: Cell::new(None),
             load: RefCell::new(VmLoad::new(0)),
             signals: RefCell::new(SignalView::default()),
-            placed: RefCell::new(Vec::new()),
-            sent: RefCell::new(Vec::new()),
             demand: RefCell::new(Demand::default()),
             latency: RefCell::new(PodLatency::default()),
             hints: RefCell::new(HashMap::new()),
@@ -436,8 +425,11 @@ impl Router {
                         *q = effective_load(mine, *q, seen, signals.capacity(pod), cfg);
                     }
                 }
-                let placed = self.placed.borrow();
-                let sent = self.sent.borrow();
+                // The replica's sent and placed counts, and the ages of its
+                // requests (see VmLoad: with 2+ workers, exchanged per request).
+                let bound = self.fleet.borrow().bound();
+                let placed = vm_load.placed(bound);
+                let sent = vm_load.sent(bound);
                 let age = vm_load.age(now_ms);
                 let prefill = self.prefill.borrow();
                 let (slowness, reported_slow) =
@@ -472,10 +464,6 @@ impl Router {
             && self.settings.policy == PolicyMode::LoadAware
             && self.had_free_slot(choice.pod, &load);
         let advance = usize::from(choice.reason != crate::route::policy::Reason::PrefixMatch);
-        if advance == 1 {
-            bump(&self.placed, choice.pod);
-        }
-        bump(&self.sent, choice.pod);
         self.turn.set(Some(turn.wrapping_add(advance)));
         // The chosen pod's matched prefix needs no rewrite while it is fresh:
         // only blocks past the match are new. Refreshing at most every
@@ -509,7 +497,7 @@ impl Router {
         };
         let ticket = {
             let mut load = self.load.borrow_mut();
-            let ticket = load.start(choice.pod, now_ms);
+            let ticket = load.start(choice.pod, now_ms, advance == 1);
             load.publish(store, now_ms);
             ticket
         };
@@ -592,24 +580,6 @@ impl Router {
     }
 }
 
-/// Counts one for `pod` in per-slot `counts` (bounded: slots past
-/// [`crate::route::registry::MAX_SLOTS`] are not counted; every count
-/// halves when one reaches [`PLACED_HALVE_AT`], so they follow recent
-/// traffic).
-fn bump(counts: &RefCell<Vec<u32>>, pod: PodSlot) {
-    let i = pod.index();
-    if i >= crate::route::registry::MAX_SLOTS {
-        return;
-    }
-    let mut counts = counts.borrow_mut();
-    if counts.len() <= i {
-        counts.resize(i + 1, 0);
-    }
-    counts[i] += 1;
-    if counts[i] >= PLACED_HALVE_AT {
-        counts.iter_mut().for_each(|n| *n /= 2);
-    }
-}
 
 /// Recent requests per prefix group ((model, first block)) and in all,
 /// over the current and the previous window of [`DEMAND_WINDOW`] requests

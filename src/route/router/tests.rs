@@ -649,3 +649,28 @@ fn with_two_worker_vms_a_new_prompt_goes_where_the_replicas_requests_are_oldest(
         assert_eq!(next.choice.pod, sent[0], "seed {seed}");
     }
 }
+
+#[test]
+fn with_two_worker_vms_a_new_prompt_goes_where_the_replica_sent_fewest() {
+    for seed in 0..12 {
+        let s = MemStore::new();
+        let a = router("").with_vm_token(1);
+        let b = router("").with_vm_token(2);
+        for vm in [&a, &b, &a] {
+            vm.refresh_load(&s, 1_000).unwrap();
+        }
+        let mut rng = SplitMix64::new(seed);
+        let prompt = |i: u32| req(&format!("{i:04}{}", "x".repeat(40)));
+        // A sends two new prompts, each done at once: nothing in flight.
+        let mut used = Vec::new();
+        for i in 0..2 {
+            let x = a.route_at(&s, &prompt(i), 1_000, &mut rng).unwrap();
+            a.release(&s, x.choice.pod, x.ticket, false, 1);
+            used.push(x.choice.pod);
+        }
+        assert_ne!(used[0], used[1], "seed {seed}");
+        // B has sent nothing itself; the replica sent nothing to the third.
+        let next = b.route_at(&s, &prompt(2), 1_100, &mut rng).unwrap();
+        assert!(!used.contains(&next.choice.pod), "seed {seed}");
+    }
+}
