@@ -11,8 +11,8 @@
 use crate::route::feedback::{
     streams_without_usage, Plan, UsageScanner, MAX_CHUNK_READS, MAX_SCAN_BYTES,
 };
-use crate::route::meter::{Count, SAMPLE_EVERY};
 use crate::route::load::Ticket;
+use crate::route::meter::{Count, SAMPLE_EVERY};
 use crate::route::registry::PodSlot;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
 use crate::route::router::RouteError;

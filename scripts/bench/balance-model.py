@@ -21,13 +21,17 @@ Policies, each a sort key per pod (lowest wins; ties rotate per balancer):
   own_sent_oldest  own, sent, then oldest (the filter with the age tie)
 
 Replicas of several worker VMs (<policy>:<R>:<V>, V VMs per replica, a
-request to a VM of its replica at random; in-flight counts and sent counts
-are the replica's, as the filter exchanges them per request):
+request to a VM of its replica at random; in-flight counts are the
+replica's, as the filter exchanges them per request):
   vm_sent          replica's in-flight count, then the VM's sent count
   vm_sent_own_age  then the oldest of this VM's own requests in flight
   vm_sent_rep_age  then the oldest of the replica's requests in flight
   vm_sent_rep_tick20, vm_sent_rep_tick250
                    the same, send times known to the tick (20 or 250 ms)
+  rep_sent_rep_tick20
+                   replica's in-flight count, the replica's sent count,
+                   then the replica's oldest known to 20 ms (the filter
+                   since sent counts and ages travel with the counts)
 
 usage: balance-model.py <policy>:<R>[:<V>] ...   e.g. own_sent:3 own_sent_oldest:3
 Prints TTFT p90/p99/p99.9 ms for seeds 1-3, 60,000 requests each.
@@ -69,6 +73,7 @@ def sim(policy, replicas, seed, vms=1):
             return min(times, default=t)
 
         sent_here = sent[r][v]
+        sent_rep = [sum(sent[r][w][p] for w in range(vms)) for p in range(PODS)]
         keys = {
             "jsq": lambda p: (total[p],),
             "jsq_sent": lambda p: (total[p], sent_here[p]),
@@ -82,6 +87,7 @@ def sim(policy, replicas, seed, vms=1):
             "vm_sent_rep_age": lambda p: (own[p], sent_here[p], oldest(p, "replica")),
             "vm_sent_rep_tick20": lambda p: (own[p], sent_here[p], oldest(p, "replica", 0.02)),
             "vm_sent_rep_tick250": lambda p: (own[p], sent_here[p], oldest(p, "replica", 0.25)),
+            "rep_sent_rep_tick20": lambda p: (own[p], sent_rep[p], oldest(p, "replica", 0.02)),
         }
         if policy == "rr":
             pod = turn[r][v] % PODS

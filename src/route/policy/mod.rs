@@ -111,9 +111,9 @@ pub fn effective_load(
 ///    lower load, then fewer in flight (`inflight`: fresh, where reports
 ///    lag), then the longer untrusted match (an old match still goes to a
 ///    holder no busier than the others),
-///    then the pod this VM sent fewer requests to recently (`sent`, times
-///    `slowness`: a prefix placed now draws its later requests there),
-///    then the pod it placed fewer new prefixes on (`placed`, so no pod's
+///    then the pod this replica sent fewer requests to recently (`sent`,
+///    times `slowness`: a prefix placed now draws its later requests
+///    there), then the pod it placed fewer new prefixes on (`placed`, so no pod's
 ///    cache holds more than its share; with `place_by_count`, unmatched
 ///    pods compare `placed` first, right after the match), then, among
 ///    unmatched pods, the one whose requests in flight were sent longest
@@ -196,7 +196,7 @@ pub fn choose_load_aware(
         let cost = (uncached * prefill_slow + queue) / 1000;
         -(cost.min(i128::from(i64::MAX)) as i64)
     };
-    // How long ago this VM sent its requests in flight there, for a pod
+    // How long ago the requests in flight there were sent, for a pod
     // without a match: of pods alike, the one whose requests are oldest
     // frees a slot first. Not among holders of a match: their requests
     // are hits and misses mixed, whose age says less of when they end
@@ -303,15 +303,16 @@ pub struct PodLoads<'a> {
     /// other VMs' as of their last request) where the pod has a fresh
     /// report, else also the other replicas' as of the last sync.
     pub inflight: &'a [u32],
-    /// New prefixes this VM placed on the pod (recently).
+    /// New prefixes this replica placed on the pod (recently): this VM's,
+    /// plus its other VMs' as of their last request.
     pub placed: &'a [u32],
-    /// Requests this VM sent to the pod (recently).
+    /// Requests this replica sent to the pod (recently), counted alike.
     pub sent: &'a [u32],
     /// How much one queued request costs on this pod relative to the
     /// fastest pod, in thousandths (missing or 0 = 1000): a pod whose
     /// requests take 3x as long makes each one queued ahead cost 3x.
     pub slowness: &'a [u32],
-    /// New prefixes go first to the pod this VM placed fewer on (before
+    /// New prefixes go first to the pod this replica placed fewer on (before
     /// load and in-flight counts): set while a pod of the pool reports
     /// itself slow, so that the others, which take its share of new
     /// prefixes, share them evenly (each pod's cache holds its share).

@@ -580,7 +580,6 @@ impl Router {
     }
 }
 
-
 /// Recent requests per prefix group ((model, first block)) and in all,
 /// over the current and the previous window of [`DEMAND_WINDOW`] requests
 /// of this VM: a group's share of traffic. Bounded by [`MAX_HINTS`] groups
