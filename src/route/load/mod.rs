@@ -24,7 +24,8 @@
 //! written.
 //!
 //! Each VM also counts, per pod, the requests it sent and the new prefixes
-//! it placed recently (halved whenever one reaches [`HALVE_AT`]), and the
+//! it placed recently (halved whenever one reaches [`HALVE_AT`], and every
+//! [`IDLE_HALVE_MS`] while the VM routes nothing), and the
 //! sum of the send times of its requests in flight. They travel with the
 //! counts, so that the load-aware ties (sent, placed, age) weigh the
 //! replica's traffic, not one worker's share of it.
@@ -63,6 +64,11 @@ const PEAK_TICKS: usize = 8;
 /// Sent and placed counts halve, every slot, when one reaches this: they
 /// follow recent traffic.
 pub(crate) const HALVE_AT: u32 = 256;
+/// A VM that routed nothing for this long halves its sent and placed
+/// counts on its tick, and again each time as long after: a quiet worker's
+/// old traffic fades from the replica's ties instead of tilting them for
+/// good.
+pub(crate) const IDLE_HALVE_MS: u64 = 2_000;
 
 fn vm_key(i: usize) -> String {
     format!("{VM_KEY_PREFIX}{i}")
@@ -102,6 +108,9 @@ pub(crate) struct VmLoad {
     peaks: std::collections::VecDeque<(u64, Vec<u32>)>,
     /// The next request's number: this VM numbers the requests it routes.
     next_seq: u64,
+    /// When this VM last routed a request, or last halved its counts for
+    /// being idle (ms).
+    active_ms: u64,
     /// Per slot, the sum of the numbers of this VM's requests in flight.
     seq_sum: Vec<u64>,
 }
@@ -121,6 +130,7 @@ impl VmLoad {
             own_peak: Vec::new(),
             peaks: std::collections::VecDeque::new(),
             next_seq: 0,
+            active_ms: 0,
             seq_sum: Vec::new(),
         }
     }
@@ -130,6 +140,7 @@ impl VmLoad {
     /// its ticket, for [`Self::end`].
     pub(crate) fn start(&mut self, pod: PodSlot, now_ms: u64, new_prefix: bool) -> Ticket {
         let seq = self.next_seq;
+        self.active_ms = self.active_ms.max(now_ms);
         self.next_seq += 1;
         self.add(pod, 1);
         let i = pod.index();
@@ -282,6 +293,12 @@ impl VmLoad {
         now_ms: u64,
         with_remote: bool,
     ) -> Result<(), StoreError> {
+        if now_ms.saturating_sub(self.active_ms) >= IDLE_HALVE_MS {
+            self.active_ms = now_ms;
+            for n in self.own.sent.iter_mut().chain(self.own.placed.iter_mut()) {
+                *n /= 2;
+            }
+        }
         // The tick that ends: this VM's peak and the other VMs' counts, the
         // higher of their last two reads.
         let mut tick_peak = self.own_peak.clone();

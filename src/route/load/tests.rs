@@ -148,6 +148,37 @@ fn sent_and_placed_counts_are_the_replicas_and_follow_recent_traffic() {
 }
 
 #[test]
+fn a_quiet_vms_sent_and_placed_counts_fade() {
+    let s = MemStore::new();
+    let (mut a, mut b) = (VmLoad::new(1), VmLoad::new(2));
+    for _ in 0..8 {
+        b.start(p(0), 1000, true);
+    }
+    a.refresh(&s, 1000, false).unwrap();
+    b.refresh(&s, 1000, false).unwrap();
+    a.refresh(&s, 1000, false).unwrap();
+    assert_eq!((a.sent(1), a.placed(1)), (vec![8], vec![8]));
+    // B routes nothing more; its ticks go on.
+    b.refresh(&s, 2999, false).unwrap();
+    a.read_others(&s, 2999);
+    assert_eq!(a.sent(1), vec![8], "not idle long enough");
+    b.refresh(&s, 3000, false).unwrap();
+    a.read_others(&s, 3000);
+    assert_eq!((a.sent(1), a.placed(1)), (vec![4], vec![4]));
+    b.refresh(&s, 4000, false).unwrap();
+    assert_eq!(b.sent(1), vec![4], "once per idle span");
+    for t in [5000, 7000, 9000] {
+        b.refresh(&s, t, false).unwrap();
+    }
+    a.read_others(&s, 9000);
+    assert_eq!((a.sent(1), a.placed(1)), (vec![0], vec![0]));
+    // A VM that keeps routing keeps its counts.
+    a.start(p(0), 9000, false);
+    a.refresh(&s, 10_500, false).unwrap();
+    assert_eq!(a.sent(1), vec![1]);
+}
+
+#[test]
 fn a_value_of_another_version_counts_nothing_but_keeps_its_key() {
     let s = MemStore::new();
     let tally = Tally {
