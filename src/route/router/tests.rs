@@ -624,28 +624,42 @@ fn a_new_prompt_goes_where_the_requests_in_flight_are_oldest() {
     }
 }
 
+/// Two worker VMs of one replica on `s`, each having seen the other on a
+/// tick at 1,000 ms.
+fn two_vms(s: &MemStore) -> (Router, Router) {
+    let a = router("").with_vm_token(1);
+    let b = router("").with_vm_token(2);
+    for vm in [&a, &b, &a] {
+        vm.refresh_load(s, 1_000).unwrap();
+    }
+    assert!(a.other_vms_live() && b.other_vms_live());
+    (a, b)
+}
+
+/// The `i`-th of distinct new prompts.
+fn new_prompt(i: u32) -> PromptRequest {
+    req(&format!("{i:04}{}", "x".repeat(40)))
+}
+
 #[test]
 fn with_two_worker_vms_a_new_prompt_goes_where_the_replicas_requests_are_oldest() {
     for seed in 0..12 {
         let s = MemStore::new();
-        let a = router("").with_vm_token(1);
-        let b = router("").with_vm_token(2);
-        for (vm, t) in [(&a, 1_000), (&b, 1_000), (&a, 1_000)] {
-            vm.refresh_load(&s, t).unwrap();
-        }
-        assert!(a.other_vms_live() && b.other_vms_live());
+        let (a, b) = two_vms(&s);
         let mut rng = SplitMix64::new(seed);
-        let prompt = |i: u32| req(&format!("{i:04}{}", "x".repeat(40)));
         // A sends one new prompt to each pod, 100 ms apart.
         let sent: Vec<PodSlot> = (0..3)
             .map(|i| {
                 let t = 1_000 + 100 * u64::from(i);
-                a.route_at(&s, &prompt(i), t, &mut rng).unwrap().choice.pod
+                a.route_at(&s, &new_prompt(i), t, &mut rng)
+                    .unwrap()
+                    .choice
+                    .pod
             })
             .collect();
         // B has sent nothing: in flight, sent and placed counts tie, and A's
         // first pod holds the replica's oldest request.
-        let next = b.route_at(&s, &prompt(3), 1_400, &mut rng).unwrap();
+        let next = b.route_at(&s, &new_prompt(3), 1_400, &mut rng).unwrap();
         assert_eq!(next.choice.pod, sent[0], "seed {seed}");
     }
 }
@@ -654,23 +668,18 @@ fn with_two_worker_vms_a_new_prompt_goes_where_the_replicas_requests_are_oldest(
 fn with_two_worker_vms_a_new_prompt_goes_where_the_replica_sent_fewest() {
     for seed in 0..12 {
         let s = MemStore::new();
-        let a = router("").with_vm_token(1);
-        let b = router("").with_vm_token(2);
-        for vm in [&a, &b, &a] {
-            vm.refresh_load(&s, 1_000).unwrap();
-        }
+        let (a, b) = two_vms(&s);
         let mut rng = SplitMix64::new(seed);
-        let prompt = |i: u32| req(&format!("{i:04}{}", "x".repeat(40)));
         // A sends two new prompts, each done at once: nothing in flight.
         let mut used = Vec::new();
         for i in 0..2 {
-            let x = a.route_at(&s, &prompt(i), 1_000, &mut rng).unwrap();
+            let x = a.route_at(&s, &new_prompt(i), 1_000, &mut rng).unwrap();
             a.release(&s, x.choice.pod, x.ticket, false, 1);
             used.push(x.choice.pod);
         }
         assert_ne!(used[0], used[1], "seed {seed}");
         // B has sent nothing itself; the replica sent nothing to the third.
-        let next = b.route_at(&s, &prompt(2), 1_100, &mut rng).unwrap();
+        let next = b.route_at(&s, &new_prompt(2), 1_100, &mut rng).unwrap();
         assert!(!used.contains(&next.choice.pod), "seed {seed}");
     }
 }
