@@ -1,4 +1,4 @@
-use super::value::VERSION;
+use super::value::{HEADER, VERSION};
 use super::*;
 use crate::route::store::MemStore;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -198,6 +198,12 @@ fn a_value_of_another_version_counts_nothing_but_keeps_its_key() {
             ..tally
         }
     );
+    // Not whole slots, or more than MAX_SLOTS: nothing counted, no misread.
+    let mut too_many = value[..HEADER].to_vec();
+    too_many.resize(HEADER + SLOT_BYTES * (MAX_SLOTS + 1), 1);
+    for bad in [[value.as_slice(), &[1]].concat(), too_many] {
+        assert_eq!(Published::decode(&bad).unwrap().tally(), Tally::default());
+    }
     value[16] = VERSION + 1;
     s.set(&vm_key(0), &value, None).unwrap();
     let mut vm = VmLoad::new(9);

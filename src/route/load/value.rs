@@ -67,21 +67,23 @@ impl<'a> Published<'a> {
         out
     }
 
-    /// None for an empty or malformed value; nothing counted for a value
-    /// of another version.
+    /// None for an empty or malformed header; nothing counted for a value
+    /// of another version, or whose per-slot part is not whole slots of at
+    /// most [`MAX_SLOTS`] (each field's place depends on their number).
     pub(super) fn decode(bytes: &'a [u8]) -> Option<Published<'a>> {
         let token = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
         let at_ms = u64::from_le_bytes(bytes.get(8..16)?.try_into().ok()?);
         let version = *bytes.get(16)?;
-        let n = if version == VERSION {
-            ((bytes.len() - HEADER) / SLOT_BYTES).min(MAX_SLOTS)
-        } else {
-            0
-        };
+        let slots = &bytes[HEADER..];
+        let whole = slots.len() % SLOT_BYTES == 0 && slots.len() / SLOT_BYTES <= MAX_SLOTS;
         Some(Published {
             token,
             at_ms,
-            slots: &bytes[HEADER..HEADER + SLOT_BYTES * n],
+            slots: if version == VERSION && whole {
+                slots
+            } else {
+                &[]
+            },
         })
     }
 
