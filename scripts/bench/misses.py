@@ -22,7 +22,11 @@ miss gets one class:
 Printed per router: hit rate (cached over prompt tokens, as `compare` prints
 it), misses and lost prompt tokens per class (as a share of all prompt
 tokens), and how many families each pod served first, the cache footprint
-placement gave it. Only the stdlib is used.
+placement gave it. Then how often a family's request went to the pod that
+served its previous request, and how often it went elsewhere and missed,
+split by whether the previous request came through the same replica (the
+`target` a request was sent to; one Envoy is one target). Only the stdlib is
+used.
 """
 
 import collections
@@ -63,6 +67,27 @@ def classify(outcomes):
     return counts, lost, placed
 
 
+def follow(outcomes):
+    """Per (same replica as the previous request?): requests of a family
+    after its first, those sent to the previous request's pod, and those
+    sent elsewhere that missed."""
+    families = collections.defaultdict(list)
+    for o in outcomes:
+        if o.get("status") == 200 and o.get("family") is not None:
+            families[o["family"]].append(o)
+    counts = collections.Counter()
+    for requests in families.values():
+        requests.sort(key=lambda o: o["start_ms"])
+        for prev, o in zip(requests, requests[1:]):
+            same = "same" if prev.get("target") == o.get("target") else "other"
+            counts[same, "all"] += 1
+            if o["pod"] == prev["pod"]:
+                counts[same, "followed"] += 1
+            elif o["cached_tokens"] * 2 < o["prompt_tokens"]:
+                counts[same, "elsewhere-miss"] += 1
+    return counts
+
+
 def report(path):
     with open(path) as f:
         data = json.load(f)
@@ -85,6 +110,14 @@ def report(path):
                 f"{workload['workload']:<15} {result['router']:<16} hit {cached / prompt:.3f}"
                 f"  first requests per pod {pods}\n{'':<33} misses: {classes}"
             )
+            f = follow(outcomes)
+            sides = "  ".join(
+                f"{side} replica: {f[side, 'followed']}/{f[side, 'all']} to the previous pod, "
+                f"{f[side, 'elsewhere-miss']} elsewhere and missed"
+                for side in ("same", "other")
+                if f[side, "all"]
+            )
+            print(f"{'':<33} after the previous request: {sides}")
 
 
 def main(argv):
