@@ -43,6 +43,7 @@ use crate::route::store::{SharedStore, StoreError};
 
 mod value;
 
+pub use value::VM_STALE_MS;
 use value::{add_u32s, Published, Tally, SLOT_BYTES};
 
 /// Key holding the other replicas' total, per slot (sync singleton only).
@@ -52,8 +53,6 @@ const REMOTE_KEY: &str = "load/remote";
 const VM_KEY_PREFIX: &str = "load/worker/";
 /// Most worker VMs whose counts are kept (keys `load/worker/0..MAX_VMS`).
 pub(crate) const MAX_VMS: usize = 64;
-/// A VM's counts stop counting this long after its last publish (20 ticks).
-pub const VM_STALE_MS: u64 = 5_000;
 /// Most other VMs' keys read per routed request ([`VmLoad::read_others`]);
 /// the counts of any beyond are those read on the tick.
 pub(crate) const FRESH_READS: usize = 7;

@@ -2,9 +2,10 @@
 //! header, then per pod slot what the VM has in flight and has sent, each
 //! field for every slot in turn so that each reads as one run.
 
-use super::VM_STALE_MS;
 use crate::route::registry::MAX_SLOTS;
 
+/// A VM's counts stop counting this long after its last publish (20 ticks).
+pub const VM_STALE_MS: u64 = 5_000;
 /// Token, time and version before the counts.
 pub(super) const HEADER: usize = 17;
 /// The layout of a published value this build writes and reads.
