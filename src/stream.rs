@@ -98,9 +98,9 @@ pub(crate) struct Stream {
     held: bool,
     /// Set while a body is awaited.
     kind: Option<ApiKind>,
-    /// Pod counted in flight for this stream, and the request's ticket
-    /// there ([`crate::route::router::Routed::ticket`]), released exactly once.
-    inflight_pod: Option<(PodSlot, Ticket)>,
+    /// The request as counted in flight on its pod
+    /// ([`crate::route::router::Routed::ticket`]), released exactly once.
+    inflight: Option<Ticket>,
     /// Where the request was sent, for the passive health check at the end,
     /// and whether that check reads the upstream address even without a
     /// retry (1 request in [`SAMPLE_EVERY`], not the timed one).
@@ -300,8 +300,8 @@ impl Stream {
     }
 
     fn release<H: Host>(&mut self, w: &Worker, host: &H) {
-        if let Some((pod, ticket)) = self.inflight_pod.take() {
-            w.release(host, pod, ticket, std::mem::take(&mut self.timed_hit));
+        if let Some(ticket) = self.inflight.take() {
+            w.release(host, ticket, std::mem::take(&mut self.timed_hit));
         }
         // An answer cut short or never read to its usage.
         if self.feedback.take().is_some() {
@@ -375,7 +375,7 @@ impl Stream {
             .unwrap_or_default()
             .to_string();
         // Counted in flight from here: released on stream end whatever happens next.
-        self.inflight_pod = Some((pod, routed.ticket));
+        self.inflight = Some(routed.ticket);
         self.match_percent = Some(routed.choice.match_percent);
         self.timed_hit = routed.is_hit();
         if endpoint.is_empty() {

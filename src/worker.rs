@@ -460,12 +460,12 @@ impl Worker {
         }
     }
 
-    /// Releases in-flight request `ticket` ([`Routed::ticket`]) on `pod`:
-    /// in VM memory, plus one set while other worker VMs are live (see
+    /// Releases in-flight request `ticket` ([`Routed::ticket`]): in VM
+    /// memory, plus one set while other worker VMs are live (see
     /// [`crate::route::load`]).
-    pub(crate) fn release<H: Host>(&self, host: &H, pod: PodSlot, ticket: Ticket, timed_hit: bool) {
+    pub(crate) fn release<H: Host>(&self, host: &H, ticket: Ticket, timed_hit: bool) {
         let now_secs = secs(self.clock_nanos(host));
-        self.router.release(host, pod, ticket, timed_hit, now_secs);
+        self.router.release(host, ticket, timed_hit, now_secs);
     }
 
     /// A pod for a request the filter does not route (pass-through), chosen

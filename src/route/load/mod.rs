@@ -73,10 +73,11 @@ fn vm_key(i: usize) -> String {
     format!("{VM_KEY_PREFIX}{i}")
 }
 
-/// A request [`VmLoad`] counts in flight: its number among this VM's
-/// requests and when it was sent (ms). [`VmLoad::end`] takes it back.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A request [`VmLoad`] counts in flight: its pod, its number among this
+/// VM's requests and when it was sent (ms). [`VmLoad::end`] takes it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
+    pub pod: PodSlot,
     pub seq: u64,
     pub sent_ms: u64,
 }
@@ -152,22 +153,23 @@ impl VmLoad {
             }
         }
         Ticket {
+            pod,
             seq,
             sent_ms: now_ms,
         }
     }
 
-    /// Ends the request of `ticket` on `pod`; returns this VM's new count
-    /// there.
-    pub(crate) fn end(&mut self, pod: PodSlot, ticket: Ticket) -> u32 {
-        let i = pod.index();
+    /// Ends the request of `ticket`; returns this VM's new count on its
+    /// pod.
+    pub(crate) fn end(&mut self, ticket: Ticket) -> u32 {
+        let i = ticket.pod.index();
         if let Some(s) = self.seq_sum.get_mut(i) {
             *s = s.saturating_sub(ticket.seq);
         }
         if let Some(s) = self.own.sent_ms.get_mut(i) {
             *s = s.saturating_sub(ticket.sent_ms);
         }
-        self.add(pod, -1)
+        self.add(ticket.pod, -1)
     }
 
     /// Per slot, the requests this replica sent recently: this VM's, plus

@@ -63,20 +63,21 @@ fn a_lone_vms_age_reads_how_many_requests_ago_its_requests_were_sent() {
     // in whole requests 2), pod 2 has none.
     assert_eq!(vm.age(1000), vec![3, 2]);
     assert_eq!(vm.replica(3), vec![1, 2, 0]);
-    assert_eq!(vm.end(p(0), a), 0);
-    assert_eq!(vm.end(p(1), b), 1);
+    assert_eq!(vm.end(a), 0);
+    assert_eq!(vm.end(b), 1);
     assert_eq!(vm.age(1000), vec![0, 1]);
-    assert_eq!(vm.end(p(1), c), 0);
+    assert_eq!(vm.end(c), 0);
     // Ending more than started, or a ticket never given, saturates.
     let never = Ticket {
+        pod: p(1),
         seq: u64::MAX,
         sent_ms: u64::MAX,
     };
-    assert_eq!(vm.end(p(1), never), 0);
+    assert_eq!(vm.end(never), 0);
     assert_eq!(vm.age(1000), vec![0, 0]);
     let past = PodSlot::new(u16::try_from(MAX_SLOTS).unwrap());
     let d = vm.start(past, 1000, true);
-    assert_eq!(vm.end(past, d), 0, "out of range is not counted");
+    assert_eq!(vm.end(d), 0, "out of range is not counted");
     assert_eq!(vm.age(1000).len(), 2);
 }
 
@@ -105,7 +106,7 @@ fn with_other_vms_live_the_age_is_the_replicas_in_ms() {
     // A reads B's requests after B publishes; A's own end at once.
     assert!(b.publish(&s, 1300));
     a.read_others(&s, 1400);
-    a.end(p(0), a1);
+    a.end(a1);
     assert_eq!(a.age(1400), vec![200, 200]);
     // A VM gone quiet past the stale bound: its requests age nothing.
     let late = 1401 + VM_STALE_MS;
@@ -136,7 +137,7 @@ fn sent_and_placed_counts_are_the_replicas_and_follow_recent_traffic() {
     );
     // Ending a request leaves what was sent.
     let t = a.start(p(1), 1200, false);
-    a.end(p(1), t);
+    a.end(t);
     assert_eq!(a.sent(2), vec![2, 2]);
     // Every count halves when one reaches HALVE_AT.
     for _ in 0..HALVE_AT - 2 {

@@ -558,8 +558,8 @@ impl Router {
         self.mirror.borrow().len()
     }
 
-    /// Releases one in-flight request on `pod`, `ticket` (its
-    /// [`Routed::ticket`]; `timed_hit`: it was
+    /// Releases one in-flight request, `ticket` (its [`Routed::ticket`];
+    /// `timed_hit`: it was
     /// routed as a hit, [`Routed::is_hit`], and timed as one to the end, not
     /// taken back by [`Self::untime_hit`]), and (while other VMs of the
     /// replica are live) writes this VM's counts for them, one set;
@@ -567,14 +567,13 @@ impl Router {
     pub fn release<S: SharedStore + ?Sized>(
         &self,
         store: &S,
-        pod: PodSlot,
         ticket: Ticket,
         timed_hit: bool,
         now_secs: u32,
     ) -> u32 {
-        self.latency.borrow_mut().completed(pod, timed_hit);
+        self.latency.borrow_mut().completed(ticket.pod, timed_hit);
         let mut load = self.load.borrow_mut();
-        let left = load.end(pod, ticket);
+        let left = load.end(ticket);
         load.publish(store, u64::from(now_secs) * 1000);
         left
     }

@@ -46,7 +46,7 @@ fn repeat_request_matches_fully_on_same_pod() {
     let p = "abcd".repeat(300);
     let first = r.route(&s, &req(&p), 100, &mut rng).unwrap();
     assert_eq!(first.choice.reason, Reason::NoMatch);
-    r.release(&s, first.choice.pod, first.ticket, first.is_hit(), 0);
+    r.release(&s, first.ticket, first.is_hit(), 0);
     let second = r.route(&s, &req(&p), 101, &mut rng).unwrap();
     assert_eq!(second.choice.reason, Reason::PrefixMatch);
     assert_eq!(second.choice.pod, first.choice.pod);
@@ -62,7 +62,7 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
     let a = r
         .route(&s, &req(&format!("{prefix}aaaa")), 1000, &mut rng)
         .unwrap();
-    r.release(&s, a.choice.pod, a.ticket, a.is_hit(), 0);
+    r.release(&s, a.ticket, a.is_hit(), 0);
     assert_eq!(a.recorded.len(), sampled_positions(101, 32).len());
     // Same prefix, new tail, 30 s later: only the new last block is new;
     // the held blocks of its segment (positions 63..=100) are written with
@@ -70,7 +70,7 @@ fn fresh_matched_prefix_is_not_rewritten_until_touch_interval() {
     let b = r
         .route(&s, &req(&format!("{prefix}bbbb")), 1030, &mut rng)
         .unwrap();
-    r.release(&s, b.choice.pod, b.ticket, b.is_hit(), 0);
+    r.release(&s, b.ticket, b.is_hit(), 0);
     assert_eq!(b.choice.pod, a.choice.pod);
     let hashes = r.hasher.hash(format!("{prefix}bbbb").as_bytes());
     let segment = crate::route::table::Layout::Segments.anchor_position(100, 32);
@@ -118,7 +118,7 @@ fn unique_tails_do_not_evict_the_shared_prefix_they_follow() {
                 &mut rng,
             )
             .unwrap();
-        r.release(&s, x.choice.pod, x.ticket, x.is_hit(), 0);
+        r.release(&s, x.ticket, x.is_hit(), 0);
         if q > 0 && x.choice.match_percent < 90 {
             short.push((q, x.choice.match_percent));
         }
@@ -140,7 +140,7 @@ fn shared_prefix_matches_partially_and_sticks() {
             &mut rng,
         )
         .unwrap();
-    r.release(&s, a.choice.pod, a.ticket, a.is_hit(), 0);
+    r.release(&s, a.ticket, a.is_hit(), 0);
     let b = r
         .route(
             &s,
@@ -167,7 +167,7 @@ fn reads_grow_logarithmically_with_prompt_length() {
     for blocks in [100usize, 10_000] {
         let p = "q".repeat(4 * blocks);
         let a = r.route(&s, &req(&p), 100, &mut rng).unwrap();
-        r.release(&s, a.choice.pod, a.ticket, a.is_hit(), 0);
+        r.release(&s, a.ticket, a.is_hit(), 0);
         let b = r.route(&s, &req(&p), 100, &mut rng).unwrap();
         assert!(b.probes <= 20, "{blocks} blocks took {} probes", b.probes);
         assert!(
@@ -185,7 +185,7 @@ fn in_flight_is_counted_and_released() {
     let mut rng = SplitMix64::new(1);
     let a = r.route(&s, &req("hello world!"), 100, &mut rng).unwrap();
     assert_eq!(r.refresh_load(&s, 1000).unwrap().iter().sum::<u32>(), 1);
-    assert_eq!(r.release(&s, a.choice.pod, a.ticket, a.is_hit(), 0), 0);
+    assert_eq!(r.release(&s, a.ticket, a.is_hit(), 0), 0);
     assert_eq!(r.refresh_load(&s, 1250).unwrap().iter().sum::<u32>(), 0);
 }
 
@@ -312,10 +312,10 @@ fn a_prefix_with_more_traffic_than_one_pod_is_copied_to_a_second_pod() {
         };
         let x = r.route(&s, &req(&prompt), 1000 + i / 50, &mut rng).unwrap();
         // Under load: the last 8 requests are still in flight.
-        in_flight.push_back((x.choice.pod, x.ticket));
+        in_flight.push_back(x.ticket);
         if in_flight.len() > 8 {
-            let (pod, ticket) = in_flight.pop_front().unwrap();
-            r.release(&s, pod, ticket, false, 0);
+            let ticket = in_flight.pop_front().unwrap();
+            r.release(&s, ticket, false, 0);
         }
         per_pod[x.choice.pod.index()] += 1;
         if prompt == hot {
@@ -349,7 +349,7 @@ fn a_new_tail_rewrites_only_its_own_segments_held_blocks() {
             &mut rng,
         )
         .unwrap();
-    r.release(&s, a.choice.pod, a.ticket, a.is_hit(), 0);
+    r.release(&s, a.ticket, a.is_hit(), 0);
     let prompt = format!("{prefix}{}", "b".repeat(64));
     let b = r.route(&s, &req(&prompt), 101, &mut rng).unwrap();
     assert_eq!(b.choice.pod, a.choice.pod);
@@ -373,7 +373,7 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
         let s = MemStore::new();
         let mut rng = SplitMix64::new(3);
         let warm = r.route(&s, &req("warm-up!"), 1, &mut rng).unwrap();
-        r.release(&s, warm.choice.pod, warm.ticket, warm.is_hit(), 1);
+        r.release(&s, warm.ticket, warm.is_hit(), 1);
         // The other replicas had 6 in flight on the second pod at the last
         // sync; with `signals`, every pod reported idle since.
         crate::route::load::set_remote(&s, &[0, 6, 0]).unwrap();
@@ -398,7 +398,7 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
                 let x = r
                     .route(&s, &req(&format!("{i}{i}{i}{i} new prefix")), 1, &mut rng)
                     .unwrap();
-                r.release(&s, x.choice.pod, x.ticket, x.is_hit(), 1);
+                r.release(&s, x.ticket, x.is_hit(), 1);
                 x.choice.pod.index()
             })
             .collect()
@@ -617,7 +617,7 @@ fn a_new_prompt_goes_where_the_requests_in_flight_are_oldest() {
         let d = go(3);
         assert_eq!(d.choice.pod, a.choice.pod, "seed {seed}");
         // a ends: its pod holds d, the youngest; b's is now the oldest.
-        r.release(&s, a.choice.pod, a.ticket, false, 100);
+        r.release(&s, a.ticket, false, 100);
         let e = go(4);
         assert_eq!(e.choice.pod, b.choice.pod, "seed {seed}");
         assert_ne!(c.choice.pod, b.choice.pod);
@@ -674,7 +674,7 @@ fn with_two_worker_vms_a_new_prompt_goes_where_the_replica_sent_fewest() {
         let mut used = Vec::new();
         for i in 0..2 {
             let x = a.route_at(&s, &new_prompt(i), 1_000, &mut rng).unwrap();
-            a.release(&s, x.choice.pod, x.ticket, false, 1);
+            a.release(&s, x.ticket, false, 1);
             used.push(x.choice.pod);
         }
         assert_ne!(used[0], used[1], "seed {seed}");

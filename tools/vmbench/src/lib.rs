@@ -145,13 +145,8 @@ fn route_one(b: &mut Bench, kind: ApiKind, body: &[u8]) -> bool {
     };
     match b.router.route(&b.store, &req, 1_000_000, &mut b.rng) {
         Ok(routed) => {
-            b.router.release(
-                &b.store,
-                routed.choice.pod,
-                routed.ticket,
-                routed.is_hit(),
-                1_000_000,
-            );
+            b.router
+                .release(&b.store, routed.ticket, routed.is_hit(), 1_000_000);
             true
         }
         Err(_) => false,
