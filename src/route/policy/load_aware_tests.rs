@@ -498,3 +498,64 @@ fn load_aware_an_untrusted_match_buys_no_queueing_but_still_breaks_ties() {
     let c = choose(&[0, 0], &[4, 3], &[]);
     assert_eq!(c.pod, p(0));
 }
+
+/// Two pods hold a small group's prefix alike: its requests all go to the
+/// one its rendezvous weight names, whatever the in-flight counts, so the
+/// other copy falls idle. A group big enough to want copies (share x pods
+/// >= 0.5) still goes to the holder with fewer in flight.
+#[test]
+fn a_small_group_held_twice_goes_to_one_holder_and_a_big_one_to_either() {
+    let mut loads = PodLoads {
+        queue: &[0, 0, 0],
+        inflight: &[1, 3, 0],
+        sticky: &[7, 9, 1],
+        ..PodLoads::default()
+    };
+    let matches = [(0, 10), (1, 10)];
+    for turn in 0..8 {
+        let mut rng = SplitMix64::new(turn);
+        let c = choose_load_aware(
+            &LA,
+            &pods(&[0, 1, 2]),
+            &loads,
+            &ms(&matches),
+            12,
+            0.1,
+            0,
+            &mut rng,
+        )
+        .unwrap();
+        assert_eq!((c.pod, c.reason), (p(1), Reason::PrefixMatch));
+    }
+    // share 0.2 x 3 pods = 0.6: copies are wanted, fewer in flight wins.
+    assert_eq!(la_with(&loads, &[0, 1, 2], &matches, 12, 0.2).pod, p(0));
+    // The weight decides only ties: a queue on its pod costs more than
+    // the match, and a longer match on the other wins.
+    loads.queue = &[0, 1, 0];
+    assert_eq!(la_with(&loads, &[0, 1, 2], &matches, 12, 0.1).pod, p(0));
+    loads.queue = &[0, 0, 0];
+    assert_eq!(
+        la_with(&loads, &[0, 1, 2], &[(0, 11), (1, 10)], 12, 0.1).pod,
+        p(0)
+    );
+    // It never places a new prefix: unmatched pods go by in-flight counts.
+    assert_eq!(la_with(&loads, &[0, 1, 2], &[], 12, 0.1).pod, p(2));
+}
+
+/// The weight counts only on pods alike: a slow holder (from
+/// [`SLOW_PREFILL`]) does not draw a small group from a fast one.
+#[test]
+fn a_slow_holder_does_not_keep_a_small_group_from_a_fast_one() {
+    let loads = PodLoads {
+        queue: &[0, 0],
+        inflight: &[2, 0],
+        sticky: &[1, 9],
+        slowness: &[1000, SLOW_PREFILL as u32],
+        ..PodLoads::default()
+    };
+    // Whole matches: the slow pod's prefill costs nothing more here.
+    assert_eq!(
+        la_with(&loads, &[0, 1], &[(0, 10), (1, 10)], 10, 0.0).pod,
+        p(0)
+    );
+}

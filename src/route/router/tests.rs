@@ -331,6 +331,71 @@ fn a_prefix_with_more_traffic_than_one_pod_is_copied_to_a_second_pod() {
     assert!(f64::from(*hi) / f64::from(*lo) <= 1.5, "{per_pod:?}");
 }
 
+/// Once a group held by two pods falls below half a pod's share of the
+/// traffic, its requests go to one holder only, whatever the counts that
+/// break ties: the one its rendezvous weight names, a hash of the group and
+/// the pod's *name* (so the same pod on every replica). The other copy
+/// falls idle and its pod's cache evicts it.
+#[test]
+fn a_small_group_held_by_two_pods_goes_to_the_holder_its_weight_names() {
+    // Several groups, each alone on a fresh store: which holder the other
+    // ties would pick varies, the weight's choice must not.
+    for letter in ["h", "i", "j", "k", "m", "n"] {
+        let (named, late) = small_group_after_a_copy(letter);
+        assert_eq!(late, vec![named], "group {letter}");
+    }
+}
+
+/// A group of `letter`s copied to a second pod at 40 % of the traffic,
+/// then at 2 %: the holder its weight names, and the pods its requests
+/// went to once the demand windows forgot the 40 %.
+fn small_group_after_a_copy(letter: &str) -> (PodSlot, Vec<PodSlot>) {
+    let s = MemStore::new();
+    let cfg = r#"{"endpoints":["p:1","p:2","p:3","p:4"],"block_size":4}"#;
+    let r = Router::new(Settings::from_json(cfg.as_bytes()).unwrap());
+    let mut rng = SplitMix64::new(5);
+    let hot = format!("{}{}", letter.repeat(4 * 60), "q");
+    let cold = |i: u32| format!("{:04}{}", i % 60, "c".repeat(4 * 20));
+    // 40 % of the traffic under load: copied to a second pod (as above).
+    let mut holders = std::collections::BTreeSet::new();
+    let mut in_flight = std::collections::VecDeque::new();
+    for i in 0..400u32 {
+        let prompt = if i % 5 < 2 { hot.clone() } else { cold(i) };
+        let x = r.route(&s, &req(&prompt), 1000 + i / 50, &mut rng).unwrap();
+        in_flight.push_back(x.ticket);
+        if in_flight.len() > 8 {
+            r.release(&s, in_flight.pop_front().unwrap(), false, 0);
+        }
+        if prompt == hot {
+            holders.insert(x.choice.pod);
+        }
+    }
+    assert_eq!(holders.len(), 2, "{holders:?}");
+    for ticket in in_flight {
+        r.release(&s, ticket, false, 0);
+    }
+    // Then 2 % of it (2 % x 4 pods < 0.5), each request done before the
+    // next: the holders tie on cost and match, and the counts after them
+    // would pick either.
+    let group = r.hasher.hash(hot.as_bytes())[0];
+    let weight = |pod: &PodSlot| {
+        let fleet = r.fleet.borrow();
+        let name = fleet.name(*pod).unwrap();
+        mix64(group ^ xxhash_rust::xxh64::xxh64(name.as_bytes(), 0))
+    };
+    let named = *holders.iter().max_by_key(|p| weight(p)).unwrap();
+    let mut late = std::collections::BTreeSet::new();
+    for i in 0..1000u32 {
+        let prompt = if i % 50 == 0 { hot.clone() } else { cold(i) };
+        let x = r.route(&s, &req(&prompt), 1008 + i / 50, &mut rng).unwrap();
+        r.release(&s, x.ticket, true, 0);
+        if prompt == hot && i >= 2 * DEMAND_WINDOW {
+            late.insert(x.choice.pod);
+        }
+    }
+    (named, late.into_iter().collect())
+}
+
 /// A new tail rewrites the held blocks of the segment it starts in, and
 /// none of the dense segments before it (each would cost a read of its
 /// bucket): 48 held blocks, 16 new ones; the tail starts in the segment
