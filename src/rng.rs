@@ -16,7 +16,10 @@ impl SplitMix64 {
 
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix64(self.state)
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 
     /// Uniform in `0..n` (n > 0; returns 0 for n == 0). Lemire's multiply-shift;
@@ -41,16 +44,6 @@ impl SplitMix64 {
             items.swap(i, j);
         }
     }
-}
-
-/// SplitMix64's output function: a bijection of `u64` whose every output
-/// bit depends on every input bit. Also the rendezvous weight of a prefix
-/// group on a pod (`mix64(group ^ name hash)`, see
-/// [`crate::route::policy::PodLoads::sticky`]).
-pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

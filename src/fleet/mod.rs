@@ -123,9 +123,6 @@ pub struct FleetView {
     by_name: HashMap<String, PodSlot>,
     down: Vec<(PodSlot, u64)>,
     bound: usize,
-    /// XXH64 of each member's name, by slot (0 for a free slot): the same
-    /// for a pod on every replica, whatever slot it has there.
-    name_hashes: Vec<u64>,
 }
 
 impl FleetView {
@@ -150,10 +147,6 @@ impl FleetView {
             .map(|s| s.index() + 1)
             .max()
             .unwrap_or(0);
-        self.name_hashes = vec![0; self.bound];
-        for (slot, (name, _)) in &self.by_slot {
-            self.name_hashes[slot.index()] = xxhash_rust::xxh64::xxh64(name.as_bytes(), 0);
-        }
         self.members = members;
     }
 
@@ -223,11 +216,6 @@ impl FleetView {
     /// One past the highest member slot.
     pub fn bound(&self) -> usize {
         self.bound
-    }
-
-    /// Each member's name hash, indexed by slot (0 for a free slot).
-    pub fn name_hashes(&self) -> &[u64] {
-        &self.name_hashes
     }
 }
 
@@ -316,22 +304,6 @@ mod tests {
         assert_eq!(slot(&before, "b:1"), slot(&after, "b:1"));
         assert_eq!(slot(&before, "c:1"), slot(&after, "c:1"));
         assert_ne!(slot(&after, "a:1"), slot(&after, "b:1"));
-    }
-
-    /// A pod's name hash is the same on a replica that gave it another slot.
-    #[test]
-    fn name_hashes_follow_names_not_slots() {
-        let (one, two) = (MemStore::new(), MemStore::new());
-        let a = static_members(&one, &pools(&[("", &["b:1", "c:1"])]), 10, 100).unwrap();
-        static_members(&two, &pools(&[("", &["c:1"])]), 10, 100).unwrap();
-        let b = static_members(&two, &pools(&[("", &["b:1", "c:1"])]), 11, 100).unwrap();
-        let (a, b) = (FleetView::new(a), FleetView::new(b));
-        let hash = |v: &FleetView, n: &str| v.name_hashes()[v.slot_of(n).unwrap().index()];
-        assert_ne!(a.slot_of("c:1"), b.slot_of("c:1"));
-        assert_eq!(hash(&a, "c:1"), hash(&b, "c:1"));
-        assert_eq!(hash(&a, "b:1"), hash(&b, "b:1"));
-        assert_ne!(hash(&a, "b:1"), hash(&a, "c:1"));
-        assert_eq!(a.name_hashes().len(), a.bound());
     }
 
     #[test]

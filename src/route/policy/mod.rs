@@ -107,14 +107,7 @@ pub fn effective_load(
 ///    keeps the prefixes it holds, but misses go to faster pods. A match
 ///    on a pod in `untrusted` (not sent there for its trust horizon,
 ///    `match_trust_secs` or learned, so perhaps evicted) saves nothing here: it buys no queueing;
-/// 3. the lowest cost wins; ties go to the longer (trusted) match, then,
-///    for a group too small to want copies (rule 4: `share x pods` below
-///    0.5), the holder with the highest `sticky` weight among pods not
-///    slow (below [`SLOW_PREFILL`]; the weight is a hash of the prompt's
-///    group and the pod's name, so every replica picks the same holder and
-///    a second copy, made by two replicas placing a new prefix at once or
-///    by a diversion, falls idle and is evicted, not kept warm by
-///    requests alternating between the two), then the
+/// 3. the lowest cost wins; ties go to the longer (trusted) match, then the
 ///    lower load, then fewer in flight (`inflight`: fresh, where reports
 ///    lag), then the longer untrusted match (an old match still goes to a
 ///    holder no busier than the others),
@@ -182,20 +175,6 @@ pub fn choose_load_aware(
         };
         u64::from(at(loads.sent, pod)) * slow / 1000
     };
-    let n = pool.len();
-    let fair = share * n as f64;
-    let slowness_of = |pod: PodSlot| match at(loads.slowness, pod) {
-        0 => 1000,
-        s => i128::from(s),
-    };
-    // A small group's holder, the same on every replica (see rule 3).
-    let sticky_of = |pod: PodSlot| -> u64 {
-        if fair < 0.5 && trusted_of(pod) > 0 && slowness_of(pod) < SLOW_PREFILL {
-            loads.sticky.get(pod.index()).copied().unwrap_or(0)
-        } else {
-            0
-        }
-    };
     let min = pool.iter().map(|&p| load_of(p)).min()?;
     let rel = (cfg.slack_rel * f64::from(min))
         .ceil()
@@ -204,7 +183,10 @@ pub fn choose_load_aware(
     // Minus the time to the first token, in a fast pod's prefill blocks.
     let score = |pod: PodSlot| -> i64 {
         let extra = i128::from(load_of(pod) - min);
-        let slow = slowness_of(pod);
+        let slow = match at(loads.slowness, pod) {
+            0 => 1000,
+            s => i128::from(s),
+        };
         // Pods within 1.5x of the fastest prefill alike: that close,
         // measured slowness is mostly queueing and noise, and weighing a
         // miss's whole prefill by it would place new prefixes by noise.
@@ -227,8 +209,8 @@ pub fn choose_load_aware(
             0
         }
     };
-    // (-cost, trusted match, sticky, [-placed,] -load, -in flight,
-    // untrusted match, -sent, -placed, age) decides; equal keys tie.
+    // (-cost, trusted match, [-placed,] -load, -in flight, untrusted
+    // match, -sent, -placed, age) decides; equal keys tie.
     let key = |pod: PodSlot| {
         let placed_first = if loads.place_by_count && matched_of(pod) == 0 {
             at(loads.placed, pod)
@@ -238,7 +220,6 @@ pub fn choose_load_aware(
         (
             score(pod),
             trusted_of(pod),
-            sticky_of(pod),
             std::cmp::Reverse(placed_first),
             std::cmp::Reverse(load_of(pod)),
             std::cmp::Reverse(at(loads.inflight, pod)),
@@ -251,7 +232,7 @@ pub fn choose_load_aware(
     let eligible = pool.iter().copied().filter(|&p| load_of(p) <= bound);
     let best = eligible.clone().map(key).max()?;
     let mut tied: Vec<PodSlot> = eligible.clone().filter(|&p| key(p) == best).collect();
-    let mut pod = if best.1 == 0 && best.6 == 0 {
+    let mut pod = if best.1 == 0 && best.5 == 0 {
         tied[turn % tied.len()]
     } else {
         rng.shuffle(&mut tied);
@@ -259,6 +240,8 @@ pub fn choose_load_aware(
     };
     let mut matched = matched_of(pod);
     let mut spread_now = false;
+    let n = pool.len();
+    let fair = share * n as f64;
     if matched > 0 && fair >= 0.5 {
         let holds = |p: PodSlot| u64::from(matched_of(p)) * 2 >= u64::from(matched);
         // Holders over the whole pool: one briefly above the bound still
@@ -347,11 +330,6 @@ pub struct PodLoads<'a> {
     /// are live, else this VM's own counted in requests it routed since
     /// (see [`crate::route::load::VmLoad::age`]).
     pub age: &'a [u64],
-    /// The prompt's group's rendezvous weight on each pod (missing = 0):
-    /// `mix64(first block hash ^ XXH64(pod name))`, the same on every
-    /// replica. Of holders tied on cost and trusted match, a small group
-    /// goes to the highest (rule 3).
-    pub sticky: &'a [u64],
 }
 
 /// The policy's two knobs (AIBrix ships 16 and 2).

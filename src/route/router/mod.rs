@@ -22,7 +22,7 @@ use std::fmt;
 
 use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
-use crate::rng::{mix64, SplitMix64};
+use crate::rng::SplitMix64;
 use crate::route::feedback::{Plan, TrustLearner, MIN_HORIZON_SECS};
 use crate::route::hashing::BlockHasher;
 use crate::route::latency::PodLatency;
@@ -444,18 +444,6 @@ impl Router {
                     })
                     .map(|m| m.pod)
                     .collect();
-                // Only where two pods hold a match can the weight decide.
-                let sticky: Vec<u64> = if lengths.len() < 2 {
-                    Vec::new()
-                } else {
-                    let group = hashes.first().copied().unwrap_or(0);
-                    let fleet = self.fleet.borrow();
-                    fleet
-                        .name_hashes()
-                        .iter()
-                        .map(|&h| mix64(group ^ h))
-                        .collect()
-                };
                 let loads = PodLoads {
                     queue: &queue,
                     inflight: &ties,
@@ -465,7 +453,6 @@ impl Router {
                     place_by_count: reported_slow,
                     untrusted: &untrusted,
                     age: &age,
-                    sticky: &sticky,
                 };
                 let share = share.unwrap_or(0.0);
                 choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng)
