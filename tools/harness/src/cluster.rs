@@ -50,19 +50,20 @@ pub fn spawn_node(dir: &Path, i: usize) -> Node {
     let port = free_port();
     let node_dir = dir.join(format!("node-{i}"));
     std::fs::create_dir_all(&node_dir).expect("node dir");
-    let child = Command::new(redis_server_bin())
-        .current_dir(&node_dir)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--cluster-enabled", "yes"])
-        .args(["--cluster-config-file", "nodes.conf"])
-        .args(["--cluster-node-timeout", "2000"])
-        .args(["--save", "", "--appendonly", "no"])
-        .args(["--logfile", "redis.log"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn redis-server: {e}"));
+    let child = crate::spawn_owned(
+        Command::new(redis_server_bin())
+            .current_dir(&node_dir)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-config-file", "nodes.conf"])
+            .args(["--cluster-node-timeout", "2000"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--logfile", "redis.log"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .unwrap_or_else(|e| panic!("spawn redis-server: {e}"));
     let up = wait_until(Duration::from_secs(10), || {
         Command::new(redis_cli())
             .args(["-p", &port.to_string(), "PING"])

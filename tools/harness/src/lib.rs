@@ -24,7 +24,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -47,7 +47,8 @@ pub const WASM_REL_PATH: &str = "target/wasm32-wasip1/release/envoy_prefix_route
 pub const REFERENCE_WASM_REL_PATH: &str = "target/wasm32-wasip1/release/reference_filter.wasm";
 
 /// Nothing spawned here should outlive a test run, even if the test process is
-/// killed before its destructors run.
+/// killed before its destructors run: every child gets SIGTERM when this
+/// process ends ([`spawn_owned`]), and podsim also exits by itself after this.
 const POD_LIFETIME_SECS: u64 = 300;
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -454,6 +455,54 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// Spawns `cmd` (taken, leaving an empty command) so that the child cannot
+/// outlive this process, however the process ends: killed before its
+/// destructors run, too. The kernel sends the child SIGTERM when the
+/// *thread* that forked it exits (`PR_SET_PDEATHSIG`, kept across `exec`:
+/// the `.venv` Envoy wrapper and the peer scripts exec their server), so
+/// every child is forked by one thread that lives as long as the process
+/// (tests and launches run on threads that end before their children do).
+pub fn spawn_owned(cmd: &mut Command) -> std::io::Result<Child> {
+    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: Mutex<Option<mpsc::Sender<Job>>> = Mutex::new(None);
+    let mut cmd = std::mem::replace(cmd, Command::new("true"));
+    let parent = std::process::id();
+    // SAFETY: between fork and exec the closure makes two async-signal-safe
+    // calls (prctl, getppid) and allocates nothing.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent ended before the signal was armed.
+            if libc::getppid() as u32 != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    let spawner = SPAWNER
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            thread::Builder::new()
+                .name("harness-spawner".into())
+                .spawn(move || {
+                    for (mut cmd, reply) in rx {
+                        let _ = reply.send(cmd.spawn());
+                    }
+                })
+                .expect("spawn the harness's spawner thread");
+            tx
+        })
+        .clone();
+    let (reply, child) = mpsc::channel();
+    let gone = || std::io::Error::other("the harness's spawner thread is gone");
+    spawner.send((cmd, reply)).map_err(|_| gone())?;
+    child.recv().map_err(|_| gone())?
+}
+
 /// A child process killed (by its own PID) and reaped on drop.
 struct Owned {
     child: Child,
@@ -501,11 +550,7 @@ impl Service {
     ) -> Result<Service, String> {
         let out = fs::File::create(&log).map_err(|e| format!("create {}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
+        let child = spawn_owned(cmd.stdin(Stdio::null()).stdout(out).stderr(err))
             .map_err(|e| format!("spawn {name}: {e}"))?;
         let mut service = Service {
             child,
@@ -606,26 +651,27 @@ impl Envoy {
         log: PathBuf,
         options: &EnvoyOptions,
     ) -> Result<Envoy, EnvoyStartError> {
-        let child = Command::new(envoy_bin())
-            .current_dir(repo_root())
-            .arg("-c")
-            .arg(config)
-            .arg("--disable-hot-restart")
-            .args(["--base-id", &ports.admin.to_string()])
-            .args(["--concurrency", &options.concurrency.to_string()])
-            .args(["-l", options.log_level])
-            .arg("--log-path")
-            .arg(&log)
-            // Tests read the log while Envoy runs: flush it often.
-            .args(["--file-flush-interval-msec", "100"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| EnvoyStartError {
-                reason: format!("spawn {}: {e}", envoy_bin().display()),
-                log: String::new(),
-            })?;
+        let child = spawn_owned(
+            Command::new(envoy_bin())
+                .current_dir(repo_root())
+                .arg("-c")
+                .arg(config)
+                .arg("--disable-hot-restart")
+                .args(["--base-id", &ports.admin.to_string()])
+                .args(["--concurrency", &options.concurrency.to_string()])
+                .args(["-l", options.log_level])
+                .arg("--log-path")
+                .arg(&log)
+                // Tests read the log while Envoy runs: flush it often.
+                .args(["--file-flush-interval-msec", "100"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .map_err(|e| EnvoyStartError {
+            reason: format!("spawn {}: {e}", envoy_bin().display()),
+            log: String::new(),
+        })?;
         let mut envoy = Envoy {
             proc: Owned { child },
             listener: ports.listener,
@@ -850,17 +896,18 @@ impl Pod {
         let ready = dir.join(&format!("{name}.ready"));
         let log = fs::File::create(dir.join(&format!("{name}.log"))).expect("pod log file");
         let log_err = log.try_clone().expect("clone log file");
-        let child = Command::new(podsim_bin())
-            .args(["--port", &port.to_string(), "--name", name])
-            .arg("--ready-file")
-            .arg(&ready)
-            .args(["--exit-after-secs", &POD_LIFETIME_SECS.to_string()])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", podsim_bin().display()));
+        let child = spawn_owned(
+            Command::new(podsim_bin())
+                .args(["--port", &port.to_string(), "--name", name])
+                .arg("--ready-file")
+                .arg(&ready)
+                .args(["--exit-after-secs", &POD_LIFETIME_SECS.to_string()])
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(log_err),
+        )
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", podsim_bin().display()));
         let mut pod = Pod {
             proc: Owned { child },
             name: name.to_string(),
@@ -909,12 +956,12 @@ impl Redis {
             cmd.args(["--requirepass", pw]);
         }
         cmd.args(extra);
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", redis_server_bin().display()));
+        let child = spawn_owned(
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", redis_server_bin().display()));
         let mut redis = Redis {
             proc: Owned { child },
             port,
@@ -1416,6 +1463,44 @@ pub fn token_ids(seed: u64, count: usize) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const HELPER: &str = "HARNESS_SPAWN_HELPER";
+
+    /// A child spawned by [`spawn_owned`] ends with the process that
+    /// spawned it, though that process never kills it: this test runs its
+    /// own binary again as that process, which spawns a `sleep`, writes
+    /// its PID and exits.
+    #[test]
+    // The helper leaves its child unreaped on purpose: that is the test.
+    #[allow(clippy::zombie_processes)]
+    fn a_child_ends_with_the_process_that_spawned_it() {
+        if let Ok(file) = std::env::var(HELPER) {
+            let child = spawn_owned(Command::new("sleep").arg("30")).unwrap();
+            fs::write(file, child.id().to_string()).unwrap();
+            return;
+        }
+        let dir = TestDir::new("spawn-owned");
+        let file = dir.join("pid");
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tests::a_child_ends_with_the_process_that_spawned_it",
+            ])
+            .env(HELPER, &file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let pid: u32 = fs::read_to_string(&file).unwrap().parse().unwrap();
+        let sleeping = || stat_fields(pid).is_some_and(|f| f[0] != "Z");
+        let ended = wait_until(Duration::from_secs(5), || !sleeping());
+        if !ended {
+            // Ours (a grandchild): end it by its PID before failing.
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+        }
+        assert!(ended, "sleep {pid} outlived the process that spawned it");
+    }
 
     #[test]
     fn finds_a_child_by_its_arguments() {
