@@ -1,6 +1,7 @@
 //! The process harness shared by the integration tests (`tests/`) and
 //! `prefix-bench`: free loopback ports, `envoy/*.yaml` rendered onto them,
-//! Envoy / podsim / Redis child processes that are killed when dropped,
+//! Envoy / podsim / Redis child processes that are killed when dropped (and
+//! when this process ends, see [`spawn_owned`]),
 //! scripts run as a [`Service`], small HTTP and admin-stats clients, the one
 //! launcher of Envoys started together and a [`fleet::Fleet`] of them sharing
 //! pods and Redis ([`fleet`]), an independent RESP client ([`redis`]), a
@@ -455,7 +456,7 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// Spawns `cmd` (taken, leaving an empty command) so that the child cannot
+/// Spawns `cmd` (taken: what is left in its place runs `true`) so that the child cannot
 /// outlive this process, however the process ends: killed before its
 /// destructors run, too. The kernel sends the child SIGTERM when the
 /// *thread* that forked it exits (`PR_SET_PDEATHSIG`, kept across `exec`:
