@@ -464,8 +464,8 @@ impl Worker {
     /// memory, plus one set while other worker VMs are live (see
     /// [`crate::route::load`]).
     pub(crate) fn release<H: Host>(&self, host: &H, ticket: Ticket, timed_hit: bool) {
-        let now_secs = secs(self.clock_nanos(host));
-        self.router.release(host, ticket, timed_hit, now_secs);
+        let now_ms = self.clock_nanos(host) / 1_000_000;
+        self.router.release(host, ticket, timed_hit, now_ms);
     }
 
     /// A pod for a request the filter does not route (pass-through), chosen

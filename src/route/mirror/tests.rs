@@ -17,7 +17,7 @@ fn route(r: &Router, s: &MemStore, prompt: &str, now: u32) -> (PodSlot, u8, (u64
     let x = r
         .route(s, &req(prompt), now, &mut SplitMix64::new(u64::from(now)))
         .unwrap();
-    r.release(s, x.ticket, x.is_hit(), now);
+    r.release(s, x.ticket, x.is_hit(), u64::from(now) * 1000);
     let after = s.op_counts();
     (
         x.choice.pod,

@@ -562,19 +562,20 @@ impl Router {
     /// `timed_hit`: it was
     /// routed as a hit, [`Routed::is_hit`], and timed as one to the end, not
     /// taken back by [`Self::untime_hit`]), and (while other VMs of the
-    /// replica are live) writes this VM's counts for them, one set;
-    /// returns this VM's new count.
+    /// replica are live) writes this VM's counts for them at `now_ms` (unix
+    /// ms, the clock of [`Self::route_at`]), one set; returns this VM's new
+    /// count.
     pub fn release<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         ticket: Ticket,
         timed_hit: bool,
-        now_secs: u32,
+        now_ms: u64,
     ) -> u32 {
         self.latency.borrow_mut().completed(ticket.pod, timed_hit);
         let mut load = self.load.borrow_mut();
         let left = load.end(ticket);
-        load.publish(store, u64::from(now_secs) * 1000);
+        load.publish(store, now_ms);
         left
     }
 }

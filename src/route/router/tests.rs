@@ -373,7 +373,7 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
         let s = MemStore::new();
         let mut rng = SplitMix64::new(3);
         let warm = r.route(&s, &req("warm-up!"), 1, &mut rng).unwrap();
-        r.release(&s, warm.ticket, warm.is_hit(), 1);
+        r.release(&s, warm.ticket, warm.is_hit(), 1_000);
         // The other replicas had 6 in flight on the second pod at the last
         // sync; with `signals`, every pod reported idle since.
         crate::route::load::set_remote(&s, &[0, 6, 0]).unwrap();
@@ -398,7 +398,7 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
                 let x = r
                     .route(&s, &req(&format!("{i}{i}{i}{i} new prefix")), 1, &mut rng)
                     .unwrap();
-                r.release(&s, x.ticket, x.is_hit(), 1);
+                r.release(&s, x.ticket, x.is_hit(), 1_000);
                 x.choice.pod.index()
             })
             .collect()
@@ -617,7 +617,7 @@ fn a_new_prompt_goes_where_the_requests_in_flight_are_oldest() {
         let d = go(3);
         assert_eq!(d.choice.pod, a.choice.pod, "seed {seed}");
         // a ends: its pod holds d, the youngest; b's is now the oldest.
-        r.release(&s, a.ticket, false, 100);
+        r.release(&s, a.ticket, false, 100_000);
         let e = go(4);
         assert_eq!(e.choice.pod, b.choice.pod, "seed {seed}");
         assert_ne!(c.choice.pod, b.choice.pod);
@@ -674,7 +674,7 @@ fn with_two_worker_vms_a_new_prompt_goes_where_the_replica_sent_fewest() {
         let mut used = Vec::new();
         for i in 0..2 {
             let x = a.route_at(&s, &new_prompt(i), 1_000, &mut rng).unwrap();
-            a.release(&s, x.ticket, false, 1);
+            a.release(&s, x.ticket, false, 1_000);
             used.push(x.choice.pod);
         }
         assert_ne!(used[0], used[1], "seed {seed}");

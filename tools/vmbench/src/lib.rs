@@ -146,7 +146,7 @@ fn route_one(b: &mut Bench, kind: ApiKind, body: &[u8]) -> bool {
     match b.router.route(&b.store, &req, 1_000_000, &mut b.rng) {
         Ok(routed) => {
             b.router
-                .release(&b.store, routed.ticket, routed.is_hit(), 1_000_000);
+                .release(&b.store, routed.ticket, routed.is_hit(), 1_000_000_000);
             true
         }
         Err(_) => false,

@@ -45,7 +45,7 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
     // Routes a parsed request and releases it at once.
     let route_and_release = |req: &PromptRequest, rng: &mut SplitMix64| {
         if let Ok(routed) = router.route(&store, req, 1_000_000, rng) {
-            router.release(&store, routed.ticket, routed.is_hit(), 1_000_000);
+            router.release(&store, routed.ticket, routed.is_hit(), 1_000_000_000);
         }
     };
     for r in primed {
