@@ -319,6 +319,11 @@ impl Stream {
     /// destination, since an ORIGINAL_DST cluster has no fallback.
     fn count_pass<H: Host>(&self, w: &Worker, host: &H, reason: PassReason) {
         w.meter.inc(Count::Pass(reason));
+        // With the decision lines on (Envoy's `wasm` log level at debug).
+        log::debug!(
+            "prefix_router: pass-through ({}), the request goes on unrouted",
+            reason.as_str()
+        );
         if w.settings().original_dst_header {
             if let Some(endpoint) = w.fallback_endpoint(w.clock_nanos(host) / 1_000_000) {
                 host.set_request_header(ORIGINAL_DST_HEADER, &endpoint);

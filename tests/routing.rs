@@ -1,13 +1,15 @@
 //! Routing behaviour through a real Envoy in front of four podsim pods:
-//! prefix stickiness, spreading of new prefixes, every request shape, and the
-//! match-percent response header.
+//! prefix stickiness, spreading of new prefixes, every request shape, the
+//! match-percent response header, and the decision lines at Envoy's debug
+//! level.
 
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
-use harness::{send, text, token_ids, Setup, CLIENT_TIMEOUT};
+use harness::{send, text, token_ids, wait_until, Setup, CLIENT_TIMEOUT};
 use serde_json::json;
 
 #[test]
@@ -219,4 +221,93 @@ fn stats_are_exported_for_prometheus() {
         reply.body.contains("prefix_router_table_slots_used"),
         "occupancy gauge missing"
     );
+}
+
+/// The decision lines follow Envoy's `wasm` log level, changed at run time
+/// through the admin's `/logging`: none at `info`, one per routed request
+/// naming the pod it went to at `debug`, none again back at `info`.
+#[test]
+fn decision_lines_follow_envoys_wasm_log_level() {
+    let run = Setup::new("single.yaml").start();
+    let decisions = || {
+        run.envoy
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("prefix_router: decision"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let set_level = |level: &str| {
+        let url = run.envoy.admin_url(&format!("/logging?wasm={level}"));
+        let reply = send("POST", &url, &[], None, CLIENT_TIMEOUT).unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+    };
+    let address = |pod: &str| format!("127.0.0.1:{}", run.pod_named(pod).port);
+
+    // At info (the harness's level): nothing, even after a tick.
+    run.complete(&json!(text(40, 2048))).expect_pod();
+    std::thread::sleep(Duration::from_millis(600));
+    run.complete(&json!(text(41, 2048))).expect_pod();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(decisions().is_empty(), "{:?}", decisions());
+
+    // At debug, from the worker's next tick: a new prompt, then the same
+    // prefix again, each line naming the pod that answered.
+    set_level("debug");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            run.complete(&json!(text(42, 512))).expect_pod();
+            !decisions().is_empty()
+        }),
+        "no decision line after the switch to debug:\n{}",
+        run.envoy.log_text()
+    );
+    let head = text(43, 4096);
+    let first = run.complete(&json!(format!("{head}{}", text(44, 300))));
+    let pod = address(&first.expect_pod());
+    let again = run.complete(&json!(format!("{head}{}", text(45, 300))));
+    assert_eq!(address(&again.expect_pod()), pod);
+    let seen = |needle: &str| {
+        wait_until(Duration::from_secs(5), || {
+            decisions().iter().any(|l| l.contains(needle))
+        })
+    };
+    let matched = format!("-> {pod} (prefix_match, match {}%)", again.match_percent());
+    assert!(seen(&matched), "no line {matched:?} in {:#?}", decisions());
+    // Each line lists the pool with what the policy weighed of each pod.
+    let line = decisions()
+        .into_iter()
+        .rev()
+        .find(|l| l.contains(&matched))
+        .unwrap();
+    for p in &run.pods {
+        assert!(
+            line.contains(&format!(" | {} match=", address(&p.name))),
+            "{line}"
+        );
+    }
+    assert!(
+        line.contains("policy=load_aware") && line.contains(" inflight="),
+        "{line}"
+    );
+
+    // A request passed through says why.
+    run.post("/v1/completions", "not json");
+    assert!(
+        wait_until(Duration::from_secs(5), || run
+            .envoy
+            .log_text()
+            .contains("prefix_router: pass-through (not_json)")),
+        "no pass-through line"
+    );
+
+    // Back at info: the lines stop from the next tick.
+    set_level("info");
+    std::thread::sleep(Duration::from_millis(600));
+    let before = decisions().len();
+    for i in 0..3 {
+        run.complete(&json!(text(50 + i, 1024))).expect_pod();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(decisions().len(), before, "{:#?}", decisions());
 }

@@ -54,6 +54,7 @@ extern "C" {
         return_value_data: *mut *mut u8,
         return_value_size: *mut usize,
     ) -> u32;
+    fn proxy_get_log_level(return_level: *mut u32) -> u32;
 }
 
 /// Takes ownership of a host-allocated buffer (allocated through the SDK's
@@ -148,5 +149,17 @@ pub fn call_ok(num_headers: usize) -> Result<(), CallFailed> {
         Some(200) => Ok(()),
         Some(code) => Err(CallFailed::Status(code)),
         None => Err(CallFailed::Status(0)),
+    }
+}
+
+/// The level of Envoy's `wasm` log component, as the ABI's number (0 trace
+/// .. 5 critical; `proxy_wasm::types::LogLevel`'s order). The SDK's
+/// `get_log_level` panics on any other status.
+pub fn log_level() -> Result<u32, HostStatus> {
+    let mut level: u32 = 0;
+    // SAFETY: a pointer to a live local for the call's duration.
+    match unsafe { proxy_get_log_level(&mut level) } {
+        OK => Ok(level),
+        other => Err(HostStatus(other)),
     }
 }

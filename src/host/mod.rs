@@ -33,6 +33,25 @@ proxy_wasm::main! {{
     });
 }}
 
+/// Follows the level of Envoy's `wasm` log component (`-l`,
+/// `--component-log-level wasm:debug`, or the admin's
+/// `POST /logging?wasm=debug` at run time): lines below it are never
+/// formatted, and `debug` turns on the per-request decision lines
+/// ([`crate::route::router::explain`]). Called on every tick; a level the
+/// host does not give keeps the one before.
+fn follow_log_level() {
+    let level = match abi::log_level() {
+        Ok(0) => LogLevel::Trace,
+        Ok(1) => LogLevel::Debug,
+        Ok(2) => LogLevel::Info,
+        Ok(3) => LogLevel::Warn,
+        Ok(4) => LogLevel::Error,
+        Ok(5) => LogLevel::Critical,
+        _ => return,
+    };
+    proxy_wasm::set_log_level(level);
+}
+
 fn property(name: &str) -> String {
     abi::property(&[name])
         .ok()

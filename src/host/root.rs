@@ -40,6 +40,7 @@ impl Context for FilterRoot {}
 
 impl RootContext for FilterRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        super::follow_log_level();
         let Some(settings) = super::load_settings() else {
             return false;
         };
@@ -60,6 +61,7 @@ impl RootContext for FilterRoot {
     }
 
     fn on_tick(&mut self) {
+        super::follow_log_level();
         if let Some(worker) = &self.worker {
             worker.on_tick(&EnvoyHost);
             let want = worker.tick_ms();

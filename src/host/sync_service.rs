@@ -137,6 +137,7 @@ impl Context for SyncRoot {
 
 impl RootContext for SyncRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        super::follow_log_level();
         let Some(settings) = super::load_settings() else {
             return false;
         };
@@ -158,6 +159,7 @@ impl RootContext for SyncRoot {
     }
 
     fn on_tick(&mut self) {
+        super::follow_log_level();
         if self.fleet.is_none() {
             self.fleet = self
                 .settings
