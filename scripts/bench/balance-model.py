@@ -33,6 +33,15 @@ replica's, as the filter exchanges them per request):
                    then the replica's oldest known to 20 ms (the filter
                    since sent counts and ages travel with the counts)
 
+Pictures of the other balancers' requests (each balancer's own exact):
+  snap20, snap50, snap100, snap250
+                   every request in flight and the oldest, the others'
+                   as of a snapshot every 20/50/100/250 ms (a background
+                   exchange, balancers' snapshots staggered)
+  shared20         a fleet-wide picture every placement updates at once
+                   (a per-request exchange through one store), whose
+                   completions show within 20 ms: count, then oldest
+
 usage: balance-model.py <policy>:<R>[:<V>] ...   e.g. own_sent:3 own_sent_oldest:3
 Prints TTFT p90/p99/p99.9 ms for seeds 1-3, 60,000 requests each.
 """
@@ -49,6 +58,7 @@ def sim(policy, replicas, seed, vms=1):
     t = 0.0
     free_at = [[0.0] * SLOTS for _ in range(PODS)]  # when each slot frees
     inflight = [[] for _ in range(PODS)]  # (end, replica, vm, sent at)
+    recent = [[] for _ in range(PODS)]  # the same, ended up to 1 s ago too
     sent = [[[0] * PODS for _ in range(vms)] for _ in range(replicas)]
     turn = [[rnd.randrange(PODS) for _ in range(vms)] for _ in range(replicas)]
     ttfts = []
@@ -57,7 +67,8 @@ def sim(policy, replicas, seed, vms=1):
         r = i % replicas
         v = rnd.randrange(vms) if vms > 1 else 0
         for p in range(PODS):
-            inflight[p] = [x for x in inflight[p] if x[0] > t]
+            recent[p] = [x for x in recent[p] if x[0] > t - 1.0]
+            inflight[p] = [x for x in recent[p] if x[0] > t]
         total = [len(inflight[p]) for p in range(PODS)]
         # The replica's requests in flight (with one VM: the balancer's own).
         own = [sum(1 for x in inflight[p] if x[1] == r) for p in range(PODS)]
@@ -72,9 +83,29 @@ def sim(policy, replicas, seed, vms=1):
             ]
             return min(times, default=t)
 
+        def snap(p, period):
+            """(count, oldest) of `p`: the others' requests as of this
+            balancer's last snapshot (sent by then, not ended by then),
+            its own now."""
+            at = t - ((t + r * period / 3) % period)
+            seen = [x for x in recent[p] if x[1] != r and x[3] <= at < x[0]]
+            seen += [x for x in inflight[p] if x[1] == r]
+            return (len(seen), min((x[3] for x in seen), default=t))
+
+        def shared(p, lag):
+            """(count, oldest) of `p` in a store every placement updates at
+            once, whose completions show `lag` late."""
+            seen = [x for x in recent[p] if x[0] + lag > t]
+            return (len(seen), min((x[3] for x in seen), default=t))
+
         sent_here = sent[r][v]
         sent_rep = [sum(sent[r][w][p] for w in range(vms)) for p in range(PODS)]
         keys = {
+            "snap20": lambda p: snap(p, 0.02),
+            "snap50": lambda p: snap(p, 0.05),
+            "snap100": lambda p: snap(p, 0.1),
+            "snap250": lambda p: snap(p, 0.25),
+            "shared20": lambda p: shared(p, 0.02),
             "jsq": lambda p: (total[p],),
             "jsq_sent": lambda p: (total[p], sent_here[p]),
             "jsq_oldest": lambda p: (total[p], oldest(p, "all")),
@@ -101,7 +132,7 @@ def sim(policy, replicas, seed, vms=1):
         start = max(t, free_at[pod][slot])
         free_at[pod][slot] = start + S
         ttfts.append(start - t + P)
-        inflight[pod].append((start + S, r, v, t))
+        recent[pod].append((start + S, r, v, t))
         sent[r][v][pod] += 1
     ttfts.sort()
     return [ttfts[int(f * len(ttfts))] * 1000 for f in (0.9, 0.99, 0.999)]
