@@ -11,7 +11,9 @@
 
 use std::fmt::Write;
 
-use crate::route::policy::{Choice, Reason};
+use crate::fleet::FleetView;
+use crate::route::policy::{Choice, PodLoads, Reason};
+use crate::route::registry::PodSlot;
 
 /// Most pods one line names.
 pub(crate) const MAX_LISTED: usize = 12;
@@ -44,6 +46,102 @@ pub(crate) struct Ties {
     pub(crate) placed: u32,
     pub(crate) age: u64,
     pub(crate) slowness: u32,
+}
+
+/// What every decision line names, whatever the policy: the pods' names,
+/// the request, the pool and each pod's match (`(pod, leading blocks)`).
+pub(crate) struct Scene<'a> {
+    fleet: &'a FleetView,
+    model: &'a str,
+    blocks: usize,
+    pool: &'a [PodSlot],
+    lengths: &'a [(PodSlot, u32)],
+}
+
+impl<'a> Scene<'a> {
+    pub(crate) fn new(
+        fleet: &'a FleetView,
+        model: &'a str,
+        blocks: usize,
+        pool: &'a [PodSlot],
+        lengths: &'a [(PodSlot, u32)],
+    ) -> Self {
+        Scene {
+            fleet,
+            model,
+            blocks,
+            pool,
+            lengths,
+        }
+    }
+
+    fn facts(&self, pod: PodSlot, queue: u32) -> PodFacts<'a> {
+        PodFacts {
+            name: self.fleet.name(pod).unwrap_or("?"),
+            matched: self.lengths.iter().find(|l| l.0 == pod).map_or(0, |l| l.1),
+            queue,
+            ..PodFacts::default()
+        }
+    }
+
+    fn log(&self, policy: &str, choice: Option<&Choice>, mut facts: Vec<PodFacts<'_>>) {
+        if let Some(choice) = choice {
+            let chosen = self.fleet.name(choice.pod).unwrap_or("?");
+            log::debug!(
+                "{}",
+                line(policy, self.model, self.blocks, choice, chosen, &mut facts)
+            );
+        }
+    }
+}
+
+fn at<T: Copy + Default>(v: &[T], i: usize) -> T {
+    v.get(i).copied().unwrap_or_default()
+}
+
+/// Logs the `aibrix` policy's decision (`load`: in-flight per pod slot)
+/// when Envoy's `wasm` log level is at debug; otherwise returns at once.
+pub(crate) fn aibrix(scene: &Scene<'_>, load: &[u32], choice: Option<&Choice>) {
+    if !log::log_enabled!(log::Level::Debug) {
+        return;
+    }
+    let facts = scene
+        .pool
+        .iter()
+        .map(|&p| scene.facts(p, at(load, p.index())))
+        .collect();
+    scene.log("aibrix", choice, facts);
+}
+
+/// Logs the load-aware policy's decision, with what it weighed of each pod
+/// (`loads`), when Envoy's `wasm` log level is at debug; otherwise returns
+/// at once.
+pub(crate) fn load_aware(scene: &Scene<'_>, loads: &PodLoads<'_>, choice: Option<&Choice>) {
+    if !log::log_enabled!(log::Level::Debug) {
+        return;
+    }
+    let facts = scene
+        .pool
+        .iter()
+        .map(|&p| {
+            let i = p.index();
+            PodFacts {
+                untrusted: loads.untrusted.contains(&p),
+                ties: Some(Ties {
+                    inflight: at(loads.inflight, i),
+                    sent: at(loads.sent, i),
+                    placed: at(loads.placed, i),
+                    age: at(loads.age, i),
+                    slowness: match at(loads.slowness, i) {
+                        0 => 1000,
+                        s => s,
+                    },
+                }),
+                ..scene.facts(p, at(loads.queue, i))
+            }
+        })
+        .collect();
+    scene.log("load_aware", choice, facts);
 }
 
 fn reason(r: Reason) -> &'static str {

@@ -397,26 +397,13 @@ impl Router {
         // Each VM starts its rotation at a random pod, so workers and
         // replicas do not all begin with the first one.
         let turn = self.turn.get().unwrap_or_else(|| rng.next_u64() as usize);
-        // Envoy's `wasm` log level at debug: one decision line per request
-        // (explain); otherwise nothing of it is built.
-        let explain = log::log_enabled!(log::Level::Debug);
-        let mut facts: Vec<explain::PodFacts<'_>> = Vec::new();
-        let fleet_view = self.fleet.borrow();
-        let facts_of = |pod: PodSlot, queue: u32| explain::PodFacts {
-            name: fleet_view.name(pod).unwrap_or("?"),
-            matched: lengths.iter().find(|l| l.0 == pod).map_or(0, |l| l.1),
-            queue,
-            ..explain::PodFacts::default()
-        };
         let choice = match self.settings.policy {
             PolicyMode::Aibrix => {
-                if explain {
-                    facts = pool
-                        .iter()
-                        .map(|&p| facts_of(p, load.get(p.index()).copied().unwrap_or(0)))
-                        .collect();
-                }
-                choose(&self.policy, pool, &load, &lengths, hashes.len(), turn, rng)
+                let choice = choose(&self.policy, pool, &load, &lengths, hashes.len(), turn, rng);
+                let fleet = self.fleet.borrow();
+                let scene = explain::Scene::new(&fleet, &req.model, hashes.len(), pool, &lengths);
+                explain::aibrix(&scene, &load, choice.as_ref());
+                choice
             }
             PolicyMode::LoadAware => {
                 let cfg = &self.settings.load_aware;
@@ -471,54 +458,16 @@ impl Router {
                     untrusted: &untrusted,
                     age: &age,
                 };
-                if explain {
-                    let at = |v: &[u32], i: usize| v.get(i).copied().unwrap_or(0);
-                    facts = pool
-                        .iter()
-                        .map(|&p| {
-                            let i = p.index();
-                            explain::PodFacts {
-                                untrusted: untrusted.contains(&p),
-                                ties: Some(explain::Ties {
-                                    inflight: at(&ties, i),
-                                    sent: at(&sent, i),
-                                    placed: at(&placed, i),
-                                    age: age.get(i).copied().unwrap_or(0),
-                                    slowness: match at(&slowness, i) {
-                                        0 => 1000,
-                                        s => s,
-                                    },
-                                }),
-                                ..facts_of(p, at(&queue, i))
-                            }
-                        })
-                        .collect();
-                }
                 let share = share.unwrap_or(0.0);
-                choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng)
+                let choice =
+                    choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng);
+                let fleet = self.fleet.borrow();
+                let scene = explain::Scene::new(&fleet, &req.model, hashes.len(), pool, &lengths);
+                explain::load_aware(&scene, &loads, choice.as_ref());
+                choice
             }
         }
         .ok_or(RouteError::NoEndpoints)?;
-        if explain {
-            let policy = match self.settings.policy {
-                PolicyMode::Aibrix => "aibrix",
-                PolicyMode::LoadAware => "load_aware",
-            };
-            let chosen = fleet_view.name(choice.pod).unwrap_or("?");
-            log::debug!(
-                "{}",
-                explain::line(
-                    policy,
-                    &req.model,
-                    hashes.len(),
-                    &choice,
-                    chosen,
-                    &mut facts
-                )
-            );
-        }
-        drop(facts);
-        drop(fleet_view);
         // Before it is counted in flight there.
         let timeable = req.stream
             && self.settings.policy == PolicyMode::LoadAware
