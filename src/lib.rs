@@ -34,6 +34,7 @@
 
 pub mod config;
 pub mod fleet;
+pub(crate) mod placer;
 pub mod rng;
 pub mod route;
 pub mod signals;

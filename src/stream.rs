@@ -14,8 +14,10 @@ use crate::route::feedback::{
 use crate::route::load::Ticket;
 use crate::route::meter::{Count, SAMPLE_EVERY};
 use crate::route::registry::PodSlot;
+use crate::route::request::PromptRequest;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
-use crate::route::router::RouteError;
+use crate::route::router::{Outcome, Place, RouteError, Routed};
+use crate::sync::place::{self, Candidate, PlaceError};
 use crate::worker::{Host, Worker};
 
 /// Header read by Envoy's `override_host` LB policy (Gateway API Inference
@@ -116,6 +118,25 @@ pub(crate) struct Stream {
     /// Its prefill is timed until its first answer bytes
     /// ([`crate::route::prefill`]).
     prefill_timed: bool,
+    /// A new prompt waiting for Redis to place it (`sync.place_new`).
+    placing: Option<Box<Placing>>,
+    /// Its member in Redis once placed there, released at the end.
+    placed_member: Option<String>,
+}
+
+/// A request waiting for its placement.
+#[derive(Debug)]
+struct Placing {
+    /// The bridge call's token, and the replies it expects.
+    token: u32,
+    expected: usize,
+    member: String,
+    /// The pods asked about, and their addresses as sent.
+    pods: Vec<PodSlot>,
+    candidates: Vec<Candidate>,
+    req: PromptRequest,
+    no_usage: bool,
+    check_address: bool,
 }
 
 /// One answer being checked against its routing prediction.
@@ -287,6 +308,12 @@ impl Stream {
         if std::mem::take(&mut self.prefill_timed) {
             w.prefill_ended(self.id);
         }
+        if let Some(p) = self.placing.take() {
+            // Ended while Redis placed it: Redis may count it.
+            w.meter.inc(Count::PlaceAbandoned);
+            w.placer.abandoned();
+            w.placer.release(p.member, false, &w.meter);
+        }
         self.release(w, host);
     }
 
@@ -302,6 +329,9 @@ impl Stream {
     fn release<H: Host>(&mut self, w: &Worker, host: &H) {
         if let Some(ticket) = self.inflight.take() {
             w.release(host, ticket, std::mem::take(&mut self.timed_hit));
+        }
+        if let Some(member) = self.placed_member.take() {
+            w.placer.release(member, true, &w.meter);
         }
         // An answer cut short or never read to its usage.
         if self.feedback.take().is_some() {
@@ -365,13 +395,145 @@ impl Stream {
             w.clock_nanos(host)
         };
         let req = parse_body_as(kind, body, w.settings().render())?;
-        let routed = w.route(host, &req, started).map_err(|e| {
-            log::warn!("prefix_router: routing failed, passing through: {e}");
-            match e {
-                RouteError::NoEndpoints => PassReason::NoEndpoints,
-                RouteError::Store(_) => PassReason::InternalError,
+        let no_usage = streams_without_usage(req.stream, body);
+        let place = if w.settings().sync.place_new && w.placer.may_ask(started / 1_000_000) {
+            Place::Ask
+        } else {
+            Place::Local
+        };
+        let routed = match w
+            .route_placed(host, &req, started, place)
+            .map_err(route_error)?
+        {
+            Outcome::Routed(r) => r,
+            Outcome::Ask(pods) => {
+                let Some(req) = self.ask(w, host, req, pods, no_usage, check_address) else {
+                    return Ok(true);
+                };
+                let routed = routed(w.route_placed(host, &req, started, Place::Local))?;
+                return self.apply(w, host, *routed, req.stream, no_usage, check_address, None);
             }
-        })?;
+        };
+        let timed_from = timed.then_some(started);
+        self.apply(
+            w,
+            host,
+            *routed,
+            req.stream,
+            no_usage,
+            check_address,
+            timed_from,
+        )
+    }
+
+    /// Asks Redis to place a new prompt on one of `pods` (the worker's pick
+    /// first); the request then waits for [`Self::on_place_reply`]. Gives
+    /// `req` back when it could not ask (no candidates, the call refused).
+    fn ask<H: Host>(
+        &mut self,
+        w: &Worker,
+        host: &H,
+        req: PromptRequest,
+        pods: Vec<(PodSlot, u32)>,
+        no_usage: bool,
+        check_address: bool,
+    ) -> Option<PromptRequest> {
+        let fleet = w.router.fleet();
+        let (pods, candidates): (Vec<PodSlot>, Vec<Candidate>) = pods
+            .iter()
+            .take(place::MAX_CANDIDATES)
+            .filter_map(|&(pod, weight)| {
+                let address = fleet.address(pod)?.to_string();
+                Some((pod, Candidate { address, weight }))
+            })
+            .unzip();
+        drop(fleet);
+        let member = w.placer.next_member();
+        let now_ms = w.clock_nanos(host) / 1_000_000;
+        let sync = &w.settings().sync;
+        let Some((body, expected)) = place::ask(sync, now_ms, w.placer.vm(), &member, &candidates)
+        else {
+            return Some(req);
+        };
+        let Some(token) = host.call_bridge(sync, &body, sync.place_timeout_ms) else {
+            w.meter.inc(Count::PlaceSkipped);
+            return Some(req);
+        };
+        w.meter.inc(Count::PlaceAsked);
+        w.placer.wait_started();
+        self.placing = Some(Box::new(Placing {
+            token,
+            expected,
+            member,
+            pods,
+            candidates,
+            req,
+            no_usage,
+            check_address,
+        }));
+        None
+    }
+
+    /// Redis's answer to this stream's placement `token` (`reply`: None
+    /// when the call failed or timed out). None if the stream waits for no
+    /// such placement; else the verdict: Continue resumes the request, Pause
+    /// keeps it waiting for an earlier prefill of its prefix. Whatever went
+    /// wrong, the request goes to the worker's own pick, counted.
+    pub(crate) fn on_place_reply<H: Host>(
+        &mut self,
+        w: &Worker,
+        host: &H,
+        token: u32,
+        reply: Option<&[u8]>,
+    ) -> Option<Verdict> {
+        if !self.placing.as_ref().is_some_and(|p| p.token == token) {
+            return None;
+        }
+        let p = self.placing.take()?;
+        let now_nanos = w.clock_nanos(host);
+        let pick = reply
+            .ok_or(PlaceError::Unreadable)
+            .and_then(|r| place::chosen(r, p.expected, &p.candidates));
+        w.placer.wait_ended(pick.is_ok(), now_nanos / 1_000_000);
+        let place = match pick.as_ref().ok().and_then(|&i| p.pods.get(i)) {
+            Some(&pod) => {
+                self.placed_member = Some(p.member);
+                Place::Forced(pod)
+            }
+            None => {
+                w.meter.inc(Count::PlaceFailed);
+                log::debug!("prefix_router: placement failed ({pick:?}), the worker's own pick");
+                // It may have been counted (a late reply, a hostile name).
+                w.placer.release(p.member, false, &w.meter);
+                Place::Local
+            }
+        };
+        let result = routed(w.route_placed(host, &p.req, now_nanos, place))
+            .and_then(|r| self.apply(w, host, *r, p.req.stream, p.no_usage, p.check_address, None));
+        Some(match result {
+            Ok(true) => Verdict::Pause,
+            Ok(false) => Verdict::Continue,
+            Err(reason) => {
+                self.count_pass(w, host, reason);
+                Verdict::Continue
+            }
+        })
+    }
+
+    /// Names the pod `routed` chose, and keeps what the rest of the stream
+    /// needs (in-flight ticket, hold, prefill timing, feedback). True when
+    /// the request waits for an earlier prefill of its prefix.
+    #[allow(clippy::too_many_arguments)]
+    fn apply<H: Host>(
+        &mut self,
+        w: &Worker,
+        host: &H,
+        routed: Routed,
+        stream: bool,
+        no_usage: bool,
+        check_address: bool,
+        timed_from: Option<u64>,
+    ) -> Result<bool, PassReason> {
         let pod = routed.choice.pod;
         let endpoint = w
             .router
@@ -395,7 +557,7 @@ impl Stream {
         {
             return Err(PassReason::InternalError);
         }
-        let hold = w.hold(host, self.id, &routed, req.stream);
+        let hold = w.hold(host, self.id, &routed, stream);
         self.computing = hold.computing;
         self.held = hold.held;
         if hold.held && std::mem::take(&mut self.timed_hit) {
@@ -407,7 +569,7 @@ impl Stream {
         }
         if let Some(plan) = routed.feedback {
             // A streamed answer without a usage chunk has nothing to read.
-            if !streams_without_usage(req.stream, body) {
+            if !no_usage {
                 self.feedback = Some(Box::new(Check {
                     plan,
                     scanner: UsageScanner::default(),
@@ -416,11 +578,27 @@ impl Stream {
                 }));
             }
         }
-        if timed {
+        if let Some(started) = timed_from {
             let us = host.now_nanos().saturating_sub(started) / 1_000;
             w.meter.route_time(us);
         }
         Ok(hold.held)
+    }
+}
+
+fn route_error(e: RouteError) -> PassReason {
+    log::warn!("prefix_router: routing failed, passing through: {e}");
+    match e {
+        RouteError::NoEndpoints => PassReason::NoEndpoints,
+        RouteError::Store(_) => PassReason::InternalError,
+    }
+}
+
+/// The routed request of a local or forced route (which never asks).
+fn routed(outcome: Result<Outcome, RouteError>) -> Result<Box<Routed>, PassReason> {
+    match outcome.map_err(route_error)? {
+        Outcome::Routed(r) => Ok(r),
+        Outcome::Ask(_) => Err(PassReason::InternalError),
     }
 }
 

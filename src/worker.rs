@@ -8,6 +8,7 @@ use std::cell::{Cell, RefCell};
 
 use crate::config::Settings;
 use crate::fleet::{self, Members};
+use crate::placer::Placer;
 use crate::rng::SplitMix64;
 use crate::route::feedback::{clearly_less, learned_blocks, Plan};
 use crate::route::hold::{self, Holds, Owner, Remembered, SharedEntry};
@@ -17,7 +18,7 @@ use crate::route::policy::PolicyMode;
 use crate::route::prefill;
 use crate::route::registry::PodSlot;
 use crate::route::request::PromptRequest;
-use crate::route::router::{RouteError, Routed, Router};
+use crate::route::router::{Outcome, Place, RouteError, Routed, Router};
 use crate::route::store::{SharedStore, StoreError};
 use crate::sync::handoff::{self, Touched};
 use crate::sync::liveness::{self, Heartbeat};
@@ -65,6 +66,15 @@ pub(crate) trait Host: SharedStore + MetricSink {
     /// the callback running now, the one hostcalls act on again. False if
     /// the stream is gone.
     fn resume_request(&self, stream: u32, current: u32) -> bool;
+    /// POSTs `body` (a Redis pipeline) to the bridge of `sync`, answered
+    /// to the current context within `timeout_ms`; the call's token, None
+    /// if Envoy refused it.
+    fn call_bridge(
+        &self,
+        sync: &crate::sync::SyncSettings,
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Option<u32>;
 }
 
 /// Key of the VM counter ([`vm_number`]).
@@ -136,6 +146,8 @@ pub(crate) struct Worker {
     holds: RefCell<Holds>,
     /// The root context's id: the tick's hostcalls act on it.
     root_context: Cell<u32>,
+    /// Fleet-wide placement of new prompts (`sync.place_new`).
+    pub(crate) placer: Placer,
 }
 
 /// What [`Worker::hold`] decided for a routed stream.
@@ -168,6 +180,7 @@ impl Worker {
             singleton_dead_logged: Cell::new(false),
             holds: RefCell::new(Holds::default()),
             root_context: Cell::new(0),
+            placer: Placer::new(mix.next_u64()),
         }
     }
 
@@ -193,13 +206,16 @@ impl Worker {
     }
 
     /// Routes one request (writing the table inline), counts it and, with
-    /// sync on, hands the recorded blocks to the sync singleton.
-    pub(crate) fn route<H: Host>(
+    /// sync on, hands the recorded blocks to the sync singleton. With
+    /// [`Place::Ask`], a new prompt comes back as [`Outcome::Ask`] instead,
+    /// neither recorded nor counted (see [`Router::route_placed`]).
+    pub(crate) fn route_placed<H: Host>(
         &self,
         host: &H,
         req: &PromptRequest,
         now_nanos: u64,
-    ) -> Result<Routed, RouteError> {
+        place: Place,
+    ) -> Result<Outcome, RouteError> {
         let now = secs(now_nanos);
         // Tables are written inline, under CAS, on the request path: a
         // deferred single writer let a burst of requests with one new prefix
@@ -210,10 +226,14 @@ impl Worker {
         } else {
             None
         };
-        let routed =
-            self.router
-                .route_at(host, req, now_nanos / 1_000_000, &mut self.rng.borrow_mut());
-        if let Ok(r) = &routed {
+        let routed = self.router.route_placed(
+            host,
+            req,
+            now_nanos / 1_000_000,
+            &mut self.rng.borrow_mut(),
+            place,
+        );
+        if let Ok(Outcome::Routed(r)) = &routed {
             let m = &self.meter;
             m.inc(Count::Routed(r.choice.reason));
             m.add(Count::CasRetries, u64::from(r.write.cas_retries));
@@ -453,6 +473,7 @@ impl Worker {
     pub(crate) fn tick_ms(&self) -> u32 {
         if (self.settings().hold.enabled && self.router.other_vms_live())
             || self.router.prefills_open()
+            || (self.settings().sync.place_new && self.placer.busy())
         {
             FAST_TICK_MS
         } else {
@@ -534,6 +555,10 @@ impl Worker {
     pub(crate) fn on_tick<H: Host>(&self, host: &H) {
         let now_nanos = host.now_nanos();
         self.tick_nanos.set(now_nanos);
+        if self.settings().sync.place_new {
+            self.placer
+                .tick(host, &self.settings().sync, now_nanos / 1_000_000);
+        }
         self.tick_holds(host, now_nanos / 1_000_000);
         self.router.tick_latency(now_nanos / 1_000_000);
         if self.settings().policy == PolicyMode::LoadAware && self.router.other_vms_live() {

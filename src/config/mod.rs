@@ -323,6 +323,12 @@ impl Settings {
         raw.sync
             .validate()
             .map_err(|e| err(format!("sync.{}", e.field), e.reason))?;
+        if raw.sync.place_new && (!raw.sync.enabled || raw.policy.mode != PolicyMode::LoadAware) {
+            return Err(err(
+                "sync.place_new",
+                "needs `sync.enabled` and `policy.mode: load_aware` (AIBrix's policy keeps its own rules)",
+            ));
+        }
         Ok(Self {
             compat: raw.compat,
             block_size: raw.block_size,

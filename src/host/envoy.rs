@@ -112,6 +112,22 @@ impl Host for EnvoyHost {
         let _ = hostcalls::set_effective_context(current);
         resumed
     }
+
+    fn call_bridge(
+        &self,
+        sync: &crate::sync::SyncSettings,
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Option<u32> {
+        hostcalls::dispatch_http_call(
+            &sync.bridge_cluster,
+            super::sync_service::bridge_headers(sync),
+            Some(body),
+            vec![],
+            std::time::Duration::from_millis(timeout_ms),
+        )
+        .ok()
+    }
 }
 
 /// Wall clock, unix nanoseconds (0 if unreadable).

@@ -34,6 +34,23 @@ fn action(v: Verdict) -> Action {
 }
 
 impl Context for PrefixFilter {
+    /// Redis's placement of this stream's new prompt (`sync.place_new`).
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        let reply = super::abi::call_reply(num_headers, body_size).ok();
+        let verdict = self
+            .stream
+            .on_place_reply(&self.worker, &EnvoyHost, token, reply.as_deref());
+        if verdict == Some(Verdict::Continue) {
+            let _ = proxy_wasm::hostcalls::resume_http_request();
+        }
+    }
+
     fn on_done(&mut self) -> bool {
         self.stream.on_done(&self.worker, &EnvoyHost);
         true

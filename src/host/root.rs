@@ -36,7 +36,23 @@ fn tick(ms: u32) -> Duration {
     Duration::from_millis(u64::from(ms))
 }
 
-impl Context for FilterRoot {}
+impl Context for FilterRoot {
+    /// The tick's placement releases (`sync.place_new`).
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        if let Some(worker) = &self.worker {
+            let reply = super::abi::call_reply(num_headers, body_size).ok();
+            worker
+                .placer
+                .on_reply(token, reply.as_deref(), &worker.meter);
+        }
+    }
+}
 
 impl RootContext for FilterRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {

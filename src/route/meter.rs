@@ -80,15 +80,31 @@ pub(crate) enum Count {
     /// Updates of the shared list of prefills that failed (CAS contention
     /// or a store error; the entry then ends by its deadline).
     HoldShareFailed,
+    /// New prompts that asked Redis for a pod (`sync.place_new`).
+    PlaceAsked,
+    /// Placements that failed (timeout, error or unreadable reply, a pod
+    /// that was not a candidate): the request took the VM's own pick.
+    PlaceFailed,
+    /// New prompts that did not ask (backing off after a failure, too many
+    /// waiting, the call refused).
+    PlaceSkipped,
+    /// Streams that ended while Redis placed them.
+    PlaceAbandoned,
+    /// Release calls that failed (sent again with the next tick's).
+    PlaceReleaseFailed,
+    /// Releases dropped over the bound (their requests stay counted in
+    /// Redis until the VM's key expires).
+    PlaceReleaseDropped,
 }
 
-const ROUTED: [Reason; 4] = [
+const ROUTED: [Reason; 5] = [
     Reason::PrefixMatch,
     Reason::NoMatch,
     Reason::LoadGuard,
     Reason::Spread,
+    Reason::Placed,
 ];
-const FIXED: usize = 17;
+const FIXED: usize = 23;
 const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
 
 impl Count {
@@ -111,6 +127,12 @@ impl Count {
             Count::HoldRefused => 14,
             Count::HeldForOtherVm => 15,
             Count::HoldShareFailed => 16,
+            Count::PlaceAsked => 17,
+            Count::PlaceFailed => 18,
+            Count::PlaceSkipped => 19,
+            Count::PlaceAbandoned => 20,
+            Count::PlaceReleaseFailed => 21,
+            Count::PlaceReleaseDropped => 22,
             Count::Routed(r) => FIXED + ROUTED.iter().position(|x| *x == r).unwrap_or(0),
             Count::Pass(p) => {
                 FIXED + ROUTED.len() + PassReason::ALL.iter().position(|x| *x == p).unwrap_or(0)
@@ -137,11 +159,18 @@ impl Count {
             14 => "hold.refused",
             15 => "hold.held_other_vm",
             16 => "hold.share_failed",
+            17 => "place.asked",
+            18 => "place.failed",
+            19 => "place.skipped",
+            20 => "place.abandoned",
+            21 => "place.release_failed",
+            22 => "place.release_dropped",
             i if i < FIXED + ROUTED.len() => match ROUTED[i - FIXED] {
                 Reason::PrefixMatch => "routed.prefix_match",
                 Reason::NoMatch => "routed.no_match",
                 Reason::LoadGuard => "routed.load_guard",
                 Reason::Spread => "routed.spread",
+                Reason::Placed => "routed.placed",
             },
             i => {
                 return format!(

@@ -29,6 +29,9 @@ struct TestHost {
     resumed: RefCell<Vec<(u32, u32)>>,
     stats: RefCell<BTreeMap<u32, (String, i64)>>,
     unreadable_headers: Cell<bool>,
+    /// Bodies sent to the Redis bridge, and whether the host refuses them.
+    bridge_calls: RefCell<Vec<Vec<u8>>>,
+    bridge_refuses: Cell<bool>,
 }
 
 impl TestHost {
@@ -183,6 +186,17 @@ impl Host for TestHost {
         self.call("set_effective_context");
         self.resumed.borrow_mut().push((stream, current));
         true
+    }
+    fn call_bridge(
+        &self,
+        _sync: &crate::sync::SyncSettings,
+        body: &[u8],
+        _timeout_ms: u64,
+    ) -> Option<u32> {
+        self.call("dispatch_http_call");
+        let mut calls = self.bridge_calls.borrow_mut();
+        calls.push(body.to_vec());
+        (!self.bridge_refuses.get()).then(|| u32::try_from(calls.len()).unwrap_or(u32::MAX))
     }
 }
 

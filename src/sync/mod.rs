@@ -21,6 +21,7 @@
 //!   namespaces), with `foreign` keeping other writers' entries.
 //! - [`handoff`]: how workers hand recorded blocks to the singleton.
 //! - [`liveness`]: the singleton's heartbeat, turned into gauges by workers.
+//! - [`place`]: fleet-wide placement of new prompts (`place_new`).
 //! - `memredis`, `testkit`: an in-memory Redis and drivers for tests and
 //!   benchmarks, built only for tests and the `testkit` feature.
 //!
@@ -40,6 +41,7 @@ pub(crate) mod keys;
 pub mod liveness;
 #[cfg(any(test, feature = "testkit"))]
 pub(crate) mod memredis;
+pub(crate) mod place;
 pub(crate) mod probe;
 mod reply;
 pub mod resp;

@@ -141,6 +141,17 @@ pub struct SyncSettings {
     /// models it has no slot for) kept from pulls and carried in its pushes,
     /// so it never erases them (see [`crate::sync::foreign`]).
     pub(crate) foreign_max_entries: usize,
+    /// Place each new prompt (no pod of the pool holds any of it) through
+    /// one Redis script over every replica's placed requests in flight
+    /// (see [`crate::sync::place`]): replicas then stop sending new
+    /// prompts to the same pod between syncs. Costs one bridge round trip
+    /// on those requests only. Off by default; needs the load-aware policy
+    /// and is refused with `cluster`.
+    pub(crate) place_new: bool,
+    /// Longest wait for a placement; past it (or on any failure) the
+    /// request goes to the worker's own pick, and the VM asks nothing for a
+    /// second. Range 1..=1000.
+    pub(crate) place_timeout_ms: u64,
 }
 
 impl Default for SyncSettings {
@@ -173,6 +184,8 @@ impl Default for SyncSettings {
             cluster: false,
             node_header: "x-redis-node".into(),
             foreign_max_entries: 65_536,
+            place_new: false,
+            place_timeout_ms: 50,
         }
     }
 }
@@ -211,6 +224,8 @@ impl fmt::Debug for SyncSettings {
             .field("hash_tags", &self.hash_tags)
             .field("cluster", &self.cluster)
             .field("node_header", &self.node_header)
+            .field("place_new", &self.place_new)
+            .field("place_timeout_ms", &self.place_timeout_ms)
             .finish()
     }
 }
@@ -327,6 +342,13 @@ impl SyncSettings {
             MAX_REPLY_BUDGET,
         )?;
         range("hash_tags", self.hash_tags, 1, MAX_HASH_TAGS)?;
+        range("place_timeout_ms", self.place_timeout_ms, 1, 1_000)?;
+        if self.place_new && self.cluster {
+            return Err(err(
+                "place_new",
+                "not supported with `cluster` (Redis Cluster) yet",
+            ));
+        }
         let header_ok = |h: &str| {
             !h.is_empty()
                 && !h.starts_with(':')

@@ -176,10 +176,7 @@ pub fn choose_load_aware(
         u64::from(at(loads.sent, pod)) * slow / 1000
     };
     let min = pool.iter().map(|&p| load_of(p)).min()?;
-    let rel = (cfg.slack_rel * f64::from(min))
-        .ceil()
-        .min(f64::from(u32::MAX)) as u32;
-    let bound = min.saturating_add(cfg.slack_abs.max(rel));
+    let bound = load_bound(cfg, pool, loads.queue)?;
     // Minus the time to the first token, in a fast pod's prefill blocks.
     let score = |pod: PodSlot| -> i64 {
         let extra = i128::from(load_of(pod) - min);
@@ -293,6 +290,51 @@ pub fn choose_load_aware(
 /// request's uncached prefill on a pod.
 pub const SLOW_PREFILL: i128 = 1500;
 
+/// The load bound of rule 1: the pool's least load plus
+/// `max(slack_abs, ceil(slack_rel x least))`. None for an empty pool.
+fn load_bound(cfg: &LoadAwareConfig, pool: &[PodSlot], queue: &[u32]) -> Option<u32> {
+    let min = pool
+        .iter()
+        .map(|p| queue.get(p.index()).copied().unwrap_or(0))
+        .min()?;
+    let rel = (cfg.slack_rel * f64::from(min))
+        .ceil()
+        .min(f64::from(u32::MAX)) as u32;
+    Some(min.saturating_add(cfg.slack_abs.max(rel)))
+}
+
+/// Where a new prompt may go under [`choose_load_aware`]'s rule 1 (load
+/// within the bound), least loaded first (the pool's order among equals),
+/// each with its prefill weight (1000; the pod's slowness from
+/// [`SLOW_PREFILL`] up): the candidates of a fleet-wide placement.
+pub(crate) fn placement_candidates(
+    cfg: &LoadAwareConfig,
+    pool: &[PodSlot],
+    queue: &[u32],
+    slowness: &[u32],
+) -> Vec<(PodSlot, u32)> {
+    let Some(bound) = load_bound(cfg, pool, queue) else {
+        return Vec::new();
+    };
+    let load = |p: PodSlot| queue.get(p.index()).copied().unwrap_or(0);
+    let mut out: Vec<(PodSlot, u32)> = pool
+        .iter()
+        .copied()
+        .filter(|&p| load(p) <= bound)
+        .map(|p| {
+            let slow = slowness.get(p.index()).copied().unwrap_or(0);
+            let weight = if i128::from(slow) >= SLOW_PREFILL {
+                slow
+            } else {
+                1000
+            };
+            (p, weight)
+        })
+        .collect();
+    out.sort_by_key(|&(p, _)| load(p));
+    out
+}
+
 /// Per-pod figures [`choose_load_aware`] weighs, indexed by pod slot
 /// (missing = 0).
 #[derive(Debug, Clone, Copy, Default)]
@@ -353,6 +395,9 @@ pub(crate) enum Reason {
     LoadGuard,
     /// A hot prefix copied to a less busy pod (load-aware rule 4).
     Spread,
+    /// A new prompt (no pod held any of it) on the pod Redis chose over
+    /// every replica's placed requests (`sync.place_new`).
+    Placed,
 }
 
 /// The policy's decision.

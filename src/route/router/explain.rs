@@ -150,6 +150,7 @@ fn reason(r: Reason) -> &'static str {
         Reason::NoMatch => "no_match",
         Reason::LoadGuard => "load_guard",
         Reason::Spread => "spread",
+        Reason::Placed => "placed",
     }
 }
 

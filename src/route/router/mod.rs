@@ -29,7 +29,8 @@ use crate::route::latency::PodLatency;
 use crate::route::load::{Ticket, VmLoad};
 use crate::route::mirror::{Mirror, Mirrored};
 use crate::route::policy::{
-    choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode,
+    choose, choose_load_aware, effective_load, placement_candidates, Choice, PodLoads,
+    PolicyConfig, PolicyMode, Reason,
 };
 use crate::route::prefill::PrefillTiming;
 use crate::route::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
@@ -69,6 +70,27 @@ impl From<StoreError> for RouteError {
     fn from(e: StoreError) -> Self {
         RouteError::Store(e)
     }
+}
+
+/// How [`Router::route_placed`] places a new prompt (`sync.place_new`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// The worker's own pick, as [`Router::route_at`].
+    Local,
+    /// A new prompt asks Redis first (see [`Outcome::Ask`]).
+    Ask,
+    /// The pod Redis chose.
+    Forced(PodSlot),
+}
+
+/// What [`Router::route_placed`] did.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// Routed, recorded and counted in flight.
+    Routed(Box<Routed>),
+    /// A new prompt, nothing recorded: the pods it may go to, the worker's
+    /// own pick first, each with its prefill weight (1000 = normal speed).
+    Ask(Vec<(PodSlot, u32)>),
 }
 
 /// A routing decision and what it cost.
@@ -329,6 +351,26 @@ impl Router {
         now_ms: u64,
         rng: &mut SplitMix64,
     ) -> Result<Routed, RouteError> {
+        match self.route_placed(store, req, now_ms, rng, Place::Local)? {
+            Outcome::Routed(r) => Ok(*r),
+            Outcome::Ask(_) => Err(RouteError::NoEndpoints),
+        }
+    }
+
+    /// [`Self::route_at`], with a fleet-wide placement (`sync.place_new`):
+    /// with [`Place::Ask`], a new prompt under the load-aware policy (no pod
+    /// of the pool holds any of it) is neither recorded nor counted; its
+    /// candidates come back ([`placement_candidates`]) for Redis to choose
+    /// from. With [`Place::Forced`], the request goes to that pod (when it
+    /// is still in the pool) and is recorded and counted there.
+    pub(crate) fn route_placed<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        req: &PromptRequest,
+        now_ms: u64,
+        rng: &mut SplitMix64,
+        place: Place,
+    ) -> Result<Outcome, RouteError> {
         let now_secs = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
         if self.fleet.borrow().is_empty() {
             // Before this VM's first tick: build static pools, or read what
@@ -364,7 +406,10 @@ impl Router {
         let (matches, probes) = match model {
             Some(m) => {
                 let key = (m, hashes.first().copied().unwrap_or(0));
-                share = self.demand.borrow_mut().count(key);
+                // A placed request was counted when it asked.
+                if !matches!(place, Place::Forced(_)) {
+                    share = self.demand.borrow_mut().count(key);
+                }
                 let hint = self.hints.borrow().get(&key).copied();
                 let found = longest_matches(
                     &mirrored,
@@ -459,8 +504,37 @@ impl Router {
                     age: &age,
                 };
                 let share = share.unwrap_or(0.0);
-                let choice =
+                let mut choice =
                     choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng);
+                match (place, choice.as_mut()) {
+                    (Place::Ask, Some(c)) if c.reason == Reason::NoMatch => {
+                        let mut cands = placement_candidates(cfg, pool, &queue, &slowness);
+                        // The worker's own pick first: it wins Redis's ties.
+                        if let Some(i) = cands.iter().position(|&(p, _)| p == c.pod) {
+                            cands[..=i].rotate_right(1);
+                        }
+                        return Ok(Outcome::Ask(cands));
+                    }
+                    (Place::Forced(pod), Some(c)) if pool.contains(&pod) => {
+                        let matched = lengths
+                            .iter()
+                            .filter(|&&(p, _)| p == pod)
+                            .map(|&(_, m)| m)
+                            .max()
+                            .unwrap_or(0);
+                        c.pod = pod;
+                        c.reason = if matched > 0 {
+                            Reason::PrefixMatch
+                        } else {
+                            Reason::Placed
+                        };
+                        c.match_percent = match hashes.len() {
+                            0 => 0,
+                            n => ((u64::from(matched) * 100) / n as u64).min(100) as u8,
+                        };
+                    }
+                    _ => {}
+                }
                 let fleet = self.fleet.borrow();
                 let scene = explain::Scene::new(&fleet, &req.model, hashes.len(), pool, &lengths);
                 explain::load_aware(&scene, &loads, choice.as_ref());
@@ -472,7 +546,7 @@ impl Router {
         let timeable = req.stream
             && self.settings.policy == PolicyMode::LoadAware
             && self.had_free_slot(choice.pod, &load);
-        let advance = usize::from(choice.reason != crate::route::policy::Reason::PrefixMatch);
+        let advance = usize::from(choice.reason != Reason::PrefixMatch);
         self.turn.set(Some(turn.wrapping_add(advance)));
         // The chosen pod's matched prefix needs no rewrite while it is fresh:
         // only blocks past the match are new. Refreshing at most every
@@ -540,7 +614,7 @@ impl Router {
         // past it, and read as a slow pod.
         let prefill_blocks =
             (timeable && predicted == 0).then(|| u32::try_from(hashes.len()).unwrap_or(u32::MAX));
-        Ok(Routed {
+        Ok(Outcome::Routed(Box::new(Routed {
             ticket,
             prefill_blocks,
             choice,
@@ -553,7 +627,7 @@ impl Router {
             matched_since: chosen.map_or(0, |m| m.oldest_access),
             hashes,
             feedback,
-        })
+        })))
     }
 
     /// The worker's tick for this VM's bucket copies (they age out).

@@ -45,6 +45,9 @@ pub enum Router {
     /// Three `sync.yaml` Envoys + Redis, periodic sync, pod scrapes shared
     /// through Redis (`signals.share`).
     Filter3Share,
+    /// Three `sync.yaml` Envoys + Redis, periodic sync, new prompts placed
+    /// through Redis (`sync.place_new`).
+    Filter3Place,
     /// sglang-router `--policy cache_aware`.
     Sglang,
     /// vllm-router `--policy cache_aware`.
@@ -52,7 +55,7 @@ pub enum Router {
 }
 
 impl Router {
-    pub const ALL: [Router; 9] = [
+    pub const ALL: [Router; 10] = [
         Router::RoundRobin,
         Router::Filter,
         Router::FilterAibrix,
@@ -60,6 +63,7 @@ impl Router {
         Router::Filter3Sync,
         Router::Filter3WriteThrough,
         Router::Filter3Share,
+        Router::Filter3Place,
         Router::Sglang,
         Router::Vllm,
     ];
@@ -74,6 +78,7 @@ impl Router {
             Router::Filter3Sync => "filter-3x-sync",
             Router::Filter3WriteThrough => "filter-3x-wt",
             Router::Filter3Share => "filter-3x-share",
+            Router::Filter3Place => "filter-3x-place",
             Router::Sglang => "sglang",
             Router::Vllm => "vllm",
         }
@@ -104,6 +109,10 @@ impl Router {
             Router::Filter3Share => format!(
                 "3 Envoys with the filter + Redis, periodic sync every {sync_period_ms} ms, pod \
                  scrapes shared through Redis (3 x sync.yaml, signals.share), client round robin"
+            ),
+            Router::Filter3Place => format!(
+                "3 Envoys with the filter + Redis, periodic sync every {sync_period_ms} ms, new \
+                 prompts placed through Redis (3 x sync.yaml, sync.place_new), client round robin"
             ),
             Router::Sglang => "sglang-router 0.3.2 --policy cache_aware".into(),
             Router::Vllm => "vllm-router 0.1.17 --policy cache_aware".into(),
@@ -154,6 +163,7 @@ impl Router {
                 | Router::Filter3Sync
                 | Router::Filter3WriteThrough
                 | Router::Filter3Share
+                | Router::Filter3Place
         )
     }
 }
@@ -294,13 +304,20 @@ impl Gateway {
                 gw.envoys
                     .extend(launch_all(dir, specs)?.into_iter().map(|r| r.envoy));
             }
-            Router::Filter3Sync | Router::Filter3WriteThrough | Router::Filter3Share => {
+            Router::Filter3Sync
+            | Router::Filter3WriteThrough
+            | Router::Filter3Share
+            | Router::Filter3Place => {
                 let redis_port = harness::free_port();
                 gw.redis = Some(Redis::start(dir, redis_port, None));
                 let write_through = router == Router::Filter3WriteThrough;
                 let mut patch = sync_patch(
                     opts.sync_period_ms,
-                    json!({"write_through": write_through, "full_scan_every": 6}),
+                    json!({
+                        "write_through": write_through,
+                        "full_scan_every": 6,
+                        "place_new": router == Router::Filter3Place,
+                    }),
                 );
                 if router == Router::Filter3Share {
                     patch["signals"] = json!({"share": true});

@@ -231,7 +231,8 @@ pub struct CompareCli {
     #[arg(long, default_value = "all")]
     pub workloads: String,
     /// Routers, comma-separated: round-robin, filter, filter-aibrix,
-    /// filter-3x-nosync, filter-3x-sync, filter-3x-wt, filter-3x-share, sglang, vllm, or all.
+    /// filter-3x-nosync, filter-3x-sync, filter-3x-wt, filter-3x-share, filter-3x-place, sglang,
+    /// vllm, or all.
     #[arg(long, default_value = "all")]
     pub routers: String,
     /// Simulated pods (1 to 4).
@@ -819,6 +820,10 @@ pub struct FilterCounters {
     pub load_guard: i64,
     /// Hot prefixes copied to another pod (`routed.spread`).
     pub spread: i64,
+    /// New prompts placed through Redis (`routed.placed`), and placements
+    /// that failed and took the replica's own pick (`place.failed`).
+    pub placed: i64,
+    pub place_failed: i64,
     pub passthrough: i64,
     pub sync_applied: i64,
     pub sync_poll_applied: i64,
@@ -971,6 +976,8 @@ pub fn run_one(
             no_match: sum("routed.no_match"),
             load_guard: sum("routed.load_guard"),
             spread: sum("routed.spread"),
+            placed: sum("routed.placed"),
+            place_failed: sum("place.failed"),
             passthrough: passthrough(&fs) - passthrough(&before),
             sync_applied: sum("sync.applied"),
             sync_poll_applied: sum("sync.poll_applied"),
@@ -1098,10 +1105,12 @@ pub fn table(w: &WorkloadResult, pods: &[String]) -> Table {
             s.pod_counts_label(pods),
             spread_label(s.spread),
             r.filter.as_ref().map_or("-".into(), |f| {
-                format!(
-                    "{}/{}/{}/{}",
-                    f.prefix_match, f.no_match, f.load_guard, f.spread
-                )
+                // New prompts placed through Redis count as "none" too.
+                let none = match f.placed {
+                    0 => f.no_match.to_string(),
+                    p => format!("{} ({p} placed)", f.no_match + p),
+                };
+                format!("{}/{none}/{}/{}", f.prefix_match, f.load_guard, f.spread)
             }),
         ]);
     }
@@ -1345,6 +1354,7 @@ pub fn targets(results: &[WorkloadResult]) -> Vec<Target> {
             Router::Filter3Sync,
             Router::Filter3WriteThrough,
             Router::Filter3Share,
+            Router::Filter3Place,
         ] {
             let three = p99(r);
             out.push(target(

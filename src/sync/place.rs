@@ -1,0 +1,329 @@
+//! Fleet-wide placement of new prompts through Redis (`sync.place_new`).
+//!
+//! Replicas balance on their own requests in flight and on the others' as
+//! of the last sync; with no prefix to follow, three replicas then send
+//! their new prompts to the same idle pod between two syncs (the
+//! three-replica TTFT tail of issue 12; policy-notes, "What would close the
+//! three-replica tail"). Here a request that no pod holds any of waits for
+//! one script in Redis that picks among the candidates the worker allows
+//! (the load-aware policy's bound) and counts the request there, so every
+//! replica's next pick sees it.
+//!
+//! Keys, all under `{key_prefix}:pl:` (one Redis; not for `cluster` mode):
+//! - `p:{pod}`: sorted set of that pod's placed requests in flight, scored
+//!   by send time (unix ms);
+//! - `v:{vm}`: hash of one worker VM's placed requests, member -> pod, so a
+//!   release needs only the member and a dead VM's requests can be found;
+//! - `vms`: sorted set of worker VMs by last sign of life (unix ms).
+//!
+//! The pick: the lowest `(placed in flight + 1) x weight` (the weight is the
+//! pod's prefill slowness, 1000 for a normal pod), then the pod whose oldest
+//! placed request was sent longest ago (it frees a slot first), then the
+//! candidates' order (the worker's own pick first). Each call also reaps
+//! up to [`REAP_PER_CALL`] VMs silent for [`VM_TTL_MS`]: their requests
+//! leave the sets, so a dead replica's load ages out. Every key expires
+//! [`KEY_TTL_SECS`] after its last write.
+
+use crate::sync::cmd;
+use crate::sync::resp::{parse_pipeline_reply, Frame, Pipeline};
+use crate::sync::SyncSettings;
+
+/// A worker VM silent this long (no placement, release or heartbeat) is
+/// dead: its requests are removed from the pods' sets.
+pub(crate) const VM_TTL_MS: u64 = 10_000;
+/// How often a worker VM with placement on says it lives.
+pub(crate) const HEARTBEAT_MS: u64 = 2_000;
+/// Dead VMs one call reaps at most (the rest go with the next calls).
+pub(crate) const REAP_PER_CALL: usize = 4;
+/// Every placement key expires this long after its last write.
+pub(crate) const KEY_TTL_SECS: u64 = 3_600;
+/// Candidates one placement weighs at most (the worker's first ones).
+pub(crate) const MAX_CANDIDATES: usize = 32;
+/// Members one release script carries (more go as further scripts of the
+/// same pipeline).
+const RELEASE_CHUNK: usize = 256;
+
+/// ARGV: prefix, now ms, vm, member, vm ttl ms, key ttl s, reap count, then
+/// (pod, weight) pairs. Returns the chosen pod.
+const PLACE_SCRIPT: &str = "\
+local p, now, vm, member = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local vttl, kttl, reap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local vms = p .. 'pl:vms'
+for _, d in ipairs(redis.call('ZRANGEBYSCORE', vms, '-inf', now - vttl, 'LIMIT', 0, reap)) do
+  local h = p .. 'pl:v:' .. d
+  local all = redis.call('HGETALL', h)
+  for i = 1, #all, 2 do redis.call('ZREM', p .. 'pl:p:' .. all[i + 1], all[i]) end
+  redis.call('DEL', h)
+  redis.call('ZREM', vms, d)
+end
+local best, bs, bo = nil, nil, nil
+for i = 8, #ARGV - 1, 2 do
+  local k = p .. 'pl:p:' .. ARGV[i]
+  local c = redis.call('ZCARD', k)
+  local o = now
+  if c > 0 then o = tonumber(redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')[2]) end
+  local s = (c + 1) * tonumber(ARGV[i + 1])
+  if best == nil or s < bs or (s == bs and o < bo) then best, bs, bo = ARGV[i], s, o end
+end
+if best == nil then return redis.error_reply('no candidates') end
+local k = p .. 'pl:p:' .. best
+redis.call('ZADD', k, now, member)
+redis.call('EXPIRE', k, kttl)
+local h = p .. 'pl:v:' .. vm
+redis.call('HSET', h, member, best)
+redis.call('EXPIRE', h, kttl)
+redis.call('ZADD', vms, now, vm)
+redis.call('EXPIRE', vms, kttl)
+return best";
+
+/// ARGV: prefix, now ms, vm, key ttl s, then members. Releases them (those
+/// still known) and says the VM lives. Returns how many were released.
+const RELEASE_SCRIPT: &str = "\
+local p, now, vm, kttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local h = p .. 'pl:v:' .. vm
+local n = 0
+for i = 5, #ARGV do
+  local pod = redis.call('HGET', h, ARGV[i])
+  if pod then
+    n = n + redis.call('ZREM', p .. 'pl:p:' .. pod, ARGV[i])
+    redis.call('HDEL', h, ARGV[i])
+  end
+end
+local vms = p .. 'pl:vms'
+redis.call('ZADD', vms, now, vm)
+redis.call('EXPIRE', vms, kttl)
+return n";
+
+/// One candidate of a placement: its address and prefill weight (1000 =
+/// a normal pod's speed, 3000 three times slower).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Candidate {
+    pub(crate) address: String,
+    pub(crate) weight: u32,
+}
+
+fn key_prefix(settings: &SyncSettings) -> String {
+    format!("{}:", settings.key_prefix)
+}
+
+fn start(settings: &SyncSettings) -> Pipeline {
+    let mut p = Pipeline::new();
+    if let Some(pw) = &settings.auth_password {
+        cmd::auth(&mut p, settings.auth_username.as_deref(), pw);
+    }
+    p
+}
+
+/// The pipeline asking Redis to place `member` of worker VM `vm` on one of
+/// `candidates` (at most [`MAX_CANDIDATES`] are sent), and the number of
+/// replies to expect. None without candidates.
+pub(crate) fn ask(
+    settings: &SyncSettings,
+    now_ms: u64,
+    vm: &str,
+    member: &str,
+    candidates: &[Candidate],
+) -> Option<(Vec<u8>, usize)> {
+    if candidates.is_empty() {
+        return None;
+    }
+    let mut p = start(settings);
+    let prefix = key_prefix(settings);
+    let now = now_ms.to_string();
+    let vttl = VM_TTL_MS.to_string();
+    let kttl = KEY_TTL_SECS.to_string();
+    let reap = REAP_PER_CALL.to_string();
+    let weights: Vec<String> = candidates
+        .iter()
+        .take(MAX_CANDIDATES)
+        .map(|c| c.weight.max(1).to_string())
+        .collect();
+    let mut args: Vec<&[u8]> = vec![
+        b"EVAL",
+        PLACE_SCRIPT.as_bytes(),
+        b"0",
+        prefix.as_bytes(),
+        now.as_bytes(),
+        vm.as_bytes(),
+        member.as_bytes(),
+        vttl.as_bytes(),
+        kttl.as_bytes(),
+        reap.as_bytes(),
+    ];
+    for (c, w) in candidates.iter().zip(&weights) {
+        args.push(c.address.as_bytes());
+        args.push(w.as_bytes());
+    }
+    p.push(&args);
+    Some(p.finish())
+}
+
+/// Why a placement reply named no pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum PlaceError {
+    /// Truncated, garbage or an error reply (AUTH, script).
+    Unreadable,
+    /// A pod that was not a candidate (a hostile or stale value).
+    NotACandidate,
+}
+
+/// The index in `candidates` of the pod a complete reply of `expected`
+/// frames names.
+pub(crate) fn chosen(
+    reply: &[u8],
+    expected: usize,
+    candidates: &[Candidate],
+) -> Result<usize, PlaceError> {
+    let frames = parse_pipeline_reply(reply, expected).map_err(|_| PlaceError::Unreadable)?;
+    // AUTH's +OK first when configured; the script's reply before QUIT's.
+    let at = expected.checked_sub(2).ok_or(PlaceError::Unreadable)?;
+    if frames[..at].iter().any(|f| matches!(f, Frame::Error(_))) {
+        return Err(PlaceError::Unreadable);
+    }
+    let Some(Frame::Bulk(name)) = frames.get(at) else {
+        return Err(PlaceError::Unreadable);
+    };
+    candidates
+        .iter()
+        .take(MAX_CANDIDATES)
+        .position(|c| c.address.as_bytes() == name.as_slice())
+        .ok_or(PlaceError::NotACandidate)
+}
+
+/// The tick's pipeline: releases `members` of VM `vm` (ended requests, and
+/// requests whose stream ended while Redis placed them) and says it lives.
+/// One script per [`RELEASE_CHUNK`] members, at least one.
+pub(crate) fn release(
+    settings: &SyncSettings,
+    now_ms: u64,
+    vm: &str,
+    members: &[String],
+) -> (Vec<u8>, usize) {
+    let mut p = start(settings);
+    let prefix = key_prefix(settings);
+    let now = now_ms.to_string();
+    let kttl = KEY_TTL_SECS.to_string();
+    let mut chunks: Vec<&[String]> = members.chunks(RELEASE_CHUNK).collect();
+    if chunks.is_empty() {
+        chunks.push(&[]);
+    }
+    for chunk in chunks {
+        let mut args: Vec<&[u8]> = vec![
+            b"EVAL",
+            RELEASE_SCRIPT.as_bytes(),
+            b"0",
+            prefix.as_bytes(),
+            now.as_bytes(),
+            vm.as_bytes(),
+            kttl.as_bytes(),
+        ];
+        args.extend(chunk.iter().map(|m| m.as_bytes()));
+        p.push(&args);
+    }
+    p.finish()
+}
+
+/// Whether a release reply of `expected` frames is complete and without
+/// errors (else its members stay placed until the VM is reaped).
+pub(crate) fn released(reply: &[u8], expected: usize) -> bool {
+    parse_pipeline_reply(reply, expected)
+        .is_ok_and(|frames| !frames.iter().any(|f| matches!(f, Frame::Error(_))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn cands(names: &[&str]) -> Vec<Candidate> {
+        names
+            .iter()
+            .map(|n| Candidate {
+                address: (*n).to_string(),
+                weight: 1000,
+            })
+            .collect()
+    }
+
+    fn bulk(s: &str) -> String {
+        format!("${}\r\n{s}\r\n", s.len())
+    }
+
+    #[test]
+    fn ask_sends_one_script_with_every_candidate_and_weight() {
+        let s = SyncSettings::default();
+        assert!(ask(&s, 5, "vm1", "vm1:1", &[]).is_none());
+        let mut c = cands(&["10.0.0.1:8000", "10.0.0.2:8000"]);
+        c[1].weight = 3000;
+        let (body, n) = ask(&s, 1234, "vm1", "vm1:7", &c).unwrap();
+        assert_eq!(n, 2, "EVAL and QUIT");
+        let text = String::from_utf8(body).unwrap();
+        assert!(text.starts_with("*14\r\n$4\r\nEVAL\r\n"), "{text}");
+        for part in ["aibrix:", "1234", "vm1:7", "10.0.0.1:8000", "3000", "QUIT"] {
+            assert!(text.contains(part), "{part} in {text}");
+        }
+        // More than MAX_CANDIDATES: the first ones only.
+        let many: Vec<String> = (0..40).map(|i| format!("p{i}:1")).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        let (body, _) = ask(&s, 1, "v", "v:1", &cands(&refs)).unwrap();
+        let text = String::from_utf8(body).unwrap();
+        assert!(text.contains("p31:1") && !text.contains("p32:1"));
+    }
+
+    #[test]
+    fn ask_authenticates_first_when_configured() {
+        let mut s = SyncSettings::default();
+        s.auth_password = Some("pw".into());
+        let (body, n) = ask(&s, 1, "v", "v:1", &cands(&["a:1"])).unwrap();
+        assert_eq!(n, 3);
+        assert!(body.starts_with(b"*2\r\n$4\r\nAUTH\r\n"));
+    }
+
+    #[test]
+    fn only_a_complete_reply_naming_a_candidate_counts() {
+        let c = cands(&["a:1", "b:2"]);
+        let ok = format!("{}+OK\r\n", bulk("b:2"));
+        assert_eq!(chosen(ok.as_bytes(), 2, &c), Ok(1));
+        let authed = format!("+OK\r\n{}+OK\r\n", bulk("a:1"));
+        assert_eq!(chosen(authed.as_bytes(), 3, &c), Ok(0));
+        let refused = format!("-WRONGPASS no\r\n{}+OK\r\n", bulk("a:1"));
+        assert_eq!(
+            chosen(refused.as_bytes(), 3, &c),
+            Err(PlaceError::Unreadable)
+        );
+        let hostile = format!("{}+OK\r\n", bulk("evil:666"));
+        assert_eq!(
+            chosen(hostile.as_bytes(), 2, &c),
+            Err(PlaceError::NotACandidate)
+        );
+        for bad in [
+            bulk("a:1"),                              // truncated: no QUIT reply
+            "-ERR script\r\n+OK\r\n".to_string(),     // the script failed
+            ":3\r\n+OK\r\n".to_string(),              // not a name
+            "\x00\x7f".to_string(),                   // garbage
+            format!("{}+OK\r\n+OK\r\n", bulk("a:1")), // bytes after QUIT's
+        ] {
+            assert_eq!(
+                chosen(bad.as_bytes(), 2, &c),
+                Err(PlaceError::Unreadable),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(chosen(b"+OK\r\n", 1, &c), Err(PlaceError::Unreadable));
+    }
+
+    #[test]
+    fn release_chunks_members_and_beats_without_any() {
+        let s = SyncSettings::default();
+        let (body, n) = release(&s, 9, "vm1", &[]);
+        assert_eq!(n, 2, "a heartbeat: one script and QUIT");
+        assert!(String::from_utf8(body).unwrap().contains("vm1"));
+        let members: Vec<String> = (0..600).map(|i| format!("vm1:{i}")).collect();
+        let (_, n) = release(&s, 9, "vm1", &members);
+        assert_eq!(n, 4, "3 scripts of <= 256 members, and QUIT");
+        assert!(released(b":2\r\n:0\r\n+OK\r\n", 3));
+        assert!(!released(b":2\r\n-ERR x\r\n+OK\r\n", 3));
+        assert!(!released(b":2\r\n", 3));
+    }
+}
