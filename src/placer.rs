@@ -36,8 +36,8 @@ pub(crate) struct Placer {
     placed: Cell<u32>,
     backoff_until_ms: Cell<u64>,
     releases: RefCell<Vec<String>>,
-    /// The tick's release call in flight: its token and members (sent
-    /// again if it fails: a release is idempotent).
+    /// The tick's release call in flight: its token, replies expected and
+    /// members (sent again if it fails: a release is idempotent).
     sending: RefCell<Option<(u32, usize, Vec<String>)>>,
     last_beat_ms: Cell<u64>,
 }
@@ -112,9 +112,21 @@ impl Placer {
 
     /// The tick: sends the waiting releases, or a heartbeat every
     /// [`place::HEARTBEAT_MS`], when no release call is in flight.
+    /// A call unanswered for twice its timeout counts as failed (Envoy
+    /// answers every call, a timeout included; this only bounds the wait).
     pub(crate) fn tick<H: Host>(&self, host: &H, sync: &crate::sync::SyncSettings, now_ms: u64) {
+        let lost = now_ms
+            >= self
+                .last_beat_ms
+                .get()
+                .saturating_add(2 * RELEASE_TIMEOUT_MS);
         if self.sending.borrow().is_some() {
-            return;
+            if !lost {
+                return;
+            }
+            if let Some((_, _, members)) = self.sending.borrow_mut().take() {
+                self.requeue(members);
+            }
         }
         let due = now_ms >= self.last_beat_ms.get().saturating_add(place::HEARTBEAT_MS);
         if self.releases.borrow().is_empty() && !due {

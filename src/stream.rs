@@ -406,8 +406,9 @@ impl Stream {
             .map_err(route_error)?
         {
             Outcome::Routed(r) => r,
-            Outcome::Ask(pods) => {
-                let Some(req) = self.ask(w, host, req, pods, no_usage, check_address) else {
+            Outcome::Ask { pods, family } => {
+                let asked = (pods, family);
+                let Some(req) = self.ask(w, host, req, asked, no_usage, check_address) else {
                     return Ok(true);
                 };
                 let routed = routed(w.route_placed(host, &req, started, Place::Local))?;
@@ -426,15 +427,15 @@ impl Stream {
         )
     }
 
-    /// Asks Redis to place a new prompt on one of `pods` (the worker's pick
-    /// first); the request then waits for [`Self::on_place_reply`]. Gives
+    /// Asks Redis to place a new prompt of `family` on one of `pods` (the
+    /// worker's pick first); the request then waits for [`Self::on_place_reply`]. Gives
     /// `req` back when it could not ask (no candidates, the call refused).
     fn ask<H: Host>(
         &mut self,
         w: &Worker,
         host: &H,
         req: PromptRequest,
-        pods: Vec<(PodSlot, u32)>,
+        (pods, family): (Vec<(PodSlot, u32)>, Option<u64>),
         no_usage: bool,
         check_address: bool,
     ) -> Option<PromptRequest> {
@@ -451,7 +452,8 @@ impl Stream {
         let member = w.placer.next_member();
         let now_ms = w.clock_nanos(host) / 1_000_000;
         let sync = &w.settings().sync;
-        let Some((body, expected)) = place::ask(sync, now_ms, w.placer.vm(), &member, &candidates)
+        let Some((body, expected)) =
+            place::ask(sync, now_ms, w.placer.vm(), &member, family, &candidates)
         else {
             return Some(req);
         };
@@ -598,7 +600,7 @@ fn route_error(e: RouteError) -> PassReason {
 fn routed(outcome: Result<Outcome, RouteError>) -> Result<Box<Routed>, PassReason> {
     match outcome.map_err(route_error)? {
         Outcome::Routed(r) => Ok(r),
-        Outcome::Ask(_) => Err(PassReason::InternalError),
+        Outcome::Ask { .. } => Err(PassReason::InternalError),
     }
 }
 

@@ -296,6 +296,22 @@ fn bad_policy_and_signal_settings_are_refused_by_field() {
             "signals.names.token_latency",
         ),
         (r#"{"cluster":"p","signals":{"every":1}}"#, "signals"),
+        (
+            r#"{"endpoints":["a:1"],"sync":{"place_new":true}}"#,
+            "sync.place_new",
+        ),
+        (
+            r#"{"endpoints":["a:1"],"policy":{"mode":"aibrix"},"sync":{"enabled":true,"place_new":true}}"#,
+            "sync.place_new",
+        ),
+        (
+            r#"{"endpoints":["a:1"],"sync":{"enabled":true,"cluster":true,"place_new":true}}"#,
+            "sync.place_new",
+        ),
+        (
+            r#"{"endpoints":["a:1"],"sync":{"enabled":true,"place_new":true,"place_timeout_ms":0}}"#,
+            "sync.place_timeout_ms",
+        ),
     ] {
         let e = parse(json).unwrap_err();
         assert_eq!(e.field, field, "{json}: {e}");

@@ -1505,3 +1505,5 @@ fn a_pod_one_worker_vm_reads_slow_reads_slow_in_the_other() {
         s.on_done(&a, &host);
     }
 }
+
+mod place;

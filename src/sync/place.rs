@@ -14,9 +14,12 @@
 //!   by send time (unix ms);
 //! - `v:{vm}`: hash of one worker VM's placed requests, member -> pod, so a
 //!   release needs only the member and a dead VM's requests can be found;
-//! - `vms`: sorted set of worker VMs by last sign of life (unix ms).
+//! - `vms`: sorted set of worker VMs by last sign of life (unix ms);
+//! - `c:{family}`: the pod a prompt family went to, for [`CLAIM_MS`].
 //!
-//! The pick: the lowest `(placed in flight + 1) x weight` (the weight is the
+//! The pick: the pod the prompt's family (model and first block) was
+//! placed on in the last [`CLAIM_MS`], if a candidate (`c:{family}`);
+//! else the lowest `(placed in flight + 1) x weight` (the weight is the
 //! pod's prefill slowness, 1000 for a normal pod), then the pod whose oldest
 //! placed request was sent longest ago (it frees a slot first), then the
 //! candidates' order (the worker's own pick first). Each call also reaps
@@ -37,14 +40,20 @@ pub(crate) const HEARTBEAT_MS: u64 = 2_000;
 pub(crate) const REAP_PER_CALL: usize = 4;
 /// Every placement key expires this long after its last write.
 pub(crate) const KEY_TTL_SECS: u64 = 3_600;
+/// How long a prompt family's first placement holds: a new prompt with the
+/// same model and first block placed within it goes to the same pod (when
+/// a candidate), so a burst of one new prefix is not split across pods
+/// before the replicas' tables know it (a sync takes a few polls).
+pub(crate) const CLAIM_MS: u64 = 1_000;
 /// Candidates one placement weighs at most (the worker's first ones).
 pub(crate) const MAX_CANDIDATES: usize = 32;
 /// Members one release script carries (more go as further scripts of the
 /// same pipeline).
 const RELEASE_CHUNK: usize = 256;
 
-/// ARGV: prefix, now ms, vm, member, vm ttl ms, key ttl s, reap count, then
-/// (pod, weight) pairs. Returns the chosen pod.
+/// ARGV: prefix, now ms, vm, member, vm ttl ms, key ttl s, reap count,
+/// claim (or empty), claim ms, then (pod, weight) pairs. Returns the
+/// chosen pod.
 const PLACE_SCRIPT: &str = "\
 local p, now, vm, member = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local vttl, kttl, reap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -57,15 +66,24 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', vms, '-inf', now - vttl, 'LIMIT',
   redis.call('ZREM', vms, d)
 end
 local best, bs, bo = nil, nil, nil
-for i = 8, #ARGV - 1, 2 do
-  local k = p .. 'pl:p:' .. ARGV[i]
-  local c = redis.call('ZCARD', k)
-  local o = now
-  if c > 0 then o = tonumber(redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')[2]) end
-  local s = (c + 1) * tonumber(ARGV[i + 1])
-  if best == nil or s < bs or (s == bs and o < bo) then best, bs, bo = ARGV[i], s, o end
+local ck = nil
+if ARGV[8] ~= '' then
+  ck = p .. 'pl:c:' .. ARGV[8]
+  local held = redis.call('GET', ck)
+  for i = 10, #ARGV - 1, 2 do if ARGV[i] == held then best = held end end
+end
+if best == nil then
+  for i = 10, #ARGV - 1, 2 do
+    local k = p .. 'pl:p:' .. ARGV[i]
+    local c = redis.call('ZCARD', k)
+    local o = now
+    if c > 0 then o = tonumber(redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')[2]) end
+    local s = (c + 1) * tonumber(ARGV[i + 1])
+    if best == nil or s < bs or (s == bs and o < bo) then best, bs, bo = ARGV[i], s, o end
+  end
 end
 if best == nil then return redis.error_reply('no candidates') end
+if ck then redis.call('SET', ck, best, 'PX', tonumber(ARGV[9])) end
 local k = p .. 'pl:p:' .. best
 redis.call('ZADD', k, now, member)
 redis.call('EXPIRE', k, kttl)
@@ -115,13 +133,15 @@ fn start(settings: &SyncSettings) -> Pipeline {
 }
 
 /// The pipeline asking Redis to place `member` of worker VM `vm` on one of
-/// `candidates` (at most [`MAX_CANDIDATES`] are sent), and the number of
-/// replies to expect. None without candidates.
+/// `candidates` (at most [`MAX_CANDIDATES`] are sent), following the claim
+/// of prompt `family` if any, and the number of replies to expect. None
+/// without candidates.
 pub(crate) fn ask(
     settings: &SyncSettings,
     now_ms: u64,
     vm: &str,
     member: &str,
+    family: Option<u64>,
     candidates: &[Candidate],
 ) -> Option<(Vec<u8>, usize)> {
     if candidates.is_empty() {
@@ -133,6 +153,8 @@ pub(crate) fn ask(
     let vttl = VM_TTL_MS.to_string();
     let kttl = KEY_TTL_SECS.to_string();
     let reap = REAP_PER_CALL.to_string();
+    let family = family.map_or(String::new(), |f| format!("{f:016x}"));
+    let claim_ms = CLAIM_MS.to_string();
     let weights: Vec<String> = candidates
         .iter()
         .take(MAX_CANDIDATES)
@@ -149,6 +171,8 @@ pub(crate) fn ask(
         vttl.as_bytes(),
         kttl.as_bytes(),
         reap.as_bytes(),
+        family.as_bytes(),
+        claim_ms.as_bytes(),
     ];
     for (c, w) in candidates.iter().zip(&weights) {
         args.push(c.address.as_bytes());
@@ -253,20 +277,28 @@ mod tests {
     #[test]
     fn ask_sends_one_script_with_every_candidate_and_weight() {
         let s = SyncSettings::default();
-        assert!(ask(&s, 5, "vm1", "vm1:1", &[]).is_none());
+        assert!(ask(&s, 5, "vm1", "vm1:1", Some(1), &[]).is_none());
         let mut c = cands(&["10.0.0.1:8000", "10.0.0.2:8000"]);
         c[1].weight = 3000;
-        let (body, n) = ask(&s, 1234, "vm1", "vm1:7", &c).unwrap();
+        let (body, n) = ask(&s, 1234, "vm1", "vm1:7", Some(0xab), &c).unwrap();
         assert_eq!(n, 2, "EVAL and QUIT");
         let text = String::from_utf8(body).unwrap();
-        assert!(text.starts_with("*14\r\n$4\r\nEVAL\r\n"), "{text}");
-        for part in ["aibrix:", "1234", "vm1:7", "10.0.0.1:8000", "3000", "QUIT"] {
+        assert!(text.starts_with("*16\r\n$4\r\nEVAL\r\n"), "{text}");
+        for part in [
+            "aibrix:",
+            "1234",
+            "vm1:7",
+            "00000000000000ab",
+            "10.0.0.1:8000",
+            "3000",
+            "QUIT",
+        ] {
             assert!(text.contains(part), "{part} in {text}");
         }
         // More than MAX_CANDIDATES: the first ones only.
         let many: Vec<String> = (0..40).map(|i| format!("p{i}:1")).collect();
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
-        let (body, _) = ask(&s, 1, "v", "v:1", &cands(&refs)).unwrap();
+        let (body, _) = ask(&s, 1, "v", "v:1", None, &cands(&refs)).unwrap();
         let text = String::from_utf8(body).unwrap();
         assert!(text.contains("p31:1") && !text.contains("p32:1"));
     }
@@ -275,7 +307,7 @@ mod tests {
     fn ask_authenticates_first_when_configured() {
         let mut s = SyncSettings::default();
         s.auth_password = Some("pw".into());
-        let (body, n) = ask(&s, 1, "v", "v:1", &cands(&["a:1"])).unwrap();
+        let (body, n) = ask(&s, 1, "v", "v:1", None, &cands(&["a:1"])).unwrap();
         assert_eq!(n, 3);
         assert!(body.starts_with(b"*2\r\n$4\r\nAUTH\r\n"));
     }

@@ -498,3 +498,21 @@ fn load_aware_an_untrusted_match_buys_no_queueing_but_still_breaks_ties() {
     let c = choose(&[0, 0], &[4, 3], &[]);
     assert_eq!(c.pod, p(0));
 }
+
+#[test]
+fn placement_candidates_are_the_pods_within_the_bound_least_loaded_first() {
+    // Least load 1: bound 1 + max(2, ceil(0.5)) = 3; pod 3 (load 5) is out.
+    let c = placement_candidates(
+        &LA,
+        &pods(&[0, 1, 2, 3]),
+        &[3, 1, 2, 5],
+        &[0, 2500, 1200, 0],
+    );
+    let got: Vec<(usize, u32)> = c.iter().map(|&(q, w)| (q.index(), w)).collect();
+    // Slowness counts from 1.5x up (pod 1: 2.5x); below it, alike.
+    assert_eq!(got, vec![(1, 2500), (2, 1000), (0, 1000)]);
+    assert!(placement_candidates(&LA, &[], &[], &[]).is_empty());
+    // Missing loads and slowness read as 0 (normal speed).
+    let c = placement_candidates(&LA, &pods(&[7]), &[], &[]);
+    assert_eq!(c, vec![(p(7), 1000)]);
+}

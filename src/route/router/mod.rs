@@ -89,8 +89,26 @@ pub(crate) enum Outcome {
     /// Routed, recorded and counted in flight.
     Routed(Box<Routed>),
     /// A new prompt, nothing recorded: the pods it may go to, the worker's
-    /// own pick first, each with its prefill weight (1000 = normal speed).
-    Ask(Vec<(PodSlot, u32)>),
+    /// own pick first, each with its prefill weight (1000 = normal speed),
+    /// and its family (model and first block; see [`family_of`]).
+    Ask {
+        pods: Vec<(PodSlot, u32)>,
+        family: Option<u64>,
+    },
+}
+
+/// A prompt's family across replicas: its model name and first block's
+/// hash (FNV-1a over the name, then a 64-bit mix with the block). The same
+/// on every replica with the same `block_size` and `hash_seed`.
+pub(crate) fn family_of(model: &str, first_block: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in model.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mut z = h ^ first_block.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A routing decision and what it cost.
@@ -353,7 +371,7 @@ impl Router {
     ) -> Result<Routed, RouteError> {
         match self.route_placed(store, req, now_ms, rng, Place::Local)? {
             Outcome::Routed(r) => Ok(*r),
-            Outcome::Ask(_) => Err(RouteError::NoEndpoints),
+            Outcome::Ask { .. } => Err(RouteError::NoEndpoints),
         }
     }
 
@@ -513,7 +531,11 @@ impl Router {
                         if let Some(i) = cands.iter().position(|&(p, _)| p == c.pod) {
                             cands[..=i].rotate_right(1);
                         }
-                        return Ok(Outcome::Ask(cands));
+                        let family = hashes.first().map(|&f| family_of(&req.model, f));
+                        return Ok(Outcome::Ask {
+                            pods: cands,
+                            family,
+                        });
                     }
                     (Place::Forced(pod), Some(c)) if pool.contains(&pod) => {
                         let matched = lengths

@@ -683,3 +683,69 @@ fn with_two_worker_vms_a_new_prompt_goes_where_the_replica_sent_fewest() {
         assert!(!used.contains(&next.choice.pod), "seed {seed}");
     }
 }
+
+#[test]
+fn only_a_new_prompt_asks_and_a_forced_pod_is_recorded_and_counted() {
+    let s = MemStore::new();
+    let r = router("");
+    let mut rng = SplitMix64::new(3);
+    let p = "wxyz".repeat(200);
+    let Outcome::Ask { pods, family } = r
+        .route_placed(&s, &req(&p), 100_000, &mut rng, Place::Ask)
+        .unwrap()
+    else {
+        panic!("a new prompt asks");
+    };
+    assert_eq!(pods.len(), 3, "every pod within the bound: {pods:?}");
+    assert!(pods.iter().all(|&(_, w)| w == 1000));
+    assert_eq!(family, Some(family_of("m", r.hasher.hash(p.as_bytes())[0])));
+    // Nothing recorded, nothing counted: asking again asks again.
+    assert!(matches!(
+        r.route_placed(&s, &req(&p), 100_000, &mut rng, Place::Ask),
+        Ok(Outcome::Ask { .. })
+    ));
+    // Forced to the pod the worker would not pick first.
+    let target = pods[2].0;
+    let Outcome::Routed(placed) = r
+        .route_placed(&s, &req(&p), 100_000, &mut rng, Place::Forced(target))
+        .unwrap()
+    else {
+        panic!("a forced route routes");
+    };
+    assert_eq!(placed.choice.pod, target);
+    assert_eq!(placed.choice.reason, Reason::Placed);
+    assert_eq!(r.load.borrow().fleet(3)[target.index()], 1, "counted there");
+    // Recorded there: the prompt now matches locally, and never asks.
+    let Outcome::Routed(next) = r
+        .route_placed(&s, &req(&p), 100_000, &mut rng, Place::Ask)
+        .unwrap()
+    else {
+        panic!("a matched prompt routes locally");
+    };
+    assert_eq!(next.choice.reason, Reason::PrefixMatch);
+    assert_eq!(next.choice.pod, target);
+    // A forced pod that left the pool: the worker's own pick.
+    let gone = PodSlot::new(200);
+    let Outcome::Routed(own) = r
+        .route_placed(
+            &s,
+            &req(&"qqqq".repeat(50)),
+            100_000,
+            &mut rng,
+            Place::Forced(gone),
+        )
+        .unwrap()
+    else {
+        panic!();
+    };
+    assert_ne!(own.choice.pod, gone);
+    assert_eq!(own.choice.reason, Reason::NoMatch);
+}
+
+#[test]
+fn families_differ_by_model_and_first_block_only() {
+    assert_eq!(family_of("m", 7), family_of("m", 7));
+    assert_ne!(family_of("m", 7), family_of("m", 8));
+    assert_ne!(family_of("m", 7), family_of("n", 7));
+    assert_ne!(family_of("", 0), family_of("", 1));
+}

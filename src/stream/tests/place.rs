@@ -1,0 +1,222 @@
+//! New prompts placed through Redis (`sync.place_new`), on the host double:
+//! what is asked, what a reply does, and every way it can fail.
+
+use super::*;
+
+const PLACE_ON: &str = r#","sync":{"enabled":true,"place_new":true}"#;
+
+/// `addr` as Redis's reply to a placement (the script's bulk, QUIT's +OK).
+fn reply_naming(addr: &str) -> Vec<u8> {
+    format!("${}\r\n{addr}\r\n+OK\r\n", addr.len()).into_bytes()
+}
+
+/// The token of the last bridge call (the double numbers them from 1).
+fn last_token(host: &TestHost) -> u32 {
+    host.bridge_calls.borrow().len() as u32
+}
+
+fn last_call(host: &TestHost) -> String {
+    String::from_utf8_lossy(host.bridge_calls.borrow().last().unwrap()).into_owned()
+}
+
+/// The member a placement named (the argument after the VM's name).
+fn member_of(call: &str) -> String {
+    call.split("\r\n")
+        .find(|p| {
+            p.contains(':') && p.len() > 17 && p.bytes().all(|b| b.is_ascii_hexdigit() || b == b':')
+        })
+        .unwrap()
+        .to_string()
+}
+
+/// worker_on's first tick said the VM lives (call 1); Redis answers it.
+fn heartbeat_answered(w: &Worker, host: &TestHost) {
+    assert_eq!(host.bridge_calls.borrow().len(), 1);
+    assert!(w.placer.on_reply(1, Some(b":0\r\n+OK\r\n"), &w.meter));
+    host.bridge_calls.borrow_mut().clear();
+}
+
+#[test]
+fn a_new_prompt_waits_for_redis_and_goes_where_it_says() {
+    let host = TestHost::default();
+    let w = worker_on(&host, PLACE_ON);
+    heartbeat_answered(&w, &host);
+    let body = chat("a brand new prompt ", 3000, "hi");
+    let (mut s, v) = start_stream(&w, &host, 10, &body);
+    assert_eq!(v, Verdict::Pause, "it waits for Redis");
+    assert_eq!(host.header(DESTINATION_HEADER), None, "no pod named yet");
+    assert_eq!(host.bridge_calls.borrow().len(), 1);
+    let call = last_call(&host);
+    assert!(call.contains("EVAL") && call.contains(PODS[0]) && call.contains(PODS[1]));
+    let member = member_of(&call);
+    // The worker's own pick goes first; Redis names the other pod.
+    let own = *PODS.iter().min_by_key(|p| call.find(*p)).unwrap();
+    let other = *PODS.iter().find(|&&p| p != own).unwrap();
+    let v = s.on_place_reply(&w, &host, 1, Some(&reply_naming(other)));
+    assert_eq!(v, Some(Verdict::Continue));
+    assert_eq!(host.header(DESTINATION_HEADER).as_deref(), Some(other));
+    assert_eq!(s.on_place_reply(&w, &host, 1, None), None, "answered once");
+    // Recorded there: the same prompt is a local match, asking nothing.
+    let (mut again, v) = start_stream(&w, &host, 11, &body);
+    assert_eq!(v, Verdict::Continue);
+    assert_eq!(host.header(DESTINATION_HEADER).as_deref(), Some(other));
+    assert_eq!(host.bridge_calls.borrow().len(), 1);
+    again.on_done(&w, &host);
+    again.on_log(&w, &host);
+    // Its end is released in Redis on the tick, with the member it named.
+    s.on_done(&w, &host);
+    s.on_log(&w, &host);
+    w.on_tick(&host);
+    assert_eq!(host.bridge_calls.borrow().len(), 2);
+    let release = last_call(&host);
+    assert!(release.contains(&member), "{release}");
+    assert_eq!(host.stat("prefix_router.place.asked"), 1);
+    assert_eq!(host.stat("prefix_router.routed.placed"), 1);
+    assert_eq!(host.stat("prefix_router.routed.prefix_match"), 1);
+    assert_eq!(host.stat("prefix_router.place.failed"), 0);
+}
+
+#[test]
+fn a_failed_placement_takes_the_own_pick_and_backs_off_for_a_second() {
+    let host = TestHost::default();
+    let w = worker_on(&host, PLACE_ON);
+    heartbeat_answered(&w, &host);
+    let (mut s, v) = start_stream(&w, &host, 10, &chat("first new ", 3000, "a"));
+    assert_eq!(v, Verdict::Pause);
+    // A timeout or reset reaches the stream as no reply.
+    assert_eq!(
+        s.on_place_reply(&w, &host, 1, None),
+        Some(Verdict::Continue)
+    );
+    let dest = host.header(DESTINATION_HEADER).expect("routed anyway");
+    assert!(PODS.contains(&dest.as_str()));
+    // Within the second: new prompts take the own pick at once.
+    let (_, v) = start_stream(&w, &host, 11, &chat("second new ", 3000, "b"));
+    assert_eq!(v, Verdict::Continue);
+    assert_eq!(host.bridge_calls.borrow().len(), 1);
+    // After it (the tick's clock), they ask again. The tick first sends
+    // the failed placement's release (it may have been counted).
+    host.now.set(host.now.get() + 1_100_000_000);
+    w.on_tick(&host);
+    assert_eq!(host.bridge_calls.borrow().len(), 2, "the release");
+    let (_, v) = start_stream(&w, &host, 12, &chat("third new ", 3000, "c"));
+    assert_eq!(v, Verdict::Pause);
+    assert_eq!(host.bridge_calls.borrow().len(), 3);
+    w.on_tick(&host);
+    assert_eq!(host.stat("prefix_router.place.failed"), 1);
+    assert_eq!(host.stat("prefix_router.place.asked"), 2);
+    assert_eq!(host.stat("prefix_router.routed.no_match"), 2);
+}
+
+#[test]
+fn a_reply_naming_no_candidate_or_garbage_is_never_followed() {
+    for bad in [
+        reply_naming("6.6.6.6:1"),
+        b"-ERR script failed\r\n+OK\r\n".to_vec(),
+        reply_naming(PODS[0])[..8].to_vec(),
+        b"\x00\x01\x02".to_vec(),
+    ] {
+        let host = TestHost::default();
+        let w = worker_on(&host, PLACE_ON);
+        heartbeat_answered(&w, &host);
+        let (mut s, v) = start_stream(&w, &host, 10, &chat("hostile ", 3000, "x"));
+        assert_eq!(v, Verdict::Pause);
+        let member = member_of(&last_call(&host));
+        assert_eq!(
+            s.on_place_reply(&w, &host, 1, Some(&bad)),
+            Some(Verdict::Continue)
+        );
+        let dest = host.header(DESTINATION_HEADER).unwrap();
+        assert!(PODS.contains(&dest.as_str()), "{dest}");
+        w.on_tick(&host);
+        assert_eq!(host.stat("prefix_router.place.failed"), 1);
+        assert!(
+            last_call(&host).contains(&member),
+            "released: it may be counted"
+        );
+    }
+}
+
+#[test]
+fn a_stream_ending_while_placed_is_released_and_its_late_reply_ignored() {
+    let host = TestHost::default();
+    let w = worker_on(&host, PLACE_ON);
+    heartbeat_answered(&w, &host);
+    let (mut s, v) = start_stream(&w, &host, 10, &chat("gone ", 3000, "x"));
+    assert_eq!(v, Verdict::Pause);
+    let member = member_of(&last_call(&host));
+    s.on_done(&w, &host);
+    s.on_log(&w, &host);
+    assert_eq!(
+        s.on_place_reply(&w, &host, 1, Some(&reply_naming(PODS[0]))),
+        None
+    );
+    w.on_tick(&host);
+    assert_eq!(host.stat("prefix_router.place.abandoned"), 1);
+    assert!(last_call(&host).contains(&member));
+    // Nothing was counted in flight or recorded for it.
+    for pod in PODS {
+        let name = format!("prefix_router.inflight.{}", pod.replace(['.', ':'], "_"));
+        assert_eq!(host.stat(&name), 0);
+    }
+}
+
+#[test]
+fn a_refused_call_routes_at_once_and_is_counted() {
+    let host = TestHost::default();
+    let w = worker_on(&host, PLACE_ON);
+    heartbeat_answered(&w, &host);
+    host.bridge_refuses.set(true);
+    let (_, v) = start_stream(&w, &host, 10, &chat("refused ", 3000, "x"));
+    assert_eq!(v, Verdict::Continue);
+    assert!(host.header(DESTINATION_HEADER).is_some());
+    w.on_tick(&host);
+    assert_eq!(host.stat("prefix_router.place.skipped"), 1);
+    assert_eq!(host.stat("prefix_router.place.asked"), 0);
+}
+
+#[test]
+fn matched_prompts_and_the_setting_off_ask_nothing() {
+    let host = TestHost::default();
+    let w = worker_on(&host, r#","sync":{"enabled":true}"#);
+    let (_, v) = start_stream(&w, &host, 10, &chat("off ", 3000, "x"));
+    assert_eq!(v, Verdict::Continue);
+    w.on_tick(&host);
+    assert!(
+        host.bridge_calls.borrow().is_empty(),
+        "no placement, no heartbeat"
+    );
+}
+
+#[test]
+fn the_tick_says_the_vm_lives_and_retries_a_failed_release() {
+    let host = TestHost::default();
+    let w = worker_on(&host, PLACE_ON);
+    heartbeat_answered(&w, &host);
+    w.on_tick(&host);
+    assert_eq!(host.bridge_calls.borrow().len(), 0, "at most every 2 s");
+    host.now.set(host.now.get() + 2_000_000_000);
+    w.on_tick(&host);
+    assert_eq!(host.bridge_calls.borrow().len(), 1);
+    assert!(w.placer.on_reply(1, Some(b":0\r\n+OK\r\n"), &w.meter));
+    // A placed request ends; its release fails and goes again.
+    let (mut s, _) = start_stream(&w, &host, 10, &chat("retry ", 3000, "x"));
+    let member = member_of(&last_call(&host));
+    let _ = s.on_place_reply(&w, &host, 2, Some(&reply_naming(PODS[0])));
+    s.on_done(&w, &host);
+    s.on_log(&w, &host);
+    w.on_tick(&host);
+    assert_eq!(host.bridge_calls.borrow().len(), 3);
+    assert!(last_call(&host).contains(&member));
+    assert!(w.placer.on_reply(3, None, &w.meter));
+    w.on_tick(&host);
+    assert_eq!(host.bridge_calls.borrow().len(), 4);
+    assert!(last_call(&host).contains(&member), "sent again");
+    assert!(!w.placer.on_reply(99, None, &w.meter), "not a release call");
+    // Unanswered for twice its timeout: sent again anyway.
+    host.now.set(host.now.get() + 2_100_000_000);
+    w.on_tick(&host);
+    assert_eq!(host.bridge_calls.borrow().len(), 5);
+    assert!(last_call(&host).contains(&member));
+    assert_eq!(host.stat("prefix_router.place.release_failed"), 1);
+}
