@@ -1,0 +1,175 @@
+//! `sync.place_new` through two real Envoy replicas, a real `redis-server`
+//! and four podsim pods: each new prompt is placed by one Redis script over
+//! both replicas' placed requests, so a replica sends a new prompt to the
+//! pod the other replica left free, before any sync could tell it; ended
+//! requests leave Redis on the tick; a dead replica's requests are reaped;
+//! a dead Redis costs no request.
+//!
+//! Pods answer 8 tokens at 150 ms each: a request stays in flight ~1 s.
+
+// Tests fail by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use harness::fleet::{sync_patch, Fleet};
+use harness::redis::RedisAt;
+use harness::wait_until;
+use serde_json::json;
+
+const POD_ARGS: [&str; 4] = [
+    "--decode-us-per-token",
+    "150000",
+    "--prefill-us-per-token",
+    "10",
+];
+
+/// Two replicas (A, B) with `place_new`; the sync period is long, so
+/// nothing but the placement tells one replica of the other's requests.
+fn fleet(label: &str) -> Fleet {
+    let mut f = Fleet::new(label);
+    f.start_pods(&POD_ARGS);
+    f.start_redis();
+    let specs = ["a", "b"]
+        .iter()
+        .map(|name| {
+            f.spec(name, "sync.yaml").merge(sync_patch(
+                60_000,
+                json!({ "place_new": true, "poll_ms": 0 }),
+            ))
+        })
+        .collect();
+    f.launch_all(specs);
+    f
+}
+
+/// A prompt no pod has seen (distinct from its first byte).
+fn new_prompt(tag: &str) -> String {
+    format!(
+        "{tag} {}",
+        "a fresh prompt with nothing shared. ".repeat(20)
+    )
+}
+
+/// Sends `prompt` through replica `i` on a thread; the pod that answered.
+fn send_async(f: &Fleet, i: usize, prompt: String) -> thread::JoinHandle<String> {
+    let base = f.replicas[i].base_url();
+    thread::spawn(move || {
+        let body = harness::completion_body(&json!(prompt));
+        let url = format!("{base}/v1/completions");
+        let reply = harness::send(
+            "POST",
+            &url,
+            &[("content-type", "application/json")],
+            Some(body.as_bytes()),
+            harness::CLIENT_TIMEOUT,
+        )
+        .unwrap();
+        reply.expect_pod()
+    })
+}
+
+/// Placed requests in flight per pod, as Redis counts them.
+fn placed(redis: &RedisAt) -> Vec<(String, i64)> {
+    redis
+        .scan("aibrix:pl:p:*")
+        .into_iter()
+        .map(|k| {
+            let n = redis.cmd(&["ZCARD", &k]).int();
+            (k, n)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+fn total(redis: &RedisAt) -> i64 {
+    placed(redis).iter().map(|(_, n)| n).sum()
+}
+
+#[test]
+fn a_replica_places_a_new_prompt_on_the_pod_the_other_left_free() {
+    let f = fleet("place-free");
+    let redis = RedisAt::of(f.redis.as_ref().unwrap());
+    for round in 0..3 {
+        // A sends three new prompts at once: three pods, one each.
+        let a: Vec<_> = (0..3)
+            .map(|k| send_async(&f, 0, new_prompt(&format!("r{round}a{k}"))))
+            .collect();
+        assert!(
+            wait_until(Duration::from_secs(5), || total(&redis) == 3),
+            "round {round}: Redis counts {:?}",
+            placed(&redis)
+        );
+        assert_eq!(placed(&redis).len(), 3, "one per pod: {:?}", placed(&redis));
+        // B knows nothing of them but through Redis: the fourth pod.
+        let b = send_async(&f, 1, new_prompt(&format!("r{round}b")));
+        let a: BTreeSet<String> = a.into_iter().map(|h| h.join().unwrap()).collect();
+        let b = b.join().unwrap();
+        assert_eq!(a.len(), 3, "round {round}: {a:?}");
+        assert!(
+            !a.contains(&b),
+            "round {round}: B sent to {b}, A used {a:?}"
+        );
+        // Ended requests leave Redis on the tick.
+        assert!(
+            wait_until(Duration::from_secs(5), || total(&redis) == 0),
+            "round {round}: still counted {:?}",
+            placed(&redis)
+        );
+    }
+    let (a, b) = (&f.replicas[0], &f.replicas[1]);
+    let stats = |r: &harness::fleet::Replica| r.envoy.settled_router_stats();
+    let (sa, sb) = (stats(a), stats(b));
+    let get = |s: &std::collections::BTreeMap<String, i64>, n: &str| {
+        s.get(&format!("prefix_router.{n}")).copied().unwrap_or(0)
+    };
+    assert_eq!(get(&sa, "routed.placed") + get(&sb, "routed.placed"), 12);
+    assert_eq!(get(&sa, "place.failed") + get(&sb, "place.failed"), 0);
+    assert_eq!(get(&sa, "routed.no_match") + get(&sb, "routed.no_match"), 0);
+}
+
+#[test]
+fn a_dead_replicas_requests_are_reaped_and_a_dead_redis_fails_no_request() {
+    let mut f = fleet("place-faults");
+    let redis = RedisAt::of(f.redis.as_ref().unwrap());
+    // A worker VM that died with three requests placed on pod-1.
+    let pod1 = format!("127.0.0.1:{}", f.pod_ports[0]);
+    let set = format!("aibrix:pl:p:{pod1}");
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    for m in ["dead:1", "dead:2", "dead:3"] {
+        redis.cmd(&["ZADD", &set, &now, m]);
+        redis.cmd(&["HSET", "aibrix:pl:v:dead", m, &pod1]);
+    }
+    redis.cmd(&["ZADD", "aibrix:pl:vms", "1", "dead"]);
+    let pod = send_async(&f, 0, new_prompt("after the death"))
+        .join()
+        .unwrap();
+    assert_eq!(redis.cmd(&["EXISTS", "aibrix:pl:v:dead"]).int(), 0);
+    assert!(redis.cmd(&["ZSCORE", &set, "dead:1"]).bytes().is_none());
+    assert_eq!(
+        redis.cmd(&["ZSCORE", "aibrix:pl:vms", "dead"]).bytes(),
+        None
+    );
+    assert!(!pod.is_empty());
+    // Redis dies: every request is still served, on the replica's own pick.
+    drop(f.redis.take());
+    let served: Vec<String> = (0..6)
+        .map(|k| send_async(&f, k % 2, new_prompt(&format!("no redis {k}"))))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert_eq!(served.len(), 6);
+    let failed: i64 = f
+        .replicas
+        .iter()
+        .map(|r| r.envoy.settled_router_stat("prefix_router.place.failed"))
+        .sum();
+    assert!(failed >= 1, "failures counted");
+}
