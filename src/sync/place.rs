@@ -305,8 +305,10 @@ mod tests {
 
     #[test]
     fn ask_authenticates_first_when_configured() {
-        let mut s = SyncSettings::default();
-        s.auth_password = Some("pw".into());
+        let s = SyncSettings {
+            auth_password: Some("pw".into()),
+            ..SyncSettings::default()
+        };
         let (body, n) = ask(&s, 1, "v", "v:1", None, &cands(&["a:1"])).unwrap();
         assert_eq!(n, 3);
         assert!(body.starts_with(b"*2\r\n$4\r\nAUTH\r\n"));
