@@ -120,8 +120,8 @@ pub(crate) struct Stream {
     prefill_timed: bool,
     /// A new prompt waiting for Redis to place it (`sync.place_new`).
     placing: Option<Box<Placing>>,
-    /// Its member in Redis once placed there, released at the end.
-    placed_member: Option<String>,
+    /// Its member in Redis and pod once placed there, released at the end.
+    placed_member: Option<(String, PodSlot)>,
 }
 
 /// A request waiting for its placement.
@@ -312,7 +312,7 @@ impl Stream {
             // Ended while Redis placed it: Redis may count it.
             w.meter.inc(Count::PlaceAbandoned);
             w.placer.abandoned();
-            w.placer.release(p.member, false, &w.meter);
+            w.placer.release(p.member, None, &w.meter);
         }
         self.release(w, host);
     }
@@ -330,8 +330,8 @@ impl Stream {
         if let Some(ticket) = self.inflight.take() {
             w.release(host, ticket, std::mem::take(&mut self.timed_hit));
         }
-        if let Some(member) = self.placed_member.take() {
-            w.placer.release(member, true, &w.meter);
+        if let Some((member, pod)) = self.placed_member.take() {
+            w.placer.release(member, Some(pod), &w.meter);
         }
         // An answer cut short or never read to its usage.
         if self.feedback.take().is_some() {
@@ -435,7 +435,7 @@ impl Stream {
         w: &Worker,
         host: &H,
         req: PromptRequest,
-        (pods, family): (Vec<(PodSlot, u32)>, Option<u64>),
+        (pods, family): (Vec<(PodSlot, i64, i64)>, Option<u64>),
         no_usage: bool,
         check_address: bool,
     ) -> Option<PromptRequest> {
@@ -443,9 +443,18 @@ impl Stream {
         let (pods, candidates): (Vec<PodSlot>, Vec<Candidate>) = pods
             .iter()
             .take(place::MAX_CANDIDATES)
-            .filter_map(|&(pod, weight)| {
+            .filter_map(|&(pod, cost, step)| {
                 let address = fleet.address(pod)?.to_string();
-                Some((pod, Candidate { address, weight }))
+                // This VM's own placed requests are in Redis's counts too.
+                let cost = cost.saturating_sub(w.placer.placed_on(pod) * step).max(0);
+                Some((
+                    pod,
+                    Candidate {
+                        address,
+                        cost,
+                        step,
+                    },
+                ))
             })
             .unzip();
         drop(fleet);
@@ -497,20 +506,26 @@ impl Stream {
             .ok_or(PlaceError::Unreadable)
             .and_then(|r| place::chosen(r, p.expected, &p.candidates));
         w.placer.wait_ended(pick.is_ok(), now_nanos / 1_000_000);
-        let place = match pick.as_ref().ok().and_then(|&i| p.pods.get(i)) {
-            Some(&pod) => {
-                self.placed_member = Some(p.member);
-                Place::Forced(pod)
-            }
+        let forced = pick.as_ref().ok().and_then(|&i| p.pods.get(i)).copied();
+        let place = match forced {
+            Some(pod) => Place::Forced(pod),
             None => {
                 w.meter.inc(Count::PlaceFailed);
                 log::debug!("prefix_router: placement failed ({pick:?}), the worker's own pick");
-                // It may have been counted (a late reply, a hostile name).
-                w.placer.release(p.member, false, &w.meter);
                 Place::Local
             }
         };
-        let result = routed(w.route_placed(host, &p.req, now_nanos, place))
+        let result = routed(w.route_placed(host, &p.req, now_nanos, place));
+        match (&result, forced) {
+            (Ok(r), Some(pod)) if r.choice.pod == pod => {
+                w.placer.placed(pod);
+                self.placed_member = Some((p.member, pod));
+            }
+            // Not routed where Redis may count it (a failure, a late or
+            // hostile reply, a pod gone meanwhile): released at once.
+            _ => w.placer.release(p.member, None, &w.meter),
+        }
+        let result = result
             .and_then(|r| self.apply(w, host, *r, p.req.stream, p.no_usage, p.check_address, None));
         Some(match result {
             Ok(true) => Verdict::Pause,

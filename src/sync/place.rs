@@ -19,10 +19,13 @@
 //!
 //! The pick: the pod the prompt's family (model and first block) was
 //! placed on in the last [`CLAIM_MS`], if a candidate (`c:{family}`);
-//! else the lowest `(placed in flight + 1) x weight` (the weight is the
-//! pod's prefill slowness, 1000 for a normal pod), then the pod whose oldest
-//! placed request was sent longest ago (it frees a slot first), then the
-//! candidates' order (the worker's own pick first). Each call also reaps
+//! else the lowest `cost + placed in flight x step`, where the worker sends
+//! each candidate's cost under its policy (prefill and queue as its load
+//! view shows them, less its own placed requests) and what one more queued
+//! request adds there; then the candidates' order (the worker's preference,
+//! its own pick first). So Redis adds to each worker's picture only what
+//! it cannot know: the other replicas' new prompts placed since its last
+//! sync. Each call also reaps
 //! up to [`REAP_PER_CALL`] VMs silent for [`VM_TTL_MS`]: their requests
 //! leave the sets, so a dead replica's load ages out. Every key expires
 //! [`KEY_TTL_SECS`] after its last write.
@@ -52,7 +55,7 @@ pub(crate) const MAX_CANDIDATES: usize = 32;
 const RELEASE_CHUNK: usize = 256;
 
 /// ARGV: prefix, now ms, vm, member, vm ttl ms, key ttl s, reap count,
-/// claim (or empty), claim ms, then (pod, weight) pairs. Returns the
+/// claim (or empty), claim ms, then (pod, cost, step) triples. Returns the
 /// chosen pod.
 const PLACE_SCRIPT: &str = "\
 local p, now, vm, member = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -65,21 +68,18 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', vms, '-inf', now - vttl, 'LIMIT',
   redis.call('DEL', h)
   redis.call('ZREM', vms, d)
 end
-local best, bs, bo = nil, nil, nil
+local best, bs = nil, nil
 local ck = nil
 if ARGV[8] ~= '' then
   ck = p .. 'pl:c:' .. ARGV[8]
   local held = redis.call('GET', ck)
-  for i = 10, #ARGV - 1, 2 do if ARGV[i] == held then best = held end end
+  for i = 10, #ARGV - 2, 3 do if ARGV[i] == held then best = held end end
 end
 if best == nil then
-  for i = 10, #ARGV - 1, 2 do
-    local k = p .. 'pl:p:' .. ARGV[i]
-    local c = redis.call('ZCARD', k)
-    local o = now
-    if c > 0 then o = tonumber(redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')[2]) end
-    local s = (c + 1) * tonumber(ARGV[i + 1])
-    if best == nil or s < bs or (s == bs and o < bo) then best, bs, bo = ARGV[i], s, o end
+  for i = 10, #ARGV - 2, 3 do
+    local c = redis.call('ZCARD', p .. 'pl:p:' .. ARGV[i])
+    local s = tonumber(ARGV[i + 1]) + c * tonumber(ARGV[i + 2])
+    if best == nil or s < bs then best, bs = ARGV[i], s end
   end
 end
 if best == nil then return redis.error_reply('no candidates') end
@@ -112,12 +112,15 @@ redis.call('ZADD', vms, now, vm)
 redis.call('EXPIRE', vms, kttl)
 return n";
 
-/// One candidate of a placement: its address and prefill weight (1000 =
-/// a normal pod's speed, 3000 three times slower).
+/// One candidate of a placement: its address, the worker's cost of the
+/// request there (prefill and queue as it sees them, in a fast pod's
+/// prefill blocks, less this VM's own placed requests there) and what each
+/// placed request in flight there adds to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Candidate {
     pub(crate) address: String,
-    pub(crate) weight: u32,
+    pub(crate) cost: i64,
+    pub(crate) step: i64,
 }
 
 fn key_prefix(settings: &SyncSettings) -> String {
@@ -155,10 +158,10 @@ pub(crate) fn ask(
     let reap = REAP_PER_CALL.to_string();
     let family = family.map_or(String::new(), |f| format!("{f:016x}"));
     let claim_ms = CLAIM_MS.to_string();
-    let weights: Vec<String> = candidates
+    let figures: Vec<(String, String)> = candidates
         .iter()
         .take(MAX_CANDIDATES)
-        .map(|c| c.weight.max(1).to_string())
+        .map(|c| (c.cost.max(0).to_string(), c.step.max(1).to_string()))
         .collect();
     let mut args: Vec<&[u8]> = vec![
         b"EVAL",
@@ -174,9 +177,10 @@ pub(crate) fn ask(
         family.as_bytes(),
         claim_ms.as_bytes(),
     ];
-    for (c, w) in candidates.iter().zip(&weights) {
+    for (c, (cost, step)) in candidates.iter().zip(&figures) {
         args.push(c.address.as_bytes());
-        args.push(w.as_bytes());
+        args.push(cost.as_bytes());
+        args.push(step.as_bytes());
     }
     p.push(&args);
     Some(p.finish())
@@ -265,7 +269,8 @@ mod tests {
             .iter()
             .map(|n| Candidate {
                 address: (*n).to_string(),
-                weight: 1000,
+                cost: 132,
+                step: 8,
             })
             .collect()
     }
@@ -279,11 +284,11 @@ mod tests {
         let s = SyncSettings::default();
         assert!(ask(&s, 5, "vm1", "vm1:1", Some(1), &[]).is_none());
         let mut c = cands(&["10.0.0.1:8000", "10.0.0.2:8000"]);
-        c[1].weight = 3000;
+        c[1].cost = 3000;
         let (body, n) = ask(&s, 1234, "vm1", "vm1:7", Some(0xab), &c).unwrap();
         assert_eq!(n, 2, "EVAL and QUIT");
         let text = String::from_utf8(body).unwrap();
-        assert!(text.starts_with("*16\r\n$4\r\nEVAL\r\n"), "{text}");
+        assert!(text.starts_with("*18\r\n$4\r\nEVAL\r\n"), "{text}");
         for part in [
             "aibrix:",
             "1234",

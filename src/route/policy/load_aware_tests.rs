@@ -500,19 +500,26 @@ fn load_aware_an_untrusted_match_buys_no_queueing_but_still_breaks_ties() {
 }
 
 #[test]
-fn placement_candidates_are_the_pods_within_the_bound_least_loaded_first() {
+fn placement_candidates_are_the_pods_within_the_bound_in_the_policys_order() {
     // Least load 1: bound 1 + max(2, ceil(0.5)) = 3; pod 3 (load 5) is out.
-    let c = placement_candidates(
-        &LA,
-        &pods(&[0, 1, 2, 3]),
-        &[3, 1, 2, 5],
-        &[0, 2500, 1200, 0],
-    );
-    let got: Vec<(usize, u32)> = c.iter().map(|&(q, w)| (q.index(), w)).collect();
-    // Slowness counts from 1.5x up (pod 1: 2.5x); below it, alike.
-    assert_eq!(got, vec![(1, 2500), (2, 1000), (0, 1000)]);
-    assert!(placement_candidates(&LA, &[], &[], &[]).is_empty());
-    // Missing loads and slowness read as 0 (normal speed).
-    let c = placement_candidates(&LA, &pods(&[7]), &[], &[]);
-    assert_eq!(c, vec![(p(7), 1000)]);
+    let queue = [3, 1, 2, 5];
+    let slowness = [0, 3000, 1200, 0];
+    let loads = PodLoads {
+        queue: &queue,
+        inflight: &queue,
+        slowness: &slowness,
+        ..PodLoads::default()
+    };
+    let c = placement_candidates(&LA, &pods(&[0, 1, 2, 3]), &loads, &[], 10);
+    let got: Vec<(usize, i64, i64)> = c.iter().map(|&(q, c, s)| (q.index(), c, s)).collect();
+    // Cost: 10 blocks of prefill (x3 on pod 1, 3x slower; 1.2x counts as
+    // alike) plus 4 blocks per request above the least load, times the
+    // pod's slowness: pod 2 10 + 4 x 1.2 = 14, pod 0 10 + 8 = 18, pod 1 30.
+    // A request more adds 4 blocks x slowness.
+    assert_eq!(got, vec![(2, 14, 4), (0, 18, 4), (1, 30, 12)]);
+    // The order is the policy's: its pick first.
+    let choice = la_with(&loads, &[0, 1, 2, 3], &[], 10, 0.0);
+    assert_eq!(choice.pod, c[0].0);
+    assert!(placement_candidates(&LA, &[], &loads, &[], 10).is_empty());
 }
+

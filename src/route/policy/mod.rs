@@ -147,85 +147,13 @@ pub fn choose_load_aware(
     turn: usize,
     rng: &mut SplitMix64,
 ) -> Option<Choice> {
+    let w = Weigh::new(cfg, pool, loads, matches, total_blocks)?;
+    let bound = w.bound;
     let at = |v: &[u32], pod: PodSlot| v.get(pod.index()).copied().unwrap_or(0);
-    let load_of = |pod: PodSlot| at(loads.queue, pod);
-    let matched_of = |pod: PodSlot| -> u32 {
-        matches
-            .iter()
-            .filter(|(p, _)| *p == pod)
-            .map(|(_, m)| *m)
-            .max()
-            .unwrap_or(0)
-    };
-    // The match that buys queueing: none on a pod whose match is too old
-    // to trust (it may have been evicted).
-    let trusted_of = |pod: PodSlot| -> u32 {
-        if loads.untrusted.contains(&pod) {
-            0
-        } else {
-            matched_of(pod)
-        }
-    };
-    // Recent requests weighted by slowness: a pod 3x slower carries a
-    // request's traffic three times over.
-    let sent_of = |pod: PodSlot| -> u64 {
-        let slow = match at(loads.slowness, pod) {
-            0 => 1000,
-            s => u64::from(s),
-        };
-        u64::from(at(loads.sent, pod)) * slow / 1000
-    };
-    let min = pool.iter().map(|&p| load_of(p)).min()?;
-    let bound = load_bound(cfg, pool, loads.queue)?;
-    // Minus the time to the first token, in a fast pod's prefill blocks.
-    let score = |pod: PodSlot| -> i64 {
-        let extra = i128::from(load_of(pod) - min);
-        let slow = match at(loads.slowness, pod) {
-            0 => 1000,
-            s => i128::from(s),
-        };
-        // Pods within 1.5x of the fastest prefill alike: that close,
-        // measured slowness is mostly queueing and noise, and weighing a
-        // miss's whole prefill by it would place new prefixes by noise.
-        let prefill_slow = if slow >= SLOW_PREFILL { slow } else { 1000 };
-        let uncached = (total_blocks as i128 - i128::from(trusted_of(pod))).max(0);
-        let queue = extra * i128::from(cfg.queue_cost_blocks) * slow;
-        let cost = (uncached * prefill_slow + queue) / 1000;
-        -(cost.min(i128::from(i64::MAX)) as i64)
-    };
-    // How long ago the requests in flight there were sent, for a pod
-    // without a match: of pods alike, the one whose requests are oldest
-    // frees a slot first. Not among holders of a match: their requests
-    // are hits and misses mixed, whose age says less of when they end
-    // (with it there too, cache-pressure through three replicas read
-    // higher TTFT p99s; see policy-notes).
-    let age_of = |pod: PodSlot| -> u64 {
-        if matched_of(pod) == 0 {
-            loads.age.get(pod.index()).copied().unwrap_or(0)
-        } else {
-            0
-        }
-    };
-    // (-cost, trusted match, [-placed,] -load, -in flight, untrusted
-    // match, -sent, -placed, age) decides; equal keys tie.
-    let key = |pod: PodSlot| {
-        let placed_first = if loads.place_by_count && matched_of(pod) == 0 {
-            at(loads.placed, pod)
-        } else {
-            0
-        };
-        (
-            score(pod),
-            trusted_of(pod),
-            std::cmp::Reverse(placed_first),
-            std::cmp::Reverse(load_of(pod)),
-            std::cmp::Reverse(at(loads.inflight, pod)),
-            matched_of(pod) - trusted_of(pod),
-            std::cmp::Reverse(sent_of(pod)),
-            std::cmp::Reverse(at(loads.placed, pod)),
-            age_of(pod),
-        )
-    };
+    let load_of = |pod: PodSlot| w.load(pod);
+    let matched_of = |pod: PodSlot| w.matched(pod);
+    let sent_of = |pod: PodSlot| w.sent(pod);
+    let key = |pod: PodSlot| w.key(pod);
     let eligible = pool.iter().copied().filter(|&p| load_of(p) <= bound);
     let best = eligible.clone().map(key).max()?;
     let mut tied: Vec<PodSlot> = eligible.clone().filter(|&p| key(p) == best).collect();
@@ -290,6 +218,155 @@ pub fn choose_load_aware(
 /// request's uncached prefill on a pod.
 pub const SLOW_PREFILL: i128 = 1500;
 
+/// The order [`choose_load_aware`]'s rules 2-3 put pods in: larger first.
+type Key = (
+    i64,
+    u32,
+    std::cmp::Reverse<u32>,
+    std::cmp::Reverse<u32>,
+    std::cmp::Reverse<u32>,
+    u32,
+    std::cmp::Reverse<u64>,
+    std::cmp::Reverse<u32>,
+    u64,
+);
+
+/// What [`choose_load_aware`] weighs of each pod of a pool (rules 1-3).
+struct Weigh<'a> {
+    cfg: &'a LoadAwareConfig,
+    loads: &'a PodLoads<'a>,
+    matches: &'a [(PodSlot, u32)],
+    total_blocks: usize,
+    /// The pool's least load, and the bound of rule 1.
+    min: u32,
+    bound: u32,
+}
+
+impl<'a> Weigh<'a> {
+    /// None for an empty pool.
+    fn new(
+        cfg: &'a LoadAwareConfig,
+        pool: &[PodSlot],
+        loads: &'a PodLoads<'a>,
+        matches: &'a [(PodSlot, u32)],
+        total_blocks: usize,
+    ) -> Option<Self> {
+        let at = |pod: PodSlot| loads.queue.get(pod.index()).copied().unwrap_or(0);
+        let min = pool.iter().map(|&p| at(p)).min()?;
+        let bound = load_bound(cfg, pool, loads.queue)?;
+        Some(Self {
+            cfg,
+            loads,
+            matches,
+            total_blocks,
+            min,
+            bound,
+        })
+    }
+
+    fn at(v: &[u32], pod: PodSlot) -> u32 {
+        v.get(pod.index()).copied().unwrap_or(0)
+    }
+
+    fn load(&self, pod: PodSlot) -> u32 {
+        Self::at(self.loads.queue, pod)
+    }
+
+    fn matched(&self, pod: PodSlot) -> u32 {
+        self.matches
+            .iter()
+            .filter(|(p, _)| *p == pod)
+            .map(|(_, m)| *m)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The match that buys queueing: none on a pod whose match is too old
+    /// to trust (it may have been evicted).
+    fn trusted(&self, pod: PodSlot) -> u32 {
+        if self.loads.untrusted.contains(&pod) {
+            0
+        } else {
+            self.matched(pod)
+        }
+    }
+
+    /// Slowness in thousandths (1000 when not measured).
+    fn slow(&self, pod: PodSlot) -> i128 {
+        match Self::at(self.loads.slowness, pod) {
+            0 => 1000,
+            s => i128::from(s),
+        }
+    }
+
+    /// Recent requests weighted by slowness: a pod 3x slower carries a
+    /// request's traffic three times over.
+    fn sent(&self, pod: PodSlot) -> u64 {
+        u64::from(Self::at(self.loads.sent, pod)) * self.slow(pod) as u64 / 1000
+    }
+
+    /// The time to the first token, in a fast pod's prefill blocks: the
+    /// uncached blocks' prefill plus the queue above the pool's least.
+    fn cost(&self, pod: PodSlot) -> i64 {
+        let extra = i128::from(self.load(pod) - self.min);
+        let slow = self.slow(pod);
+        // Pods within 1.5x of the fastest prefill alike: that close,
+        // measured slowness is mostly queueing and noise, and weighing a
+        // miss's whole prefill by it would place new prefixes by noise.
+        let prefill_slow = if slow >= SLOW_PREFILL { slow } else { 1000 };
+        let uncached = (self.total_blocks as i128 - i128::from(self.trusted(pod))).max(0);
+        let queue = extra * i128::from(self.step_unit()) * slow;
+        let cost = (uncached * prefill_slow + queue) / 1000;
+        cost.min(i128::from(i64::MAX)) as i64
+    }
+
+    fn step_unit(&self) -> u32 {
+        self.cfg.queue_cost_blocks
+    }
+
+    /// What one more request queued on `pod` adds to its cost (at least 1).
+    fn step(&self, pod: PodSlot) -> i64 {
+        let step = i128::from(self.step_unit()) * self.slow(pod) / 1000;
+        step.clamp(1, i128::from(i64::MAX)) as i64
+    }
+
+    /// How long ago the requests in flight there were sent, for a pod
+    /// without a match: of pods alike, the one whose requests are oldest
+    /// frees a slot first. Not among holders of a match: their requests
+    /// are hits and misses mixed, whose age says less of when they end
+    /// (with it there too, cache-pressure through three replicas read
+    /// higher TTFT p99s; see policy-notes).
+    fn age(&self, pod: PodSlot) -> u64 {
+        if self.matched(pod) == 0 {
+            self.loads.age.get(pod.index()).copied().unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
+    /// (-cost, trusted match, [-placed,] -load, -in flight, untrusted
+    /// match, -sent, -placed, age) decides; equal keys tie.
+    fn key(&self, pod: PodSlot) -> Key {
+        use std::cmp::Reverse;
+        let placed_first = if self.loads.place_by_count && self.matched(pod) == 0 {
+            Self::at(self.loads.placed, pod)
+        } else {
+            0
+        };
+        (
+            -self.cost(pod),
+            self.trusted(pod),
+            Reverse(placed_first),
+            Reverse(self.load(pod)),
+            Reverse(Self::at(self.loads.inflight, pod)),
+            self.matched(pod) - self.trusted(pod),
+            Reverse(self.sent(pod)),
+            Reverse(Self::at(self.loads.placed, pod)),
+            self.age(pod),
+        )
+    }
+}
+
 /// The load bound of rule 1: the pool's least load plus
 /// `max(slack_abs, ceil(slack_rel x least))`. None for an empty pool.
 fn load_bound(cfg: &LoadAwareConfig, pool: &[PodSlot], queue: &[u32]) -> Option<u32> {
@@ -303,36 +380,29 @@ fn load_bound(cfg: &LoadAwareConfig, pool: &[PodSlot], queue: &[u32]) -> Option<
     Some(min.saturating_add(cfg.slack_abs.max(rel)))
 }
 
-/// Where a new prompt may go under [`choose_load_aware`]'s rule 1 (load
-/// within the bound), least loaded first (the pool's order among equals),
-/// each with its prefill weight (1000; the pod's slowness from
-/// [`SLOW_PREFILL`] up): the candidates of a fleet-wide placement.
+/// Where a new prompt may go under [`choose_load_aware`] (its matches
+/// `matches`, `total_blocks` long): the pods within rule 1's load bound, in
+/// the order rules 2-3 prefer them (the pool's order among equals), each
+/// with its cost (rule 2: prefill and queue, in a fast pod's prefill
+/// blocks) and what one more queued request adds to it: the candidates of
+/// a fleet-wide placement.
 pub(crate) fn placement_candidates(
     cfg: &LoadAwareConfig,
     pool: &[PodSlot],
-    queue: &[u32],
-    slowness: &[u32],
-) -> Vec<(PodSlot, u32)> {
-    let Some(bound) = load_bound(cfg, pool, queue) else {
+    loads: &PodLoads<'_>,
+    matches: &[(PodSlot, u32)],
+    total_blocks: usize,
+) -> Vec<(PodSlot, i64, i64)> {
+    let Some(w) = Weigh::new(cfg, pool, loads, matches, total_blocks) else {
         return Vec::new();
     };
-    let load = |p: PodSlot| queue.get(p.index()).copied().unwrap_or(0);
-    let mut out: Vec<(PodSlot, u32)> = pool
+    let mut out: Vec<PodSlot> = pool
         .iter()
         .copied()
-        .filter(|&p| load(p) <= bound)
-        .map(|p| {
-            let slow = slowness.get(p.index()).copied().unwrap_or(0);
-            let weight = if i128::from(slow) >= SLOW_PREFILL {
-                slow
-            } else {
-                1000
-            };
-            (p, weight)
-        })
+        .filter(|&p| w.load(p) <= w.bound)
         .collect();
-    out.sort_by_key(|&(p, _)| load(p));
-    out
+    out.sort_by_key(|&p| std::cmp::Reverse(w.key(p)));
+    out.into_iter().map(|p| (p, w.cost(p), w.step(p))).collect()
 }
 
 /// Per-pod figures [`choose_load_aware`] weighs, indexed by pod slot

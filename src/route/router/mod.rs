@@ -89,10 +89,11 @@ pub(crate) enum Outcome {
     /// Routed, recorded and counted in flight.
     Routed(Box<Routed>),
     /// A new prompt, nothing recorded: the pods it may go to, the worker's
-    /// own pick first, each with its prefill weight (1000 = normal speed),
-    /// and its family (model and first block; see [`family_of`]).
+    /// own pick first, each with its cost and the cost of one more queued
+    /// request there ([`placement_candidates`]), and its family (model and
+    /// first block; see [`family_of`]).
     Ask {
-        pods: Vec<(PodSlot, u32)>,
+        pods: Vec<(PodSlot, i64, i64)>,
         family: Option<u64>,
     },
 }
@@ -526,9 +527,10 @@ impl Router {
                     choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng);
                 match (place, choice.as_mut()) {
                     (Place::Ask, Some(c)) if c.reason == Reason::NoMatch => {
-                        let mut cands = placement_candidates(cfg, pool, &queue, &slowness);
+                        let mut cands =
+                            placement_candidates(cfg, pool, &loads, &lengths, hashes.len());
                         // The worker's own pick first: it wins Redis's ties.
-                        if let Some(i) = cands.iter().position(|&(p, _)| p == c.pod) {
+                        if let Some(i) = cands.iter().position(|&(p, _, _)| p == c.pod) {
                             cands[..=i].rotate_right(1);
                         }
                         let family = hashes.first().map(|&f| family_of(&req.model, f));

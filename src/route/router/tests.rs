@@ -697,7 +697,9 @@ fn only_a_new_prompt_asks_and_a_forced_pod_is_recorded_and_counted() {
         panic!("a new prompt asks");
     };
     assert_eq!(pods.len(), 3, "every pod within the bound: {pods:?}");
-    assert!(pods.iter().all(|&(_, w)| w == 1000));
+    // Idle pods alike: the prompt's whole prefill each, 0 queue.
+    let blocks = r.hasher.hash(p.as_bytes()).len() as i64;
+    assert!(pods.iter().all(|&(_, cost, _)| cost == blocks), "{pods:?}");
     assert_eq!(family, Some(family_of("m", r.hasher.hash(p.as_bytes())[0])));
     // Nothing recorded, nothing counted: asking again asks again.
     assert!(matches!(
