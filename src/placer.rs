@@ -100,11 +100,6 @@ impl Placer {
         placed[i] = placed[i].saturating_add(1);
     }
 
-    /// This VM's placed requests in flight on `pod`.
-    pub(crate) fn placed_on(&self, pod: PodSlot) -> i64 {
-        i64::from(self.placed.borrow().get(pod.index()).copied().unwrap_or(0))
-    }
-
     /// Queues the release of `member` for the tick; `pod`: where it was
     /// [`Self::placed`], if it was.
     pub(crate) fn release(&self, member: String, pod: Option<PodSlot>, meter: &Meter) {

@@ -411,7 +411,7 @@ impl Stream {
                 let Some(req) = self.ask(w, host, req, asked, no_usage, check_address) else {
                     return Ok(true);
                 };
-                let routed = routed(w.route_placed(host, &req, started, Place::Local))?;
+                let routed = routed(w.route_placed(host, &req, started, Place::Answered(None)))?;
                 return self.apply(w, host, *routed, req.stream, no_usage, check_address, None);
             }
         };
@@ -445,8 +445,6 @@ impl Stream {
             .take(place::MAX_CANDIDATES)
             .filter_map(|&(pod, cost, step)| {
                 let address = fleet.address(pod)?.to_string();
-                // This VM's own placed requests are in Redis's counts too.
-                let cost = cost.saturating_sub(w.placer.placed_on(pod) * step).max(0);
                 Some((
                     pod,
                     Candidate {
@@ -507,14 +505,11 @@ impl Stream {
             .and_then(|r| place::chosen(r, p.expected, &p.candidates));
         w.placer.wait_ended(pick.is_ok(), now_nanos / 1_000_000);
         let forced = pick.as_ref().ok().and_then(|&i| p.pods.get(i)).copied();
-        let place = match forced {
-            Some(pod) => Place::Forced(pod),
-            None => {
-                w.meter.inc(Count::PlaceFailed);
-                log::debug!("prefix_router: placement failed ({pick:?}), the worker's own pick");
-                Place::Local
-            }
-        };
+        if forced.is_none() {
+            w.meter.inc(Count::PlaceFailed);
+            log::debug!("prefix_router: placement failed ({pick:?}), the worker's own pick");
+        }
+        let place = Place::Answered(forced);
         let result = routed(w.route_placed(host, &p.req, now_nanos, place));
         match (&result, forced) {
             (Ok(r), Some(pod)) if r.choice.pod == pod => {

@@ -20,12 +20,14 @@
 //! The pick: the pod the prompt's family (model and first block) was
 //! placed on in the last [`CLAIM_MS`], if a candidate (`c:{family}`);
 //! else the lowest `cost + placed in flight x step`, where the worker sends
-//! each candidate's cost under its policy (prefill and queue as its load
-//! view shows them, less its own placed requests) and what one more queued
-//! request adds there; then the candidates' order (the worker's preference,
-//! its own pick first). So Redis adds to each worker's picture only what
-//! it cannot know: the other replicas' new prompts placed since its last
-//! sync. Each call also reaps
+//! each candidate's prefill cost under its policy (a 3x slower pod's is
+//! three times a fast one's) and what one more queued request adds there;
+//! then the pod whose oldest placed request was sent longest ago (it frees
+//! a slot first); then the candidates' order (the worker's preference, its
+//! own pick first: among idle pods alike, the one its replica sent least
+//! to). The worker's own view of the queues only bounds the candidates:
+//! read by every replica at once, a stale picture herds (policy-notes).
+//! Each call also reaps
 //! up to [`REAP_PER_CALL`] VMs silent for [`VM_TTL_MS`]: their requests
 //! leave the sets, so a dead replica's load ages out. Every key expires
 //! [`KEY_TTL_SECS`] after its last write.
@@ -68,7 +70,7 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', vms, '-inf', now - vttl, 'LIMIT',
   redis.call('DEL', h)
   redis.call('ZREM', vms, d)
 end
-local best, bs = nil, nil
+local best, bs, bo = nil, nil, nil
 local ck = nil
 if ARGV[8] ~= '' then
   ck = p .. 'pl:c:' .. ARGV[8]
@@ -77,9 +79,12 @@ if ARGV[8] ~= '' then
 end
 if best == nil then
   for i = 10, #ARGV - 2, 3 do
-    local c = redis.call('ZCARD', p .. 'pl:p:' .. ARGV[i])
+    local k = p .. 'pl:p:' .. ARGV[i]
+    local c = redis.call('ZCARD', k)
+    local o = now
+    if c > 0 then o = tonumber(redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')[2]) end
     local s = tonumber(ARGV[i + 1]) + c * tonumber(ARGV[i + 2])
-    if best == nil or s < bs then best, bs = ARGV[i], s end
+    if best == nil or s < bs or (s == bs and o < bo) then best, bs, bo = ARGV[i], s, o end
   end
 end
 if best == nil then return redis.error_reply('no candidates') end
@@ -112,9 +117,8 @@ redis.call('ZADD', vms, now, vm)
 redis.call('EXPIRE', vms, kttl)
 return n";
 
-/// One candidate of a placement: its address, the worker's cost of the
-/// request there (prefill and queue as it sees them, in a fast pod's
-/// prefill blocks, less this VM's own placed requests there) and what each
+/// One candidate of a placement: its address, the worker's prefill cost
+/// of the request there (in a fast pod's prefill blocks) and what each
 /// placed request in flight there adds to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Candidate {

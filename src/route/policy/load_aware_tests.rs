@@ -512,14 +512,14 @@ fn placement_candidates_are_the_pods_within_the_bound_in_the_policys_order() {
     };
     let c = placement_candidates(&LA, &pods(&[0, 1, 2, 3]), &loads, &[], 10);
     let got: Vec<(usize, i64, i64)> = c.iter().map(|&(q, c, s)| (q.index(), c, s)).collect();
-    // Cost: 10 blocks of prefill (x3 on pod 1, 3x slower; 1.2x counts as
-    // alike) plus 4 blocks per request above the least load, times the
-    // pod's slowness: pod 2 10 + 4 x 1.2 = 14, pod 0 10 + 8 = 18, pod 1 30.
-    // A request more adds 4 blocks x slowness.
-    assert_eq!(got, vec![(2, 14, 4), (0, 18, 4), (1, 30, 12)]);
+    // In the policy's order: its cost is 10 blocks of prefill (x3 on pod
+    // 1, 3x slower; 1.2x counts as alike) plus 4 blocks per request above
+    // the least load, times the pod's slowness: pod 2 10 + 4 x 1.2 = 14,
+    // pod 0 10 + 8 = 18, pod 1 30. Each comes with its prefill alone, and
+    // what a request more adds (4 blocks x slowness).
+    assert_eq!(got, vec![(2, 10, 4), (0, 10, 4), (1, 30, 12)]);
     // The order is the policy's: its pick first.
     let choice = la_with(&loads, &[0, 1, 2, 3], &[], 10, 0.0);
     assert_eq!(choice.pod, c[0].0);
     assert!(placement_candidates(&LA, &[], &loads, &[], 10).is_empty());
 }
-

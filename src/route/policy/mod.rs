@@ -309,15 +309,24 @@ impl<'a> Weigh<'a> {
     /// uncached blocks' prefill plus the queue above the pool's least.
     fn cost(&self, pod: PodSlot) -> i64 {
         let extra = i128::from(self.load(pod) - self.min);
+        let queue = extra * i128::from(self.step_unit()) * self.slow(pod);
+        let cost = (self.prefill_permille(pod) + queue) / 1000;
+        cost.min(i128::from(i64::MAX)) as i64
+    }
+
+    /// The uncached blocks' prefill alone, in a fast pod's blocks.
+    fn prefill(&self, pod: PodSlot) -> i64 {
+        (self.prefill_permille(pod) / 1000).min(i128::from(i64::MAX)) as i64
+    }
+
+    fn prefill_permille(&self, pod: PodSlot) -> i128 {
         let slow = self.slow(pod);
         // Pods within 1.5x of the fastest prefill alike: that close,
         // measured slowness is mostly queueing and noise, and weighing a
         // miss's whole prefill by it would place new prefixes by noise.
         let prefill_slow = if slow >= SLOW_PREFILL { slow } else { 1000 };
         let uncached = (self.total_blocks as i128 - i128::from(self.trusted(pod))).max(0);
-        let queue = extra * i128::from(self.step_unit()) * slow;
-        let cost = (uncached * prefill_slow + queue) / 1000;
-        cost.min(i128::from(i64::MAX)) as i64
+        uncached * prefill_slow
     }
 
     fn step_unit(&self) -> u32 {
@@ -383,9 +392,10 @@ fn load_bound(cfg: &LoadAwareConfig, pool: &[PodSlot], queue: &[u32]) -> Option<
 /// Where a new prompt may go under [`choose_load_aware`] (its matches
 /// `matches`, `total_blocks` long): the pods within rule 1's load bound, in
 /// the order rules 2-3 prefer them (the pool's order among equals), each
-/// with its cost (rule 2: prefill and queue, in a fast pod's prefill
-/// blocks) and what one more queued request adds to it: the candidates of
-/// a fleet-wide placement.
+/// with its prefill cost (rule 2 without the queue: the uncached blocks,
+/// times the pod's slowness from 1.5x up) and what one more queued request
+/// adds to it: the candidates of a fleet-wide placement, whose queue Redis
+/// knows better.
 pub(crate) fn placement_candidates(
     cfg: &LoadAwareConfig,
     pool: &[PodSlot],
@@ -402,7 +412,9 @@ pub(crate) fn placement_candidates(
         .filter(|&p| w.load(p) <= w.bound)
         .collect();
     out.sort_by_key(|&p| std::cmp::Reverse(w.key(p)));
-    out.into_iter().map(|p| (p, w.cost(p), w.step(p))).collect()
+    out.into_iter()
+        .map(|p| (p, w.prefill(p), w.step(p)))
+        .collect()
 }
 
 /// Per-pod figures [`choose_load_aware`] weighs, indexed by pod slot

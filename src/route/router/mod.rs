@@ -79,8 +79,9 @@ pub(crate) enum Place {
     Local,
     /// A new prompt asks Redis first (see [`Outcome::Ask`]).
     Ask,
-    /// The pod Redis chose.
-    Forced(PodSlot),
+    /// After asking: the pod Redis chose, or (None: no usable answer) the
+    /// worker's own pick. The request's demand was counted when it asked.
+    Answered(Option<PodSlot>),
 }
 
 /// What [`Router::route_placed`] did.
@@ -380,8 +381,9 @@ impl Router {
     /// with [`Place::Ask`], a new prompt under the load-aware policy (no pod
     /// of the pool holds any of it) is neither recorded nor counted; its
     /// candidates come back ([`placement_candidates`]) for Redis to choose
-    /// from. With [`Place::Forced`], the request goes to that pod (when it
-    /// is still in the pool) and is recorded and counted there.
+    /// from. With [`Place::Answered`], the request goes to the pod Redis
+    /// chose (when it is still in the pool) and is recorded and counted
+    /// there.
     pub(crate) fn route_placed<S: SharedStore + ?Sized>(
         &self,
         store: &S,
@@ -426,7 +428,7 @@ impl Router {
             Some(m) => {
                 let key = (m, hashes.first().copied().unwrap_or(0));
                 // A placed request was counted when it asked.
-                if !matches!(place, Place::Forced(_)) {
+                if !matches!(place, Place::Answered(_)) {
                     share = self.demand.borrow_mut().count(key);
                 }
                 let hint = self.hints.borrow().get(&key).copied();
@@ -539,7 +541,7 @@ impl Router {
                             family,
                         });
                     }
-                    (Place::Forced(pod), Some(c)) if pool.contains(&pod) => {
+                    (Place::Answered(Some(pod)), Some(c)) if pool.contains(&pod) => {
                         let matched = lengths
                             .iter()
                             .filter(|&&(p, _)| p == pod)

@@ -709,7 +709,13 @@ fn only_a_new_prompt_asks_and_a_forced_pod_is_recorded_and_counted() {
     // Forced to the pod the worker would not pick first.
     let target = pods[2].0;
     let Outcome::Routed(placed) = r
-        .route_placed(&s, &req(&p), 100_000, &mut rng, Place::Forced(target))
+        .route_placed(
+            &s,
+            &req(&p),
+            100_000,
+            &mut rng,
+            Place::Answered(Some(target)),
+        )
         .unwrap()
     else {
         panic!("a forced route routes");
@@ -734,7 +740,7 @@ fn only_a_new_prompt_asks_and_a_forced_pod_is_recorded_and_counted() {
             &req(&"qqqq".repeat(50)),
             100_000,
             &mut rng,
-            Place::Forced(gone),
+            Place::Answered(Some(gone)),
         )
         .unwrap()
     else {
