@@ -89,10 +89,11 @@ pub(crate) enum Place {
 pub(crate) enum Outcome {
     /// Routed, recorded and counted in flight.
     Routed(Box<Routed>),
-    /// A new prompt, nothing recorded: the pods it may go to, the worker's
-    /// own pick first, each with its cost and the cost of one more queued
-    /// request there ([`placement_candidates`]), and its family (model and
-    /// first block; see [`family_of`]).
+    /// A new prompt, nothing recorded: the pods it may go to, in the
+    /// policy's order (the worker's own pick first), each with its prefill
+    /// cost and the cost of one more queued request there
+    /// ([`placement_candidates`]), and its family (model and first block;
+    /// see [`family_of`]).
     Ask {
         pods: Vec<(PodSlot, i64, i64)>,
         family: Option<u64>,

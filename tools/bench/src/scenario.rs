@@ -602,7 +602,7 @@ mod tests {
             assert_eq!(Router::parse(r.key()), Some(r));
             assert_eq!(serde_json::to_value(r).unwrap(), json!(r.key()));
         }
-        assert_eq!(parse_routers("all").unwrap().len(), 9);
+        assert_eq!(parse_routers("all").unwrap().len(), 10);
         assert_eq!(
             parse_routers("round-robin,filter").unwrap(),
             vec![Router::RoundRobin, Router::Filter]
