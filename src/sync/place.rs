@@ -15,10 +15,11 @@
 //! - `v:{vm}`: hash of one worker VM's placed requests, member -> pod, so a
 //!   release needs only the member and a dead VM's requests can be found;
 //! - `vms`: sorted set of worker VMs by last sign of life (unix ms);
-//! - `c:{family}`: the pod a prompt family went to, for [`CLAIM_MS`].
+//! - `c:{family}`: the pod a prompt family went to, for `place_claim_ms`.
 //!
-//! The pick: the pod the prompt's family (model and first block) was
-//! placed on in the last [`CLAIM_MS`], if a candidate (`c:{family}`);
+//! The pick: with `place_claim_ms` set, the pod the prompt's family (model
+//! and first block) was placed on within that time, if a candidate
+//! (`c:{family}`);
 //! else the lowest `cost + placed in flight x step`, where the worker sends
 //! each candidate's prefill cost under its policy (a 3x slower pod's is
 //! three times a fast one's) and what one more queued request adds there;
@@ -45,11 +46,6 @@ pub(crate) const HEARTBEAT_MS: u64 = 2_000;
 pub(crate) const REAP_PER_CALL: usize = 4;
 /// Every placement key expires this long after its last write.
 pub(crate) const KEY_TTL_SECS: u64 = 3_600;
-/// How long a prompt family's first placement holds: a new prompt with the
-/// same model and first block placed within it goes to the same pod (when
-/// a candidate), so a burst of one new prefix is not split across pods
-/// before the replicas' tables know it (a sync takes a few polls).
-pub(crate) const CLAIM_MS: u64 = 1_000;
 /// Candidates one placement weighs at most (the worker's first ones).
 pub(crate) const MAX_CANDIDATES: usize = 32;
 /// Members one release script carries (more go as further scripts of the
@@ -141,8 +137,8 @@ fn start(settings: &SyncSettings) -> Pipeline {
 
 /// The pipeline asking Redis to place `member` of worker VM `vm` on one of
 /// `candidates` (at most [`MAX_CANDIDATES`] are sent), following the claim
-/// of prompt `family` if any, and the number of replies to expect. None
-/// without candidates.
+/// of prompt `family` if any (with `place_claim_ms` > 0), and the number of
+/// replies to expect. None without candidates.
 pub(crate) fn ask(
     settings: &SyncSettings,
     now_ms: u64,
@@ -160,8 +156,11 @@ pub(crate) fn ask(
     let vttl = VM_TTL_MS.to_string();
     let kttl = KEY_TTL_SECS.to_string();
     let reap = REAP_PER_CALL.to_string();
-    let family = family.map_or(String::new(), |f| format!("{f:016x}"));
-    let claim_ms = CLAIM_MS.to_string();
+    let family = match (family, settings.place_claim_ms) {
+        (Some(f), 1..) => format!("{f:016x}"),
+        _ => String::new(),
+    };
+    let claim_ms = settings.place_claim_ms.to_string();
     let figures: Vec<(String, String)> = candidates
         .iter()
         .take(MAX_CANDIDATES)
@@ -289,6 +288,17 @@ mod tests {
         assert!(ask(&s, 5, "vm1", "vm1:1", Some(1), &[]).is_none());
         let mut c = cands(&["10.0.0.1:8000", "10.0.0.2:8000"]);
         c[1].cost = 3000;
+        let (body, _) = ask(&s, 1234, "vm1", "vm1:7", Some(0xab), &c).unwrap();
+        assert!(
+            !String::from_utf8(body)
+                .unwrap()
+                .contains("00000000000000ab"),
+            "no claim by default"
+        );
+        let s = SyncSettings {
+            place_claim_ms: 1000,
+            ..SyncSettings::default()
+        };
         let (body, n) = ask(&s, 1234, "vm1", "vm1:7", Some(0xab), &c).unwrap();
         assert_eq!(n, 2, "EVAL and QUIT");
         let text = String::from_utf8(body).unwrap();

@@ -29,8 +29,7 @@ use crate::route::latency::PodLatency;
 use crate::route::load::{Ticket, VmLoad};
 use crate::route::mirror::{Mirror, Mirrored};
 use crate::route::policy::{
-    choose, choose_load_aware, effective_load, placement_candidates, Choice, PodLoads,
-    PolicyConfig, PolicyMode, Reason,
+    choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode, Reason,
 };
 use crate::route::prefill::PrefillTiming;
 use crate::route::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
@@ -70,48 +69,6 @@ impl From<StoreError> for RouteError {
     fn from(e: StoreError) -> Self {
         RouteError::Store(e)
     }
-}
-
-/// How [`Router::route_placed`] places a new prompt (`sync.place_new`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Place {
-    /// The worker's own pick, as [`Router::route_at`].
-    Local,
-    /// A new prompt asks Redis first (see [`Outcome::Ask`]).
-    Ask,
-    /// After asking: the pod Redis chose, or (None: no usable answer) the
-    /// worker's own pick. The request's demand was counted when it asked.
-    Answered(Option<PodSlot>),
-}
-
-/// What [`Router::route_placed`] did.
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    /// Routed, recorded and counted in flight.
-    Routed(Box<Routed>),
-    /// A new prompt, nothing recorded: the pods it may go to, in the
-    /// policy's order (the worker's own pick first), each with its prefill
-    /// cost and the cost of one more queued request there
-    /// ([`placement_candidates`]), and its family (model and first block;
-    /// see [`family_of`]).
-    Ask {
-        pods: Vec<(PodSlot, i64, i64)>,
-        family: Option<u64>,
-    },
-}
-
-/// A prompt's family across replicas: its model name and first block's
-/// hash (FNV-1a over the name, then a 64-bit mix with the block). The same
-/// on every replica with the same `block_size` and `hash_seed`.
-pub(crate) fn family_of(model: &str, first_block: u64) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in model.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    let mut z = h ^ first_block.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// A routing decision and what it cost.
@@ -528,39 +485,15 @@ impl Router {
                 let share = share.unwrap_or(0.0);
                 let mut choice =
                     choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng);
-                match (place, choice.as_mut()) {
-                    (Place::Ask, Some(c)) if c.reason == Reason::NoMatch => {
-                        let mut cands =
-                            placement_candidates(cfg, pool, &loads, &lengths, hashes.len());
-                        // The worker's own pick first: it wins Redis's ties.
-                        if let Some(i) = cands.iter().position(|&(p, _, _)| p == c.pod) {
-                            cands[..=i].rotate_right(1);
-                        }
-                        let family = hashes.first().map(|&f| family_of(&req.model, f));
-                        return Ok(Outcome::Ask {
-                            pods: cands,
-                            family,
-                        });
-                    }
-                    (Place::Answered(Some(pod)), Some(c)) if pool.contains(&pod) => {
-                        let matched = lengths
-                            .iter()
-                            .filter(|&&(p, _)| p == pod)
-                            .map(|&(_, m)| m)
-                            .max()
-                            .unwrap_or(0);
-                        c.pod = pod;
-                        c.reason = if matched > 0 {
-                            Reason::PrefixMatch
-                        } else {
-                            Reason::Placed
-                        };
-                        c.match_percent = match hashes.len() {
-                            0 => 0,
-                            n => ((u64::from(matched) * 100) / n as u64).min(100) as u8,
-                        };
-                    }
-                    _ => {}
+                let new_prompt = placing::Prompt {
+                    model: &req.model,
+                    hashes: &hashes,
+                    matches: &lengths,
+                };
+                if let Some(ask) =
+                    placing::settle(place, choice.as_mut(), cfg, pool, &loads, &new_prompt)
+                {
+                    return Ok(ask);
                 }
                 let fleet = self.fleet.borrow();
                 let scene = explain::Scene::new(&fleet, &req.model, hashes.len(), pool, &lengths);
@@ -744,9 +677,13 @@ fn touch_interval_secs(s: &Settings) -> u32 {
 
 pub(crate) mod explain;
 mod learning;
+mod placing;
 mod probe;
 mod speed;
 
+#[cfg(test)]
+use placing::family_of;
+pub(crate) use placing::{Outcome, Place};
 pub use probe::sampled_positions;
 use probe::{longest_matches, Probe};
 use speed::slowness;

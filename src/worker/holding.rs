@@ -1,0 +1,184 @@
+//! The worker's side of `hold` ([`crate::route::hold`]): whether a routed
+//! stream waits for an earlier prefill of its prefix, who answered, and the
+//! prefill timing that rides on the same callbacks.
+
+use super::*;
+
+impl Worker {
+    /// After stream `stream` was routed (`r`), with `hold.enabled`: tells
+    /// whether it must wait because an earlier request is still computing
+    /// part of its match on that pod (see [`crate::route::hold`]): one of
+    /// this VM, else, while other worker VMs are live and the match is
+    /// young, one another VM listed. When its answer is `streamed` (only
+    /// then do its first answer bytes mark its prefill done), remembers the
+    /// blocks it makes its pod compute when they are many, and lists them
+    /// for the other VMs. `held`: the stream waits until
+    /// [`Self::answered`] or a tick resumes it. `computing`: call
+    /// [`Self::answered`] at its first answer bytes or its end.
+    pub(crate) fn hold<H: Host>(
+        &self,
+        host: &H,
+        stream: u32,
+        r: &Routed,
+        streamed: bool,
+    ) -> HoldOutcome {
+        let mut out = HoldOutcome::default();
+        let cfg = &self.settings().hold;
+        let Some(model) = r.model.filter(|_| cfg.enabled) else {
+            return out;
+        };
+        let pod = r.choice.pod;
+        let matched = r.matched as usize;
+        let now_nanos = self.clock_nanos(host);
+        let now_ms = now_nanos / 1_000_000;
+        let others = self.router.other_vms_live();
+        let mut holds = self.holds.borrow_mut();
+        let mut owner = holds
+            .computing_for(pod, model, &r.hashes, matched)
+            .map(Owner::Local);
+        let young = secs(now_nanos).saturating_sub(r.matched_since) <= hold::young_secs(cfg.max_ms);
+        if owner.is_none() && others && matched > 0 && young {
+            if let Ok((Some(bytes), _)) = host.get(hold::SHARED_KEY) {
+                let listed = hold::decode_shared(&bytes, now_ms);
+                let token = self.router.vm_token();
+                owner = hold::find_shared(&listed, token, pod, model, &r.hashes, matched);
+            }
+        }
+        let remembered = if streamed {
+            holds.computing(stream, pod, model, &r.hashes, matched)
+        } else {
+            Remembered::No
+        };
+        if let Remembered::Yes(forgot) = remembered {
+            out.computing = true;
+            if let Some(f) = forgot {
+                // Rare (64 long prefills in progress on one VM): the
+                // requests held for the forgotten one go on now.
+                for waiter in &f.waiters {
+                    host.resume_request(*waiter, stream);
+                }
+                self.meter.add(Count::HoldTimedOut, f.waiters.len() as u64);
+                if f.shared {
+                    let token = self.router.vm_token();
+                    if hold::withdraw_shared(host, token, f.owner, now_ms).is_err() {
+                        self.meter.inc(Count::HoldShareFailed);
+                    }
+                }
+            }
+            // Remembered, so the prompt has a block at `matched`.
+            if let (true, Some(&hash)) = (others, r.hashes.get(matched)) {
+                let entry = SharedEntry {
+                    token: self.router.vm_token(),
+                    stream,
+                    pod,
+                    model,
+                    at: u32::try_from(matched).unwrap_or(u32::MAX),
+                    hash,
+                    until_ms: now_ms + u64::from(cfg.max_ms),
+                };
+                match hold::list_shared(host, entry, now_ms) {
+                    Ok(()) => holds.mark_shared(stream),
+                    Err(_) => self.meter.inc(Count::HoldShareFailed),
+                }
+            }
+        }
+        let Some(owner) = owner else {
+            return out;
+        };
+        let deadline = now_ms + u64::from(cfg.max_ms);
+        if holds.wait(stream, owner, deadline, cfg.max_waiting as usize) {
+            self.meter.inc(Count::Held);
+            if matches!(owner, Owner::Shared { .. }) {
+                self.meter.inc(Count::HeldForOtherVm);
+            }
+            out.held = true;
+        } else {
+            self.meter.inc(Count::HoldRefused);
+        }
+        out
+    }
+
+    /// Stream `stream`, which made its pod compute blocks, answered (its
+    /// first answer bytes passed) or ended: the requests this VM holds for
+    /// it go on, and its listing for the other VMs is withdrawn. Called in
+    /// that stream's own callback.
+    pub(crate) fn answered<H: Host>(&self, host: &H, stream: u32) {
+        let (resumed, shared) = self.holds.borrow_mut().answered(stream);
+        for waiter in &resumed {
+            host.resume_request(*waiter, stream);
+        }
+        self.meter.add(Count::HoldAnswered, resumed.len() as u64);
+        if shared {
+            let now_ms = self.clock_nanos(host) / 1_000_000;
+            let token = self.router.vm_token();
+            if hold::withdraw_shared(host, token, stream, now_ms).is_err() {
+                // Void by its end anyway (`hold.max_ms`).
+                self.meter.inc(Count::HoldShareFailed);
+            }
+        }
+    }
+
+    /// Times stream `stream`'s prefill of `blocks` uncached blocks on `pod`
+    /// from now (one clock read, only when it is long enough to be timed;
+    /// see [`crate::route::prefill`]). Whether it is timed.
+    pub(crate) fn prefill_started<H: Host>(
+        &self,
+        host: &H,
+        stream: u32,
+        pod: PodSlot,
+        blocks: u32,
+    ) -> bool {
+        if blocks < prefill::MIN_BLOCKS {
+            return false;
+        }
+        let now_ms = host.now_nanos() / 1_000_000;
+        self.router.prefill_started(stream, pod, blocks, now_ms)
+    }
+
+    /// A timed prefill's first answer bytes (one clock read).
+    pub(crate) fn prefill_answered<H: Host>(&self, host: &H, stream: u32) {
+        self.router
+            .prefill_answered(stream, host.now_nanos() / 1_000_000);
+    }
+
+    /// Whether the pod answered 200 (`response.code`, one property read).
+    pub(crate) fn answer_ok<H: Host>(&self, host: &H) -> bool {
+        int_property(host, &["response", "code"]) == Some(200)
+    }
+
+    /// A timed prefill's stream ended before any answer bytes, or its
+    /// answer is not a 200.
+    pub(crate) fn prefill_ended(&self, stream: u32) {
+        self.router.prefill_ended(stream);
+    }
+
+    /// A held stream ended before it was resumed.
+    pub(crate) fn left_hold(&self, stream: u32) {
+        self.holds.borrow_mut().left(stream);
+    }
+
+    /// Resumes the held requests whose `hold.max_ms` is up, and those whose
+    /// other-VM prefill is no longer listed (one get while any waits for
+    /// one).
+    pub(super) fn tick_holds<H: Host>(&self, host: &H, now_ms: u64) {
+        let root = self.root_context.get();
+        let expired = self.holds.borrow_mut().expired(now_ms);
+        for waiter in &expired {
+            host.resume_request(*waiter, root);
+        }
+        self.meter.add(Count::HoldTimedOut, expired.len() as u64);
+        if !self.holds.borrow().waits_on_shared() {
+            return;
+        }
+        let listed = match host.get(hold::SHARED_KEY) {
+            Ok((bytes, _)) => hold::decode_shared(&bytes.unwrap_or_default(), now_ms),
+            // Unreadable: they wait for their deadline.
+            Err(_) => return,
+        };
+        let done = self.holds.borrow_mut().shared_done(&listed);
+        for waiter in &done {
+            host.resume_request(*waiter, root);
+        }
+        self.meter.add(Count::HoldAnswered, done.len() as u64);
+    }
+}
