@@ -338,7 +338,7 @@ impl Router {
     /// [`Self::route_at`], with a fleet-wide placement (`sync.place_new`):
     /// with [`Place::Ask`], a new prompt under the load-aware policy (no pod
     /// of the pool holds any of it) is neither recorded nor counted; its
-    /// candidates come back ([`placement_candidates`]) for Redis to choose
+    /// candidates come back ([`crate::route::policy::placement_candidates`]) for Redis to choose
     /// from. With [`Place::Answered`], the request goes to the pod Redis
     /// chose (when it is still in the pool) and is recorded and counted
     /// there.

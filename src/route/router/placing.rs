@@ -7,10 +7,10 @@ use crate::route::registry::PodSlot;
 
 use super::Routed;
 
-/// How [`Router::route_placed`] places a new prompt (`sync.place_new`).
+/// How [`super::Router::route_placed`] places a new prompt (`sync.place_new`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Place {
-    /// The worker's own pick, as [`Router::route_at`].
+    /// The worker's own pick, as [`super::Router::route_at`].
     Local,
     /// A new prompt asks Redis first (see [`Outcome::Ask`]).
     Ask,
@@ -19,7 +19,7 @@ pub(crate) enum Place {
     Answered(Option<PodSlot>),
 }
 
-/// What [`Router::route_placed`] did.
+/// What [`super::Router::route_placed`] did.
 #[derive(Debug)]
 pub(crate) enum Outcome {
     /// Routed, recorded and counted in flight.
