@@ -17,8 +17,9 @@ use crate::route::registry::PodSlot;
 use crate::sync::place;
 use crate::worker::Host;
 
-/// Requests of one VM waiting for a placement at once.
-pub(crate) const MAX_WAITING: u32 = 256;
+/// Requests of one VM waiting for a placement at once (each keeps its
+/// prompt meanwhile: 64 MiB at most with 1 MiB bodies).
+pub(crate) const MAX_WAITING: u32 = 64;
 /// No placement is asked for this long after one failed.
 pub(crate) const BACKOFF_MS: u64 = 1_000;
 /// Releases kept for the tick.

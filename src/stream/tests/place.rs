@@ -2,6 +2,8 @@
 //! what is asked, what a reply does, and every way it can fail.
 
 use super::*;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
 
 const PLACE_ON: &str = r#","sync":{"enabled":true,"place_new":true}"#;
 
