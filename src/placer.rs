@@ -8,7 +8,8 @@
 //! asks nothing for [`BACKOFF_MS`], so a dead Redis costs each VM one
 //! timeout a second, not one per request; at most [`MAX_RELEASES`] releases
 //! wait for the tick (beyond, the oldest are dropped and counted: their
-//! requests stay counted in Redis until the key expires).
+//! requests stay counted in Redis until this VM is reaped, or its keys go
+//! an hour unwritten).
 
 use std::cell::{Cell, RefCell};
 

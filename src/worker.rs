@@ -2,7 +2,8 @@
 //! stats, the hand-off queue to the sync singleton) and what it does on its
 //! tick (refresh the fleet view, flush stats, report sync liveness), over
 //! the [`Host`] trait so that all of it runs and is tested on the host. The
-//! `host` module implements [`Host`] over Envoy's hostcalls.
+//! `host` module implements [`Host`] over Envoy's hostcalls. `holding`
+//! holds its side of `hold`; [`crate::placer`] its side of `sync.place_new`.
 
 use std::cell::{Cell, RefCell};
 

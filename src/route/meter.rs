@@ -93,7 +93,7 @@ pub(crate) enum Count {
     /// Release calls that failed (sent again with the next tick's).
     PlaceReleaseFailed,
     /// Releases dropped over the bound (their requests stay counted in
-    /// Redis until the VM's key expires).
+    /// Redis until the VM is reaped, or its keys go an hour unwritten).
     PlaceReleaseDropped,
 }
 
