@@ -14,7 +14,6 @@
 use std::cell::{Cell, RefCell};
 
 use crate::route::meter::{Count, Meter};
-use crate::route::registry::PodSlot;
 use crate::sync::place;
 use crate::worker::Host;
 
@@ -35,8 +34,8 @@ pub(crate) struct Placer {
     vm: String,
     seq: Cell<u64>,
     waiting: Cell<u32>,
-    /// This VM's placed requests in flight, per pod slot.
-    placed: RefCell<Vec<u32>>,
+    /// This VM's placed requests in flight.
+    placed: Cell<u32>,
     backoff_until_ms: Cell<u64>,
     releases: RefCell<Vec<String>>,
     /// The tick's release call in flight: its token, replies expected and
@@ -91,24 +90,17 @@ impl Placer {
         self.waiting.set(self.waiting.get().saturating_sub(1));
     }
 
-    /// A request went to `pod` as Redis placed it: in flight there until
-    /// [`Self::release`]d with that pod.
-    pub(crate) fn placed(&self, pod: PodSlot) {
-        let mut placed = self.placed.borrow_mut();
-        let i = pod.index();
-        if placed.len() <= i {
-            placed.resize(i + 1, 0);
-        }
-        placed[i] = placed[i].saturating_add(1);
+    /// A request went where Redis placed it: in flight until
+    /// [`Self::release`]d as placed.
+    pub(crate) fn placed(&self) {
+        self.placed.set(self.placed.get().saturating_add(1));
     }
 
-    /// Queues the release of `member` for the tick; `pod`: where it was
-    /// [`Self::placed`], if it was.
-    pub(crate) fn release(&self, member: String, pod: Option<PodSlot>, meter: &Meter) {
-        if let Some(pod) = pod {
-            if let Some(n) = self.placed.borrow_mut().get_mut(pod.index()) {
-                *n = n.saturating_sub(1);
-            }
+    /// Queues the release of `member` for the tick; `placed`: it was
+    /// [`Self::placed`].
+    pub(crate) fn release(&self, member: String, placed: bool, meter: &Meter) {
+        if placed {
+            self.placed.set(self.placed.get().saturating_sub(1));
         }
         let mut r = self.releases.borrow_mut();
         if r.len() >= MAX_RELEASES {
@@ -121,7 +113,7 @@ impl Placer {
     /// Whether the VM should tick fast: placed requests in flight or
     /// releases to send (a release shows in Redis up to a tick late).
     pub(crate) fn busy(&self) -> bool {
-        self.placed.borrow().iter().any(|&n| n > 0) || !self.releases.borrow().is_empty()
+        self.placed.get() > 0 || !self.releases.borrow().is_empty()
     }
 
     /// The tick: sends the waiting releases, or a heartbeat every

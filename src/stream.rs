@@ -120,8 +120,8 @@ pub(crate) struct Stream {
     prefill_timed: bool,
     /// A new prompt waiting for Redis to place it (`sync.place_new`).
     placing: Option<Box<Placing>>,
-    /// Its member in Redis and pod once placed there, released at the end.
-    placed_member: Option<(String, PodSlot)>,
+    /// Its member in Redis once placed there, released at the end.
+    placed_member: Option<String>,
 }
 
 /// A request waiting for its placement.
@@ -312,7 +312,7 @@ impl Stream {
             // Ended while Redis placed it: Redis may count it.
             w.meter.inc(Count::PlaceAbandoned);
             w.placer.abandoned();
-            w.placer.release(p.member, None, &w.meter);
+            w.placer.release(p.member, false, &w.meter);
         }
         self.release(w, host);
     }
@@ -330,8 +330,8 @@ impl Stream {
         if let Some(ticket) = self.inflight.take() {
             w.release(host, ticket, std::mem::take(&mut self.timed_hit));
         }
-        if let Some((member, pod)) = self.placed_member.take() {
-            w.placer.release(member, Some(pod), &w.meter);
+        if let Some(member) = self.placed_member.take() {
+            w.placer.release(member, true, &w.meter);
         }
         // An answer cut short or never read to its usage.
         if self.feedback.take().is_some() {
@@ -412,14 +412,14 @@ impl Stream {
                     return Ok(true);
                 };
                 let routed = routed(w.route_placed(host, &req, started, Place::Answered(None)))?;
-                return self.apply(w, host, *routed, req.stream, no_usage, check_address, None);
+                return self.apply(w, host, routed, req.stream, no_usage, check_address, None);
             }
         };
         let timed_from = timed.then_some(started);
         self.apply(
             w,
             host,
-            *routed,
+            routed,
             req.stream,
             no_usage,
             check_address,
@@ -513,15 +513,15 @@ impl Stream {
         let result = routed(w.route_placed(host, &p.req, now_nanos, place));
         match (&result, forced) {
             (Ok(r), Some(pod)) if r.choice.pod == pod => {
-                w.placer.placed(pod);
-                self.placed_member = Some((p.member, pod));
+                w.placer.placed();
+                self.placed_member = Some(p.member);
             }
             // Not routed where Redis may count it (a failure, a late or
             // hostile reply, a pod gone meanwhile): released at once.
-            _ => w.placer.release(p.member, None, &w.meter),
+            _ => w.placer.release(p.member, false, &w.meter),
         }
         let result = result
-            .and_then(|r| self.apply(w, host, *r, p.req.stream, p.no_usage, p.check_address, None));
+            .and_then(|r| self.apply(w, host, r, p.req.stream, p.no_usage, p.check_address, None));
         Some(match result {
             Ok(true) => Verdict::Pause,
             Ok(false) => Verdict::Continue,
@@ -607,7 +607,7 @@ fn route_error(e: RouteError) -> PassReason {
 }
 
 /// The routed request of a local or forced route (which never asks).
-fn routed(outcome: Result<Outcome, RouteError>) -> Result<Box<Routed>, PassReason> {
+fn routed(outcome: Result<Outcome, RouteError>) -> Result<Routed, PassReason> {
     match outcome.map_err(route_error)? {
         Outcome::Routed(r) => Ok(r),
         Outcome::Ask { .. } => Err(PassReason::InternalError),

@@ -283,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn ask_sends_one_script_with_every_candidate_and_weight() {
+    fn ask_sends_one_script_with_every_candidate_and_its_costs() {
         let s = SyncSettings::default();
         assert!(ask(&s, 5, "vm1", "vm1:1", Some(1), &[]).is_none());
         let mut c = cands(&["10.0.0.1:8000", "10.0.0.2:8000"]);

@@ -330,7 +330,7 @@ impl Router {
         rng: &mut SplitMix64,
     ) -> Result<Routed, RouteError> {
         match self.route_placed(store, req, now_ms, rng, Place::Local)? {
-            Outcome::Routed(r) => Ok(*r),
+            Outcome::Routed(r) => Ok(r),
             Outcome::Ask { .. } => Err(RouteError::NoEndpoints),
         }
     }
@@ -574,7 +574,7 @@ impl Router {
         // past it, and read as a slow pod.
         let prefill_blocks =
             (timeable && predicted == 0).then(|| u32::try_from(hashes.len()).unwrap_or(u32::MAX));
-        Ok(Outcome::Routed(Box::new(Routed {
+        Ok(Outcome::Routed(Routed {
             ticket,
             prefill_blocks,
             choice,
@@ -587,7 +587,7 @@ impl Router {
             matched_since: chosen.map_or(0, |m| m.oldest_access),
             hashes,
             feedback,
-        })))
+        }))
     }
 
     /// The worker's tick for this VM's bucket copies (they age out).

@@ -20,10 +20,13 @@ pub(crate) enum Place {
 }
 
 /// What [`super::Router::route_placed`] did.
+// Routed is the variant of every request; boxing it would allocate once
+// per request to save moving a few hundred bytes.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Outcome {
     /// Routed, recorded and counted in flight.
-    Routed(Box<Routed>),
+    Routed(Routed),
     /// A new prompt, nothing recorded: the pods it may go to, in the
     /// policy's order (the worker's own pick first), each with its prefill
     /// cost and the cost of one more queued request there
@@ -35,18 +38,11 @@ pub(crate) enum Outcome {
     },
 }
 
-/// A prompt's family across replicas: its model name and first block's
-/// hash (FNV-1a over the name, then a 64-bit mix with the block). The same
-/// on every replica with the same `block_size` and `hash_seed`.
+/// A prompt's family across replicas: XXH64 of its model name, seeded
+/// with its first block's hash. The same on every replica with the same
+/// `block_size` and `hash_seed`.
 pub(crate) fn family_of(model: &str, first_block: u64) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in model.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    let mut z = h ^ first_block.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    xxhash_rust::xxh64::xxh64(model.as_bytes(), first_block)
 }
 
 /// The request being placed: its model, block hashes and matches.
