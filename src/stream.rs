@@ -395,7 +395,6 @@ impl Stream {
             w.clock_nanos(host)
         };
         let req = parse_body_as(kind, body, w.settings().render())?;
-        let no_usage = streams_without_usage(req.stream, body);
         let place = if w.settings().sync.place_new && w.placer.may_ask(started / 1_000_000) {
             Place::Ask
         } else {
@@ -407,12 +406,22 @@ impl Stream {
         {
             Outcome::Routed(r) => r,
             Outcome::Ask { pods, family } => {
+                // Read now: the body is not kept while Redis answers.
+                let no_usage = streams_without_usage(req.stream, body);
                 let asked = (pods, family);
                 let Some(req) = self.ask(w, host, req, asked, no_usage, check_address) else {
                     return Ok(true);
                 };
                 let routed = routed(w.route_placed(host, &req, started, Place::Answered(None)))?;
-                return self.apply(w, host, routed, req.stream, no_usage, check_address, None);
+                return self.apply(
+                    w,
+                    host,
+                    routed,
+                    req.stream,
+                    || no_usage,
+                    check_address,
+                    None,
+                );
             }
         };
         let timed_from = timed.then_some(started);
@@ -421,7 +430,8 @@ impl Stream {
             host,
             routed,
             req.stream,
-            no_usage,
+            // Scanned only for a request whose answer is checked.
+            || streams_without_usage(req.stream, body),
             check_address,
             timed_from,
         )
@@ -520,8 +530,10 @@ impl Stream {
             // hostile reply, a pod gone meanwhile): released at once.
             _ => w.placer.release(p.member, false, &w.meter),
         }
-        let result = result
-            .and_then(|r| self.apply(w, host, r, p.req.stream, p.no_usage, p.check_address, None));
+        let result = result.and_then(|r| {
+            let no_usage = p.no_usage;
+            self.apply(w, host, r, p.req.stream, || no_usage, p.check_address, None)
+        });
         Some(match result {
             Ok(true) => Verdict::Pause,
             Ok(false) => Verdict::Continue,
@@ -542,7 +554,7 @@ impl Stream {
         host: &H,
         routed: Routed,
         stream: bool,
-        no_usage: bool,
+        no_usage: impl FnOnce() -> bool,
         check_address: bool,
         timed_from: Option<u64>,
     ) -> Result<bool, PassReason> {
@@ -581,7 +593,7 @@ impl Stream {
         }
         if let Some(plan) = routed.feedback {
             // A streamed answer without a usage chunk has nothing to read.
-            if !no_usage {
+            if !no_usage() {
                 self.feedback = Some(Box::new(Check {
                     plan,
                     scanner: UsageScanner::default(),
