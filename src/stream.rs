@@ -395,7 +395,7 @@ impl Stream {
             w.clock_nanos(host)
         };
         let req = parse_body_as(kind, body, w.settings().render())?;
-        let place = if w.settings().sync.place_new && w.placer.may_ask(started / 1_000_000) {
+        let place = if w.settings().sync.places_new() && w.placer.may_ask(started / 1_000_000) {
             Place::Ask
         } else {
             Place::Local

@@ -299,7 +299,7 @@ impl Worker {
     pub(crate) fn tick_ms(&self) -> u32 {
         if (self.settings().hold.enabled && self.router.other_vms_live())
             || self.router.prefills_open()
-            || (self.settings().sync.place_new && self.placer.busy())
+            || (self.settings().sync.places_new() && self.placer.busy())
         {
             FAST_TICK_MS
         } else {
@@ -381,7 +381,7 @@ impl Worker {
     pub(crate) fn on_tick<H: Host>(&self, host: &H) {
         let now_nanos = host.now_nanos();
         self.tick_nanos.set(now_nanos);
-        if self.settings().sync.place_new {
+        if self.settings().sync.places_new() {
             self.placer
                 .tick(host, &self.settings().sync, now_nanos / 1_000_000);
         }

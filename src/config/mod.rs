@@ -204,7 +204,7 @@ impl Settings {
         Self::from_raw(raw)
     }
 
-    pub(crate) fn from_raw(raw: RawConfig) -> Result<Self, ConfigError> {
+    pub(crate) fn from_raw(mut raw: RawConfig) -> Result<Self, ConfigError> {
         if raw.block_size == 0 || raw.block_size > MAX_BLOCK_SIZE {
             return Err(err(
                 "block_size",
@@ -323,11 +323,19 @@ impl Settings {
         raw.sync
             .validate()
             .map_err(|e| err(format!("sync.{}", e.field), e.reason))?;
-        if raw.sync.place_new && (!raw.sync.enabled || raw.policy.mode != PolicyMode::LoadAware) {
-            return Err(err(
-                "sync.place_new",
-                "needs `sync.enabled` and `policy.mode: load_aware` (AIBrix's policy keeps its own rules)",
-            ));
+        // Placement applies to a synced load-aware fleet on one Redis; unset,
+        // it follows that (on where it applies, off elsewhere), and only an
+        // explicit `true` elsewhere is refused (`cluster`: by `validate`).
+        let placement_applies = raw.sync.enabled && raw.policy.mode == PolicyMode::LoadAware;
+        match raw.sync.place_new {
+            Some(true) if !placement_applies => {
+                return Err(err(
+                    "sync.place_new",
+                    "needs `sync.enabled` and `policy.mode: load_aware` (AIBrix's policy keeps its own rules)",
+                ));
+            }
+            None => raw.sync.place_new = Some(placement_applies && !raw.sync.cluster),
+            Some(_) => {}
         }
         Ok(Self {
             compat: raw.compat,

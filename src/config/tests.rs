@@ -319,6 +319,29 @@ fn bad_policy_and_signal_settings_are_refused_by_field() {
 }
 
 #[test]
+fn place_new_unset_is_on_where_it_applies_and_off_elsewhere() {
+    let places = |sync: &str, policy: &str| {
+        parse(&format!(
+            r#"{{"endpoints":["a:1"],"sync":{{{sync}}}{policy}}}"#
+        ))
+        .unwrap()
+        .sync
+        .places_new()
+    };
+    let aibrix = r#","policy":{"mode":"aibrix"}"#;
+    // Unset: on for a synced load-aware fleet on one Redis (the default
+    // policy), off without sync, with AIBrix's rules or with Redis Cluster.
+    assert!(places(r#""enabled":true"#, ""));
+    assert!(!places("", ""));
+    assert!(!places(r#""enabled":true"#, aibrix));
+    assert!(!places(r#""enabled":true,"cluster":true"#, ""));
+    // Set: followed where it applies.
+    assert!(!places(r#""enabled":true,"place_new":false"#, ""));
+    assert!(places(r#""enabled":true,"place_new":true"#, ""));
+    assert!(!places(r#""place_new":false"#, aibrix));
+}
+
+#[test]
 fn feedback_is_on_by_default_and_refused_by_field_when_malformed() {
     let base = r#""endpoints":["a:1"]"#;
     assert!(

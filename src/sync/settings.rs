@@ -145,9 +145,11 @@ pub struct SyncSettings {
     /// one Redis script over every replica's placed requests in flight
     /// (see [`crate::sync::place`]): replicas then stop sending new
     /// prompts to the same pod between syncs. Costs one bridge round trip
-    /// on those requests only. Off by default; needs the load-aware policy
-    /// and is refused with `cluster`.
-    pub(crate) place_new: bool,
+    /// on those requests only. Unset (the default), the config turns it
+    /// on where it applies (`enabled`, the load-aware policy, not
+    /// `cluster`) and off elsewhere; `true` where it does not apply is
+    /// refused at load. Read it through [`Self::places_new`].
+    pub(crate) place_new: Option<bool>,
     /// Longest wait for a placement; past it (or on any failure) the
     /// request goes to the worker's own pick, and the VM asks nothing for a
     /// second. Range 1..=1000.
@@ -192,7 +194,7 @@ impl Default for SyncSettings {
             cluster: false,
             node_header: "x-redis-node".into(),
             foreign_max_entries: 65_536,
-            place_new: false,
+            place_new: None,
             place_timeout_ms: 50,
             place_claim_ms: 0,
         }
@@ -354,7 +356,7 @@ impl SyncSettings {
         range("hash_tags", self.hash_tags, 1, MAX_HASH_TAGS)?;
         range("place_timeout_ms", self.place_timeout_ms, 1, 1_000)?;
         range("place_claim_ms", self.place_claim_ms, 0, 10_000)?;
-        if self.place_new && self.cluster {
+        if self.place_new == Some(true) && self.cluster {
             return Err(err(
                 "place_new",
                 "not supported with `cluster` (Redis Cluster) yet",
@@ -394,6 +396,12 @@ impl SyncSettings {
             return Err(err("auth_username", "must not be empty when set"));
         }
         Ok(())
+    }
+
+    /// Whether new prompts are placed through Redis (`place_new` as the
+    /// config resolved it at load; unset counts as off here).
+    pub(crate) fn places_new(&self) -> bool {
+        self.place_new == Some(true)
     }
 
     /// The TTL written with every record (`<= 0` configured -> default).

@@ -180,7 +180,7 @@ fn a_refused_call_routes_at_once_and_is_counted() {
 #[test]
 fn matched_prompts_and_the_setting_off_ask_nothing() {
     let host = TestHost::default();
-    let w = worker_on(&host, r#","sync":{"enabled":true}"#);
+    let w = worker_on(&host, r#","sync":{"enabled":true,"place_new":false}"#);
     let (_, v) = start_stream(&w, &host, 10, &chat("off ", 3000, "x"));
     assert_eq!(v, Verdict::Continue);
     w.on_tick(&host);
@@ -188,6 +188,18 @@ fn matched_prompts_and_the_setting_off_ask_nothing() {
         host.bridge_calls.borrow().is_empty(),
         "no placement, no heartbeat"
     );
+}
+
+#[test]
+fn the_setting_unset_asks_on_a_synced_load_aware_worker() {
+    let host = TestHost::default();
+    let w = worker_on(&host, r#","sync":{"enabled":true}"#);
+    heartbeat_answered(&w, &host);
+    let (_, v) = start_stream(&w, &host, 10, &chat("unset ", 3000, "x"));
+    assert_eq!(v, Verdict::Pause, "waits for Redis's placement");
+    assert!(last_call(&host).contains("EVAL"));
+    w.on_tick(&host);
+    assert_eq!(host.stat("prefix_router.place.asked"), 1);
 }
 
 #[test]
