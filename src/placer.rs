@@ -140,7 +140,10 @@ impl Placer {
         }
         let members = std::mem::take(&mut *self.releases.borrow_mut());
         let (body, expected) = place::release(sync, now_ms, &self.vm, &members);
-        match host.call_bridge(sync, &body, RELEASE_TIMEOUT_MS) {
+        let sent = place::node(sync, host)
+            .ok()
+            .and_then(|node| host.call_bridge(sync, node.as_deref(), &body, RELEASE_TIMEOUT_MS));
+        match sent {
             Some(token) => {
                 self.last_beat_ms.set(now_ms);
                 *self.sending.borrow_mut() = Some((token, expected, members));

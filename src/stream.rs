@@ -474,7 +474,11 @@ impl Stream {
         else {
             return Some(req);
         };
-        let Some(token) = host.call_bridge(sync, &body, sync.place_timeout_ms) else {
+        // Cluster mode: the master the singleton named (none yet: not sent).
+        let Some(token) = place::node(sync, host)
+            .ok()
+            .and_then(|node| host.call_bridge(sync, node.as_deref(), &body, sync.place_timeout_ms))
+        else {
             w.meter.inc(Count::PlaceSkipped);
             return Some(req);
         };

@@ -67,12 +67,14 @@ pub(crate) trait Host: SharedStore + MetricSink {
     /// the callback running now, the one hostcalls act on again. False if
     /// the stream is gone.
     fn resume_request(&self, stream: u32, current: u32) -> bool;
-    /// POSTs `body` (a Redis pipeline) to the bridge of `sync`, answered
+    /// POSTs `body` (a Redis pipeline) to the bridge of `sync`, to Redis
+    /// Cluster master `node` when named (in `sync.node_header`), answered
     /// to the current context within `timeout_ms`; the call's token, None
     /// if Envoy refused it.
     fn call_bridge(
         &self,
         sync: &crate::sync::SyncSettings,
+        node: Option<&str>,
         body: &[u8],
         timeout_ms: u64,
     ) -> Option<u32>;

@@ -6,6 +6,8 @@
 //! is migrated to another master while both replicas take load: no client
 //! request fails, the replicas follow ASK/MOVED (counted), sync goes on and
 //! a prefix learned after the migration still routes on the other replica.
+//! New prompts are placed through the master of the placement keys' slot
+//! (`sync.place_new`, on by default).
 //!
 //! Needs `redis-server` and `redis-cli` with `--cluster` (Debian's
 //! redis-tools 7.0 has it); the servers listen on free loopback ports and
@@ -207,6 +209,26 @@ fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
     let learned = learn_synced(a, b, 0..8);
     let missed = routed_on(b, &learned);
     assert!(missed.is_empty(), "{missed:?}\n{}", sync_stats(b));
+    // A's 8 new prompts were placed through Redis (`sync.place_new`, on by
+    // default), on the master the singleton named: the only one holding
+    // the placement keys' hash tag.
+    let placed = wait_until(Duration::from_secs(5), || {
+        a.stat("prefix_router.routed.placed") >= 8
+    });
+    assert!(
+        placed && a.stat("prefix_router.place.failed") == 0,
+        "placed {}, failed {}\n{}",
+        a.stat("prefix_router.routed.placed"),
+        a.stat("prefix_router.place.failed"),
+        harness::tail(&a.envoy.log, 20)
+    );
+    let slot = cli(nodes[0].port, &["CLUSTER", "KEYSLOT", "{aibrix:pl}:vms"]);
+    let holders: Vec<u16> = nodes
+        .iter()
+        .filter(|n| !node_keys(n.port, "{aibrix:pl}:*").is_empty())
+        .map(|n| n.port)
+        .collect();
+    assert_eq!(holders.len(), 1, "slot {slot}: {holders:?}");
     // The namespace is spread: every master holds some of its keys.
     for n in &nodes {
         let keys = node_keys(n.port, "aibrix:{prefixcache*");

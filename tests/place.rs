@@ -74,7 +74,7 @@ fn send_async(f: &Fleet, i: usize, prompt: String) -> thread::JoinHandle<String>
 /// Placed requests in flight per pod, as Redis counts them.
 fn placed(redis: &RedisAt) -> Vec<(String, i64)> {
     redis
-        .scan("aibrix:pl:p:*")
+        .scan("{aibrix:pl}:p:*")
         .into_iter()
         .map(|k| {
             let n = redis.cmd(&["ZCARD", &k]).int();
@@ -136,7 +136,7 @@ fn a_dead_replicas_requests_are_reaped_and_a_dead_redis_fails_no_request() {
     let redis = RedisAt::of(f.redis.as_ref().unwrap());
     // A worker VM that died with three requests placed on pod-1.
     let pod1 = format!("127.0.0.1:{}", f.pod_ports[0]);
-    let set = format!("aibrix:pl:p:{pod1}");
+    let set = format!("{{aibrix:pl}}:p:{pod1}");
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -144,16 +144,16 @@ fn a_dead_replicas_requests_are_reaped_and_a_dead_redis_fails_no_request() {
         .to_string();
     for m in ["dead:1", "dead:2", "dead:3"] {
         redis.cmd(&["ZADD", &set, &now, m]);
-        redis.cmd(&["HSET", "aibrix:pl:v:dead", m, &pod1]);
+        redis.cmd(&["HSET", "{aibrix:pl}:v:dead", m, &pod1]);
     }
-    redis.cmd(&["ZADD", "aibrix:pl:vms", "1", "dead"]);
+    redis.cmd(&["ZADD", "{aibrix:pl}:vms", "1", "dead"]);
     let pod = send_async(&f, 0, new_prompt("after the death"))
         .join()
         .unwrap();
-    assert_eq!(redis.cmd(&["EXISTS", "aibrix:pl:v:dead"]).int(), 0);
+    assert_eq!(redis.cmd(&["EXISTS", "{aibrix:pl}:v:dead"]).int(), 0);
     assert!(redis.cmd(&["ZSCORE", &set, "dead:1"]).bytes().is_none());
     assert_eq!(
-        redis.cmd(&["ZSCORE", "aibrix:pl:vms", "dead"]).bytes(),
+        redis.cmd(&["ZSCORE", "{aibrix:pl}:vms", "dead"]).bytes(),
         None
     );
     assert!(!pod.is_empty());

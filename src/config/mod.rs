@@ -323,9 +323,9 @@ impl Settings {
         raw.sync
             .validate()
             .map_err(|e| err(format!("sync.{}", e.field), e.reason))?;
-        // Placement applies to a synced load-aware fleet on one Redis; unset,
-        // it follows that (on where it applies, off elsewhere), and only an
-        // explicit `true` elsewhere is refused (`cluster`: by `validate`).
+        // Placement applies to a synced load-aware fleet; unset, it follows
+        // that (on where it applies, off elsewhere), and only an explicit
+        // `true` elsewhere is refused.
         let placement_applies = raw.sync.enabled && raw.policy.mode == PolicyMode::LoadAware;
         match raw.sync.place_new {
             Some(true) if !placement_applies => {
@@ -334,7 +334,7 @@ impl Settings {
                     "needs `sync.enabled` and `policy.mode: load_aware` (AIBrix's policy keeps its own rules)",
                 ));
             }
-            None => raw.sync.place_new = Some(placement_applies && !raw.sync.cluster),
+            None => raw.sync.place_new = Some(placement_applies),
             Some(_) => {}
         }
         Ok(Self {

@@ -305,10 +305,6 @@ fn bad_policy_and_signal_settings_are_refused_by_field() {
             "sync.place_new",
         ),
         (
-            r#"{"endpoints":["a:1"],"sync":{"enabled":true,"cluster":true,"place_new":true}}"#,
-            "sync.place_new",
-        ),
-        (
             r#"{"endpoints":["a:1"],"sync":{"enabled":true,"place_new":true,"place_timeout_ms":0}}"#,
             "sync.place_timeout_ms",
         ),
@@ -329,12 +325,12 @@ fn place_new_unset_is_on_where_it_applies_and_off_elsewhere() {
         .places_new()
     };
     let aibrix = r#","policy":{"mode":"aibrix"}"#;
-    // Unset: on for a synced load-aware fleet on one Redis (the default
-    // policy), off without sync, with AIBrix's rules or with Redis Cluster.
+    // Unset: on for a synced load-aware fleet (the default policy), on one
+    // Redis or a Redis Cluster; off without sync or with AIBrix's rules.
     assert!(places(r#""enabled":true"#, ""));
+    assert!(places(r#""enabled":true,"cluster":true"#, ""));
     assert!(!places("", ""));
     assert!(!places(r#""enabled":true"#, aibrix));
-    assert!(!places(r#""enabled":true,"cluster":true"#, ""));
     // Set: followed where it applies.
     assert!(!places(r#""enabled":true,"place_new":false"#, ""));
     assert!(places(r#""enabled":true,"place_new":true"#, ""));

@@ -116,12 +116,17 @@ impl Host for EnvoyHost {
     fn call_bridge(
         &self,
         sync: &crate::sync::SyncSettings,
+        node: Option<&str>,
         body: &[u8],
         timeout_ms: u64,
     ) -> Option<u32> {
+        let mut headers = super::sync_service::bridge_headers(sync);
+        if let Some(node) = node {
+            headers.push((sync.node_header.as_str(), node));
+        }
         hostcalls::dispatch_http_call(
             &sync.bridge_cluster,
-            super::sync_service::bridge_headers(sync),
+            headers,
             Some(body),
             vec![],
             std::time::Duration::from_millis(timeout_ms),

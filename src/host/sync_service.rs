@@ -27,6 +27,7 @@ use crate::config::Settings;
 use crate::fleet::SharedView;
 use crate::sync::handoff::{self, Touched};
 use crate::sync::liveness::{self, Heartbeat};
+use crate::sync::place;
 use crate::sync::stats::CounterField;
 use crate::sync::syncables::{PodLoadSync, PrefixCacheSync};
 use crate::sync::{probe, Call, CallFailed, CallId, SyncEngine, SyncStats};
@@ -74,6 +75,9 @@ struct SyncState {
     redis_run_id: Option<String>,
     probes: u32,
     redis_restarts: u32,
+    /// The master named to the workers for placements (`sync.cluster` with
+    /// `place_new`), as last written to [`place::NODE_KEY`].
+    place_node: Option<String>,
 }
 
 /// A probe call in flight.
@@ -291,6 +295,7 @@ impl SyncState {
                 "prefix_router.sync.redis_restarts",
             )
             .unwrap_or(0),
+            place_node: None,
             settings,
         })
     }
@@ -417,6 +422,29 @@ impl SyncState {
         let stats = self.engine.stats();
         self.metrics.publish(stats, &rtts, &prefix);
         self.beat(now);
+        self.name_place_node();
+    }
+
+    /// Cluster mode with `place_new`: writes the master holding the
+    /// placement keys' slot to [`place::NODE_KEY`] when the slot map names
+    /// another one (empty while no map is known), so the workers' placement
+    /// calls go there.
+    fn name_place_node(&mut self) {
+        let s = &self.settings.sync;
+        if !(s.cluster && s.places_new()) {
+            return;
+        }
+        let node = self
+            .engine
+            .owner_of_key(place::slot_key(s).as_bytes())
+            .map(str::to_owned);
+        if node == self.place_node {
+            return;
+        }
+        let value = node.as_deref().unwrap_or("").as_bytes();
+        if hostcalls::set_shared_data(place::NODE_KEY, Some(value), None).is_ok() {
+            self.place_node = node;
+        }
     }
 
     /// Writes the heartbeat the workers turn into liveness gauges, and logs

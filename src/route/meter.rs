@@ -86,7 +86,7 @@ pub(crate) enum Count {
     /// that was not a candidate): the request took the VM's own pick.
     PlaceFailed,
     /// New prompts that did not ask (backing off after a failure, too many
-    /// waiting, the call refused).
+    /// waiting, the call refused, in cluster mode the master not known yet).
     PlaceSkipped,
     /// Streams that ended while Redis placed them.
     PlaceAbandoned,

@@ -31,6 +31,8 @@ struct TestHost {
     unreadable_headers: Cell<bool>,
     /// Bodies sent to the Redis bridge, and whether the host refuses them.
     bridge_calls: RefCell<Vec<Vec<u8>>>,
+    /// The Redis Cluster node each bridge call named.
+    bridge_nodes: RefCell<Vec<Option<String>>>,
     bridge_refuses: Cell<bool>,
 }
 
@@ -190,10 +192,12 @@ impl Host for TestHost {
     fn call_bridge(
         &self,
         _sync: &crate::sync::SyncSettings,
+        node: Option<&str>,
         body: &[u8],
         _timeout_ms: u64,
     ) -> Option<u32> {
         self.call("dispatch_http_call");
+        self.bridge_nodes.borrow_mut().push(node.map(str::to_owned));
         let mut calls = self.bridge_calls.borrow_mut();
         calls.push(body.to_vec());
         (!self.bridge_refuses.get()).then(|| u32::try_from(calls.len()).unwrap_or(u32::MAX))

@@ -9,7 +9,10 @@
 //! (the load-aware policy's bound) and counts the request there, so every
 //! replica's next pick sees it.
 //!
-//! Keys, all under `{key_prefix}:pl:` (one Redis; not for `cluster` mode):
+//! Keys, all under `{<key_prefix>:pl}:`, one hash tag, so one slot of a
+//! Redis Cluster (whose master the singleton names to the workers through
+//! shared data, [`NODE_KEY`]); every script declares [`slot_key`] so the
+//! cluster checks it runs on that slot's master:
 //! - `p:{pod}`: sorted set of that pod's placed requests in flight, scored
 //!   by send time (unix ms);
 //! - `v:{vm}`: hash of one worker VM's placed requests, member -> pod, so a
@@ -33,6 +36,7 @@
 //! leave the sets, so a dead replica's load ages out. Every key expires
 //! [`KEY_TTL_SECS`] after its last write.
 
+use crate::route::store::SharedStore;
 use crate::sync::cmd;
 use crate::sync::resp::{parse_pipeline_reply, Frame, Pipeline};
 use crate::sync::SyncSettings;
@@ -58,24 +62,24 @@ const RELEASE_CHUNK: usize = 256;
 const PLACE_SCRIPT: &str = "\
 local p, now, vm, member = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local vttl, kttl, reap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local vms = p .. 'pl:vms'
+local vms = p .. 'vms'
 for _, d in ipairs(redis.call('ZRANGEBYSCORE', vms, '-inf', now - vttl, 'LIMIT', 0, reap)) do
-  local h = p .. 'pl:v:' .. d
+  local h = p .. 'v:' .. d
   local all = redis.call('HGETALL', h)
-  for i = 1, #all, 2 do redis.call('ZREM', p .. 'pl:p:' .. all[i + 1], all[i]) end
+  for i = 1, #all, 2 do redis.call('ZREM', p .. 'p:' .. all[i + 1], all[i]) end
   redis.call('DEL', h)
   redis.call('ZREM', vms, d)
 end
 local best, bs, bo = nil, nil, nil
 local ck = nil
 if ARGV[8] ~= '' then
-  ck = p .. 'pl:c:' .. ARGV[8]
+  ck = p .. 'c:' .. ARGV[8]
   local held = redis.call('GET', ck)
   for i = 10, #ARGV - 2, 3 do if ARGV[i] == held then best = held end end
 end
 if best == nil then
   for i = 10, #ARGV - 2, 3 do
-    local k = p .. 'pl:p:' .. ARGV[i]
+    local k = p .. 'p:' .. ARGV[i]
     local c = redis.call('ZCARD', k)
     local o = now
     if c > 0 then o = tonumber(redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')[2]) end
@@ -85,10 +89,10 @@ if best == nil then
 end
 if best == nil then return redis.error_reply('no candidates') end
 if ck then redis.call('SET', ck, best, 'PX', tonumber(ARGV[9])) end
-local k = p .. 'pl:p:' .. best
+local k = p .. 'p:' .. best
 redis.call('ZADD', k, now, member)
 redis.call('EXPIRE', k, kttl)
-local h = p .. 'pl:v:' .. vm
+local h = p .. 'v:' .. vm
 redis.call('HSET', h, member, best)
 redis.call('EXPIRE', h, kttl)
 redis.call('ZADD', vms, now, vm)
@@ -99,16 +103,16 @@ return best";
 /// still known) and says the VM lives. Returns how many were released.
 const RELEASE_SCRIPT: &str = "\
 local p, now, vm, kttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local h = p .. 'pl:v:' .. vm
+local h = p .. 'v:' .. vm
 local n = 0
 for i = 5, #ARGV do
   local pod = redis.call('HGET', h, ARGV[i])
   if pod then
-    n = n + redis.call('ZREM', p .. 'pl:p:' .. pod, ARGV[i])
+    n = n + redis.call('ZREM', p .. 'p:' .. pod, ARGV[i])
     redis.call('HDEL', h, ARGV[i])
   end
 end
-local vms = p .. 'pl:vms'
+local vms = p .. 'vms'
 redis.call('ZADD', vms, now, vm)
 redis.call('EXPIRE', vms, kttl)
 return n";
@@ -123,8 +127,40 @@ pub(crate) struct Candidate {
     pub(crate) step: i64,
 }
 
+/// Shared-data key under which the singleton names the Redis Cluster
+/// master holding the placement keys (`sync.cluster`), for the workers'
+/// calls; empty while it does not know.
+pub(crate) const NODE_KEY: &str = "sync/place-node";
+
+/// The first part of every placement key: `{<key_prefix>:pl}:`. The braces
+/// are a Redis Cluster hash tag (every key in one slot); one Redis ignores
+/// them.
 fn key_prefix(settings: &SyncSettings) -> String {
-    format!("{}:", settings.key_prefix)
+    format!("{{{}:pl}}:", settings.key_prefix)
+}
+
+/// Where a worker's placement call goes: `Ok(None)` on one Redis (the
+/// bridge's own route); in cluster mode `Ok(Some(master))` once the
+/// singleton has named the master of the placement slot ([`NODE_KEY`]),
+/// `Err(())` before (the call is not sent). One shared-data read, in
+/// cluster mode only.
+pub(crate) fn node<S: SharedStore + ?Sized>(
+    settings: &SyncSettings,
+    store: &S,
+) -> Result<Option<String>, ()> {
+    if !settings.cluster {
+        return Ok(None);
+    }
+    match store.get(NODE_KEY) {
+        Ok((Some(v), _)) if !v.is_empty() => String::from_utf8(v).map(Some).map_err(|_| ()),
+        _ => Err(()),
+    }
+}
+
+/// The key every placement script declares (its slot is every placement
+/// key's slot).
+pub(crate) fn slot_key(settings: &SyncSettings) -> String {
+    format!("{}vms", key_prefix(settings))
 }
 
 fn start(settings: &SyncSettings) -> Pipeline {
@@ -152,6 +188,7 @@ pub(crate) fn ask(
     }
     let mut p = start(settings);
     let prefix = key_prefix(settings);
+    let slot = slot_key(settings);
     let now = now_ms.to_string();
     let vttl = VM_TTL_MS.to_string();
     let kttl = KEY_TTL_SECS.to_string();
@@ -169,7 +206,8 @@ pub(crate) fn ask(
     let mut args: Vec<&[u8]> = vec![
         b"EVAL",
         PLACE_SCRIPT.as_bytes(),
-        b"0",
+        b"1",
+        slot.as_bytes(),
         prefix.as_bytes(),
         now.as_bytes(),
         vm.as_bytes(),
@@ -232,6 +270,7 @@ pub(crate) fn release(
 ) -> (Vec<u8>, usize) {
     let mut p = start(settings);
     let prefix = key_prefix(settings);
+    let slot = slot_key(settings);
     let now = now_ms.to_string();
     let kttl = KEY_TTL_SECS.to_string();
     let mut chunks: Vec<&[String]> = members.chunks(RELEASE_CHUNK).collect();
@@ -242,7 +281,8 @@ pub(crate) fn release(
         let mut args: Vec<&[u8]> = vec![
             b"EVAL",
             RELEASE_SCRIPT.as_bytes(),
-            b"0",
+            b"1",
+            slot.as_bytes(),
             prefix.as_bytes(),
             now.as_bytes(),
             vm.as_bytes(),
@@ -302,9 +342,10 @@ mod tests {
         let (body, n) = ask(&s, 1234, "vm1", "vm1:7", Some(0xab), &c).unwrap();
         assert_eq!(n, 2, "EVAL and QUIT");
         let text = String::from_utf8(body).unwrap();
-        assert!(text.starts_with("*18\r\n$4\r\nEVAL\r\n"), "{text}");
+        assert!(text.starts_with("*19\r\n$4\r\nEVAL\r\n"), "{text}");
         for part in [
-            "aibrix:",
+            "$1\r\n1\r\n$15\r\n{aibrix:pl}:vms\r\n",
+            "{aibrix:pl}:",
             "1234",
             "vm1:7",
             "00000000000000ab",
@@ -320,6 +361,36 @@ mod tests {
         let (body, _) = ask(&s, 1, "v", "v:1", None, &cands(&refs)).unwrap();
         let text = String::from_utf8(body).unwrap();
         assert!(text.contains("p31:1") && !text.contains("p32:1"));
+    }
+
+    #[test]
+    fn every_placement_key_is_in_the_declared_keys_slot() {
+        use crate::sync::keys::key_slot;
+        let s = SyncSettings {
+            key_prefix: "tenant-a".into(),
+            ..SyncSettings::default()
+        };
+        let base = key_prefix(&s);
+        let slot = key_slot(slot_key(&s).as_bytes());
+        for key in [
+            format!("{base}p:10.0.0.7:8000"),
+            format!("{base}v:0123456789abcdef"),
+            format!("{base}c:00000000000000ab"),
+            format!("{base}vms"),
+        ] {
+            assert_eq!(key_slot(key.as_bytes()), slot, "{key}");
+        }
+        // The scripts build every key from that base (ARGV[1]), none other.
+        for script in [PLACE_SCRIPT, RELEASE_SCRIPT] {
+            assert!(!script.contains("'pl:"), "{script}");
+            assert!(script.contains("p .. 'vms'"));
+        }
+        let (body, _) = release(&s, 9, "vm1", &[]);
+        let text = String::from_utf8(body).unwrap();
+        assert!(
+            text.contains("$1\r\n1\r\n$17\r\n{tenant-a:pl}:vms\r\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -146,9 +146,9 @@ pub struct SyncSettings {
     /// (see [`crate::sync::place`]): replicas then stop sending new
     /// prompts to the same pod between syncs. Costs one bridge round trip
     /// on those requests only. Unset (the default), the config turns it
-    /// on where it applies (`enabled`, the load-aware policy, not
-    /// `cluster`) and off elsewhere; `true` where it does not apply is
-    /// refused at load. Read it through [`Self::places_new`].
+    /// on where it applies (`enabled` and the load-aware policy) and off
+    /// elsewhere; `true` where it does not apply is refused at load. Read
+    /// it through [`Self::places_new`].
     pub(crate) place_new: Option<bool>,
     /// Longest wait for a placement; past it (or on any failure) the
     /// request goes to the worker's own pick, and the VM asks nothing for a
@@ -356,12 +356,6 @@ impl SyncSettings {
         range("hash_tags", self.hash_tags, 1, MAX_HASH_TAGS)?;
         range("place_timeout_ms", self.place_timeout_ms, 1, 1_000)?;
         range("place_claim_ms", self.place_claim_ms, 0, 10_000)?;
-        if self.place_new == Some(true) && self.cluster {
-            return Err(err(
-                "place_new",
-                "not supported with `cluster` (Redis Cluster) yet",
-            ));
-        }
         let header_ok = |h: &str| {
             !h.is_empty()
                 && !h.starts_with(':')

@@ -234,3 +234,44 @@ fn the_tick_says_the_vm_lives_and_retries_a_failed_release() {
     assert!(last_call(&host).contains(&member));
     assert_eq!(host.stat("prefix_router.place.release_failed"), 1);
 }
+
+#[test]
+fn in_cluster_mode_calls_go_to_the_master_the_singleton_named() {
+    let host = TestHost::default();
+    let w = worker_on(&host, r#","sync":{"enabled":true,"cluster":true}"#);
+    // No master named yet: neither the heartbeat nor a placement is sent,
+    // and the new prompt goes to the worker's own pick.
+    assert!(host.bridge_calls.borrow().is_empty());
+    let (_, v) = start_stream(&w, &host, 10, &chat("unnamed ", 3000, "x"));
+    assert_eq!(v, Verdict::Continue);
+    assert!(host.header(DESTINATION_HEADER).is_some());
+    assert!(host.bridge_calls.borrow().is_empty());
+    w.on_tick(&host);
+    assert_eq!(host.stat("prefix_router.place.skipped"), 1);
+    // Named: the heartbeat goes there with the next due tick, then the
+    // placement.
+    host.set(crate::sync::place::NODE_KEY, b"10.0.0.9:7000", None)
+        .unwrap();
+    host.now.set(host.now.get() + 2_000_000_000);
+    w.on_tick(&host);
+    assert_eq!(host.bridge_calls.borrow().len(), 1, "the heartbeat");
+    heartbeat_answered(&w, &host);
+    let (_, v) = start_stream(&w, &host, 11, &chat("named ", 3000, "x"));
+    assert_eq!(v, Verdict::Pause);
+    assert!(last_call(&host).contains("{aibrix:pl}:vms"));
+    let nodes = host.bridge_nodes.borrow();
+    assert_eq!(nodes.len(), 2);
+    assert!(nodes.iter().all(|n| n.as_deref() == Some("10.0.0.9:7000")));
+}
+
+#[test]
+fn on_one_redis_calls_name_no_node() {
+    let host = TestHost::default();
+    let w = worker_on(&host, PLACE_ON);
+    heartbeat_answered(&w, &host);
+    host.set(crate::sync::place::NODE_KEY, b"10.0.0.9:7000", None)
+        .unwrap();
+    let (_, v) = start_stream(&w, &host, 10, &chat("one redis ", 3000, "x"));
+    assert_eq!(v, Verdict::Pause);
+    assert!(host.bridge_nodes.borrow().iter().all(Option::is_none));
+}

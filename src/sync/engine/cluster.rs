@@ -37,6 +37,14 @@ use super::{NsIndex, SyncEngine};
 pub(crate) const MAX_REDIRECTS: u32 = 5;
 
 impl SyncEngine {
+    /// The master owning `key`'s slot, as last known (None outside cluster
+    /// mode or before the first `CLUSTER SLOTS`).
+    pub(crate) fn owner_of_key(&self, key: &[u8]) -> Option<&str> {
+        self.topology
+            .as_ref()?
+            .owner(crate::sync::keys::key_slot(key))
+    }
+
     /// The master owning part `part` of namespace `ns`, as last known.
     pub(super) fn owner_of(&self, ns: NsIndex, part: usize) -> Option<&str> {
         let slot = self.regs.get(ns.0)?.parts.get(part)?.slot;

@@ -117,6 +117,9 @@ impl Mode {
     fn patch(self, args: &CompatCostArgs, config: &mut Value) {
         if let Some(sync) = config.get_mut("sync").filter(|s| s.is_object()) {
             sync["period_ms"] = json!(args.period_ms);
+            // The table's sync alone: placement's calls (one per new prompt)
+            // are not part of what this counts.
+            sync["place_new"] = json!(false);
         }
         if let Some(capacity) = args.table_capacity_blocks {
             config["table_capacity_blocks"] = json!(capacity);

@@ -189,7 +189,8 @@ fn run_mode(
     };
     let sync = sync_patch(
         args.period_ms,
-        json!({"write_through": write_through, "full_scan_every": 1_000_000}),
+        // The table's sync alone, as measured before placement existed.
+        json!({"write_through": write_through, "full_scan_every": 1_000_000, "place_new": false}),
     );
     let specs =
         ["replica-a", "replica-b"].map(|name| fleet.spec(name, template).merge(sync.clone()));

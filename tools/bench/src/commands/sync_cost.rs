@@ -331,8 +331,9 @@ fn real_costs(args: &SyncCostArgs) -> RealCosts {
         let name = format!("reader-every-{every}");
         let rotating =
             (every > 1 && args.scan_keys_per_cycle > 0).then_some(args.scan_keys_per_cycle);
-        let mut more =
-            json!({"write_through": false, "full_scan_every": every, "poll_ms": args.poll_ms});
+        // The table's sync alone: placement (one call per new prompt) is off.
+        let mut more = json!({"write_through": false, "full_scan_every": every,
+            "poll_ms": args.poll_ms, "place_new": false});
         if let Some(n) = rotating {
             more["scan_keys_per_cycle"] = json!(n);
         }
