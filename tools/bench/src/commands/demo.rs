@@ -284,7 +284,10 @@ fn print_routing(stats: &[BTreeMap<String, i64>], names: &[String]) {
         "prefix_router.requests_total".into(),
         "prefix_router.routed.prefix_match".into(),
         "prefix_router.routed.no_match".into(),
+        "prefix_router.routed.placed".into(),
         "prefix_router.routed.load_guard".into(),
+        "prefix_router.routed.spread".into(),
+        "prefix_router.place.failed".into(),
     ];
     let passthrough: BTreeSet<String> = stats
         .iter()
