@@ -34,17 +34,42 @@ const PROMPT_LEN: usize = 4096;
 const BLOCKS: i64 = 32;
 
 /// Replicas `a` and `b` on `envoy/cluster.yaml` (period 1 s, polls every
-/// 100 ms), its seed route to the fleet's Redis port.
-fn start_replicas(fleet: &mut Fleet) {
+/// 100 ms, keys under `key_prefix`), its seed route to the fleet's Redis
+/// port.
+fn start_replicas(fleet: &mut Fleet, key_prefix: &str) {
     let specs = ["a", "b"]
         .iter()
         .map(|name| {
-            fleet
-                .spec(name, "cluster.yaml")
-                .merge(sync_patch(PERIOD_MS, json!({ "poll_ms": 100 })))
+            fleet.spec(name, "cluster.yaml").merge(sync_patch(
+                PERIOD_MS,
+                json!({ "poll_ms": 100, "key_prefix": key_prefix }),
+            ))
         })
         .collect();
     fleet.launch_all(specs);
+}
+
+/// The port of the master that owns `key`'s slot, by each node's own
+/// `CLUSTER NODES` line (`myself`, then its slot ranges).
+fn owner_of(nodes: &[u16], key: &str) -> Option<u16> {
+    let slot: u32 = cli(nodes[0], &["CLUSTER", "KEYSLOT", key])
+        .trim()
+        .parse()
+        .ok()?;
+    nodes.iter().copied().find(|&port| {
+        let out = cli(port, &["CLUSTER", "NODES"]);
+        let Some(line) = out.lines().find(|l| l.contains("myself")) else {
+            return false;
+        };
+        line.split_whitespace().skip(8).any(|range| {
+            let mut ends = range.splitn(2, '-').map(|n| n.parse::<u32>().ok());
+            match (ends.next().flatten(), ends.next()) {
+                (Some(lo), None) => lo == slot,
+                (Some(lo), Some(Some(hi))) => (lo..=hi).contains(&slot),
+                _ => false,
+            }
+        })
+    })
 }
 
 fn node_id(port: u16) -> String {
@@ -196,7 +221,7 @@ fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
     fleet.start_pods(&["--time-scale", "0"]);
     // The seed route (calls naming no node) goes to the first master.
     fleet.redis_port = nodes[0].port;
-    start_replicas(&mut fleet);
+    start_replicas(&mut fleet, "aibrix");
     let (a, b) = (&fleet.replicas[0], &fleet.replicas[1]);
     for r in [a, b] {
         let ok = wait_until(Duration::from_secs(10), || {
@@ -349,11 +374,19 @@ fn two_replicas_sync_through_a_redis_cluster_and_survive_a_slot_migration() {
 fn a_master_killed_its_replica_promoted_sync_resumes_and_clients_never_fail() {
     let mut fleet = Fleet::new("cluster-failover");
     let mut nodes = start_cluster(fleet.dir.path(), 3);
-    // A replica of the third master.
+    // A replica of the third master. The keys go under `router`, whose
+    // placement keys (`{router:pl}`, slot 13756) live on that master: its
+    // death also takes placement's master away.
+    let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+    assert_eq!(
+        owner_of(&ports, "{router:pl}:vms"),
+        Some(nodes[2].port),
+        "the third master should own the placement slot"
+    );
     let replica = add_replica(fleet.dir.path(), 3, nodes[0].port, nodes[2].port);
     fleet.start_pods(&["--time-scale", "0"]);
     fleet.redis_port = nodes[0].port;
-    start_replicas(&mut fleet);
+    start_replicas(&mut fleet, "router");
     let (a, b) = (&fleet.replicas[0], &fleet.replicas[1]);
     for r in [a, b] {
         let ok = wait_until(Duration::from_secs(10), || sync_stat(r, "cycles_ok") >= 1);
@@ -382,24 +415,54 @@ fn a_master_killed_its_replica_promoted_sync_resumes_and_clients_never_fail() {
         );
     }
     let resumed_after = killed_at.elapsed();
+    // Placements went to the dead master and failed, each backing off its
+    // VM for a second, until the singletons named the promoted one; from
+    // then on new prompts are placed again.
+    let failed_placements = [a, b].map(|r| r.stat("prefix_router.place.failed"));
+    let placed_before = [a, b].map(|r| r.stat("prefix_router.routed.placed"));
+    for (r, before) in [a, b].iter().zip(placed_before) {
+        let ok = wait_until(Duration::from_secs(10), || {
+            r.stat("prefix_router.routed.placed") >= before + 5
+        });
+        assert!(
+            ok,
+            "no placement after the failover (placed {}, failed {})",
+            r.stat("prefix_router.routed.placed"),
+            r.stat("prefix_router.place.failed")
+        );
+    }
     let (sent, failed) = load.stop();
     assert!(
         failed.is_empty(),
         "{} of {sent} requests failed: {failed:?}",
         failed.len()
     );
+    assert!(
+        failed_placements.iter().any(|&f| f > 0),
+        "no placement failed while its master was dead"
+    );
+    assert_eq!(
+        owner_of(
+            &[nodes[0].port, nodes[1].port, replica.port],
+            "{router:pl}:vms"
+        ),
+        Some(replica.port)
+    );
     // A prefix learned on A after the failover routes on B.
     let learned = learn_synced(a, b, 9000..9008);
     let missed = routed_on(b, &learned);
     assert!(missed.is_empty(), "{missed:?}\n{}", sync_stats(b));
     // The promoted replica holds the namespace's keys of its slots.
-    let held = node_keys(replica.port, "aibrix:{prefixcache*").len();
+    let held = node_keys(replica.port, "router:{prefixcache*").len();
     assert!(held > 0, "the promoted master holds no prefixcache keys");
     eprintln!(
         "failover: replica promoted {promoted_after:?} after the kill, both replicas synced again \
-         {resumed_after:?} after it; {sent} requests, 0 failed; A: {} failed cycles, B: {}",
+         {resumed_after:?} after it; {sent} requests, 0 failed; A: {} failed cycles, B: {}; \
+         failed placements A {}, B {}",
         sync_stat(a, "cycles_failed"),
         sync_stat(b, "cycles_failed"),
+        failed_placements[0],
+        failed_placements[1],
     );
     drop(fleet);
     drop(replica);
