@@ -26,6 +26,8 @@ pub(crate) const BACKOFF_MS: u64 = 1_000;
 pub(crate) const MAX_RELEASES: usize = 4_096;
 /// Longest wait for the tick's release call.
 const RELEASE_TIMEOUT_MS: u64 = 1_000;
+/// At most one warning a VM logs about failed placements in this long.
+pub(crate) const WARN_EVERY_MS: u64 = 60_000;
 
 /// See the module doc.
 #[derive(Debug, Default)]
@@ -42,6 +44,8 @@ pub(crate) struct Placer {
     /// members (sent again if it fails: a release is idempotent).
     sending: RefCell<Option<(u32, usize, Vec<String>)>>,
     last_beat_ms: Cell<u64>,
+    /// When this VM last warned of a failed placement (None: never).
+    last_warn_ms: Cell<Option<u64>>,
 }
 
 impl Placer {
@@ -83,6 +87,20 @@ impl Placer {
         if !ok {
             self.backoff_until_ms.set(now_ms.saturating_add(BACKOFF_MS));
         }
+    }
+
+    /// Whether a failed placement at `now_ms` should be logged at warn
+    /// level: the VM's first, then at most one per [`WARN_EVERY_MS`] (the
+    /// others are counted in `place.failed` and logged at debug level).
+    pub(crate) fn should_warn(&self, now_ms: u64) -> bool {
+        let due = self
+            .last_warn_ms
+            .get()
+            .is_none_or(|at| now_ms >= at.saturating_add(WARN_EVERY_MS));
+        if due {
+            self.last_warn_ms.set(Some(now_ms));
+        }
+        due
     }
 
     /// A stream ended while it waited.
@@ -176,5 +194,22 @@ impl Placer {
         let over = members.len().saturating_sub(MAX_RELEASES);
         members.drain(..over);
         *r = members;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn failed_placements_warn_first_then_once_a_minute() {
+        let p = Placer::new(1);
+        assert!(p.should_warn(5_000), "the first");
+        assert!(!p.should_warn(5_001));
+        assert!(!p.should_warn(5_000 + WARN_EVERY_MS - 1));
+        assert!(p.should_warn(5_000 + WARN_EVERY_MS));
+        assert!(!p.should_warn(5_000 + WARN_EVERY_MS + 10));
     }
 }

@@ -515,13 +515,22 @@ impl Stream {
         let p = self.placing.take()?;
         let now_nanos = w.clock_nanos(host);
         let pick = reply
-            .ok_or(PlaceError::Unreadable)
+            .ok_or(PlaceError::NoReply)
             .and_then(|r| place::chosen(r, p.expected, &p.candidates));
-        w.placer.wait_ended(pick.is_ok(), now_nanos / 1_000_000);
+        let now_ms = now_nanos / 1_000_000;
+        w.placer.wait_ended(pick.is_ok(), now_ms);
         let forced = pick.as_ref().ok().and_then(|&i| p.pods.get(i)).copied();
         if forced.is_none() {
             w.meter.inc(Count::PlaceFailed);
-            log::debug!("prefix_router: placement failed ({pick:?}), the worker's own pick");
+            // A Redis that refuses every placement (an ACL without EVAL,
+            // say) must show in the log, not only in place.failed.
+            if w.placer.should_warn(now_ms) {
+                log::warn!(
+                    "prefix_router: placing a new prompt through Redis failed ({pick:?}): the worker's own pick, and none asked for 1 s; `sync.place_new: false` turns placement off (at most one such line a minute per worker VM, all counted in place.failed)"
+                );
+            } else {
+                log::debug!("prefix_router: placement failed ({pick:?}), the worker's own pick");
+            }
         }
         let place = Place::Answered(forced);
         let result = routed(w.route_placed(host, &p.req, now_nanos, place));

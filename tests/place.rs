@@ -3,7 +3,8 @@
 //! both replicas' placed requests, so a replica sends a new prompt to the
 //! pod the other replica left free, before any sync could tell it; ended
 //! requests leave Redis on the tick; a dead replica's requests are reaped;
-//! a dead Redis costs no request.
+//! a dead Redis costs no request; a Redis user that may not run `EVAL`
+//! costs none either, and the log says why.
 //!
 //! Pods answer 8 tokens at 150 ms each: a request stays in flight ~1 s.
 
@@ -172,4 +173,58 @@ fn a_dead_replicas_requests_are_reaped_and_a_dead_redis_fails_no_request() {
         .map(|r| r.envoy.settled_router_stat("prefix_router.place.failed"))
         .sum();
     assert!(failed >= 1, "failures counted");
+}
+
+/// A Redis user whose ACL leaves out scripting (a sync user given only the
+/// commands sync sends): sync goes on, every new prompt is served on the
+/// replica's own pick, the failures are counted, and the log says why
+/// (once per worker VM, not once per request).
+#[test]
+fn a_redis_user_without_eval_fails_placements_loudly_but_no_request() {
+    let mut f = Fleet::new("place-noperm");
+    f.start_pods(&POD_ARGS);
+    f.start_redis();
+    let redis = RedisAt::of(f.redis.as_ref().unwrap());
+    redis.cmd(&[
+        "ACL",
+        "SETUSER",
+        "sync",
+        "on",
+        ">sync-pw",
+        "~*",
+        "&*",
+        "+@all",
+        "-@scripting",
+    ]);
+    let spec = f.spec("a", "sync.yaml").concurrency(2).merge(sync_patch(
+        1_000,
+        json!({ "auth_username": "sync", "auth_password": "sync-pw", "poll_ms": 0 }),
+    ));
+    f.launch_all(vec![spec]);
+    let a = &f.replicas[0];
+    let synced = wait_until(Duration::from_secs(10), || {
+        a.stat("prefix_router.sync.cycles_ok") >= 1
+    });
+    assert!(synced, "sync with that user: {:?}", a.stats());
+    let served: Vec<String> = (0..4)
+        .map(|k| send_async(&f, 0, new_prompt(&format!("no eval {k}"))))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(served.iter().all(|pod| !pod.is_empty()), "{served:?}");
+    assert!(a.envoy.settled_router_stat("prefix_router.place.failed") >= 1);
+    assert_eq!(
+        a.envoy.settled_router_stat("prefix_router.routed.placed"),
+        0
+    );
+    let log = a.envoy.log_text();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("placing a new prompt through Redis failed"))
+        .collect();
+    assert!(
+        (1..=2).contains(&warnings.len()) && warnings.iter().all(|l| l.contains("NOPERM")),
+        "one warning per worker VM at most, naming Redis's refusal: {warnings:?}"
+    );
 }

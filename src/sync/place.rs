@@ -227,14 +227,23 @@ pub(crate) fn ask(
     Some(p.finish())
 }
 
-/// Why a placement reply named no pod.
+/// Why a placement named no pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum PlaceError {
-    /// Truncated, garbage or an error reply (AUTH, script).
+    /// No reply: the call failed or timed out.
+    NoReply,
+    /// Truncated or garbage, or not a name.
     Unreadable,
+    /// Redis answered an error (AUTH, an ACL without `EVAL`, the script, a
+    /// slot moved): its first [`REFUSAL_CHARS`] characters.
+    Refused(String),
     /// A pod that was not a candidate (a hostile or stale value).
     NotACandidate,
 }
+
+/// Characters of a Redis error kept in [`PlaceError::Refused`] (for the
+/// log; Redis's own errors are shorter).
+pub(crate) const REFUSAL_CHARS: usize = 120;
 
 /// The index in `candidates` of the pod a complete reply of `expected`
 /// frames names.
@@ -246,8 +255,13 @@ pub(crate) fn chosen(
     let frames = parse_pipeline_reply(reply, expected).map_err(|_| PlaceError::Unreadable)?;
     // AUTH's +OK first when configured; the script's reply before QUIT's.
     let at = expected.checked_sub(2).ok_or(PlaceError::Unreadable)?;
-    if frames[..at].iter().any(|f| matches!(f, Frame::Error(_))) {
-        return Err(PlaceError::Unreadable);
+    // AUTH's error, or the script's (QUIT's +OK after it).
+    if let Some(Frame::Error(e)) = frames
+        .iter()
+        .take(at + 1)
+        .find(|f| matches!(f, Frame::Error(_)))
+    {
+        return Err(PlaceError::Refused(e.chars().take(REFUSAL_CHARS).collect()));
     }
     let Some(Frame::Bulk(name)) = frames.get(at) else {
         return Err(PlaceError::Unreadable);
@@ -414,8 +428,20 @@ mod tests {
         let refused = format!("-WRONGPASS no\r\n{}+OK\r\n", bulk("a:1"));
         assert_eq!(
             chosen(refused.as_bytes(), 3, &c),
-            Err(PlaceError::Unreadable)
+            Err(PlaceError::Refused("WRONGPASS no".into()))
         );
+        let noperm = "-NOPERM User sync has no permissions to run the 'eval' command\r\n+OK\r\n";
+        assert_eq!(
+            chosen(noperm.as_bytes(), 2, &c),
+            Err(PlaceError::Refused(
+                "NOPERM User sync has no permissions to run the 'eval' command".into()
+            ))
+        );
+        let long = format!("-ERR {}\r\n+OK\r\n", "x".repeat(500));
+        match chosen(long.as_bytes(), 2, &c) {
+            Err(PlaceError::Refused(e)) => assert_eq!(e.chars().count(), REFUSAL_CHARS),
+            other => panic!("{other:?}"),
+        }
         let hostile = format!("{}+OK\r\n", bulk("evil:666"));
         assert_eq!(
             chosen(hostile.as_bytes(), 2, &c),
@@ -423,7 +449,6 @@ mod tests {
         );
         for bad in [
             bulk("a:1"),                              // truncated: no QUIT reply
-            "-ERR script\r\n+OK\r\n".to_string(),     // the script failed
             ":3\r\n+OK\r\n".to_string(),              // not a name
             "\x00\x7f".to_string(),                   // garbage
             format!("{}+OK\r\n+OK\r\n", bulk("a:1")), // bytes after QUIT's
