@@ -96,7 +96,7 @@ impl Placer {
         let due = self
             .last_warn_ms
             .get()
-            .is_none_or(|at| now_ms >= at.saturating_add(WARN_EVERY_MS));
+            .map_or(true, |at| now_ms >= at.saturating_add(WARN_EVERY_MS));
         if due {
             self.last_warn_ms.set(Some(now_ms));
         }
