@@ -38,15 +38,16 @@ pub enum Router {
     FilterAibrix,
     /// Three `single.yaml` Envoys, no sync; the client alternates them.
     Filter3NoSync,
-    /// Three `sync.yaml` Envoys + Redis, periodic sync.
+    /// Three `sync.yaml` Envoys + Redis, periodic sync, `sync.place_new`
+    /// off (the fleet before placement).
     Filter3Sync,
-    /// Three `sync.yaml` Envoys + Redis, write-through.
+    /// Three `sync.yaml` Envoys + Redis, write-through, `place_new` off.
     Filter3WriteThrough,
     /// Three `sync.yaml` Envoys + Redis, periodic sync, pod scrapes shared
-    /// through Redis (`signals.share`).
+    /// through Redis (`signals.share`), `place_new` off.
     Filter3Share,
     /// Three `sync.yaml` Envoys + Redis, periodic sync, new prompts placed
-    /// through Redis (`sync.place_new`).
+    /// through Redis (`sync.place_new`, as a synced fleet runs by default).
     Filter3Place,
     /// sglang-router `--policy cache_aware`.
     Sglang,
@@ -100,19 +101,21 @@ impl Router {
             }
             Router::Filter3Sync => format!(
                 "3 Envoys with the filter + Redis, periodic sync every {sync_period_ms} ms \
-                 (3 x sync.yaml), client round robin"
+                 (3 x sync.yaml, sync.place_new off), client round robin"
             ),
             Router::Filter3WriteThrough => format!(
                 "3 Envoys with the filter + Redis, write-through (period {sync_period_ms} ms, \
-                 3 x sync.yaml), client round robin"
+                 3 x sync.yaml, sync.place_new off), client round robin"
             ),
             Router::Filter3Share => format!(
                 "3 Envoys with the filter + Redis, periodic sync every {sync_period_ms} ms, pod \
-                 scrapes shared through Redis (3 x sync.yaml, signals.share), client round robin"
+                 scrapes shared through Redis (3 x sync.yaml, signals.share, sync.place_new off), client \
+                 round robin"
             ),
             Router::Filter3Place => format!(
                 "3 Envoys with the filter + Redis, periodic sync every {sync_period_ms} ms, new \
-                 prompts placed through Redis (3 x sync.yaml, sync.place_new), client round robin"
+                 prompts placed through Redis (3 x sync.yaml, sync.place_new as by default), client \
+                 round robin"
             ),
             Router::Sglang => "sglang-router 0.3.2 --policy cache_aware".into(),
             Router::Vllm => "vllm-router 0.1.17 --policy cache_aware".into(),
