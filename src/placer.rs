@@ -156,12 +156,13 @@ impl Placer {
         if self.releases.borrow().is_empty() && !due {
             return;
         }
+        // Cluster mode: no master named yet, the releases wait for one.
+        let Ok(node) = place::node(sync, host) else {
+            return;
+        };
         let members = std::mem::take(&mut *self.releases.borrow_mut());
         let (body, expected) = place::release(sync, now_ms, &self.vm, &members);
-        let sent = place::node(sync, host)
-            .ok()
-            .and_then(|node| host.call_bridge(sync, node.as_deref(), &body, RELEASE_TIMEOUT_MS));
-        match sent {
+        match host.call_bridge(sync, node.as_deref(), &body, RELEASE_TIMEOUT_MS) {
             Some(token) => {
                 self.last_beat_ms.set(now_ms);
                 *self.sending.borrow_mut() = Some((token, expected, members));

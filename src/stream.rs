@@ -466,18 +466,24 @@ impl Stream {
             })
             .unzip();
         drop(fleet);
+        if candidates.is_empty() {
+            return Some(req);
+        }
+        let sync = &w.settings().sync;
+        // Cluster mode: the master the singleton named (none yet: not sent,
+        // and nothing built for it).
+        let Ok(node) = place::node(sync, host) else {
+            w.meter.inc(Count::PlaceSkipped);
+            return Some(req);
+        };
         let member = w.placer.next_member();
         let now_ms = w.clock_nanos(host) / 1_000_000;
-        let sync = &w.settings().sync;
         let Some((body, expected)) =
             place::ask(sync, now_ms, w.placer.vm(), &member, family, &candidates)
         else {
             return Some(req);
         };
-        // Cluster mode: the master the singleton named (none yet: not sent).
-        let Some(token) = place::node(sync, host)
-            .ok()
-            .and_then(|node| host.call_bridge(sync, node.as_deref(), &body, sync.place_timeout_ms))
+        let Some(token) = host.call_bridge(sync, node.as_deref(), &body, sync.place_timeout_ms)
         else {
             w.meter.inc(Count::PlaceSkipped);
             return Some(req);
