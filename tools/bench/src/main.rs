@@ -208,7 +208,8 @@ enum Command {
         redis_cluster: bool,
     },
     /// Routers side by side on simulated pods: round robin, the filter (1 and
-    /// 3 Envoys, with and without sync), sglang-router and vllm-router.
+    /// 3 Envoys, with and without sync), sglang-router and vllm-router (1 and
+    /// 3 processes).
     Compare(Box<commands::compare::CompareCli>),
     /// Who was best, figure by figure, over saved `compare` runs (their
     /// results JSON files): each router's median and how often it was at

@@ -48,16 +48,18 @@ pub struct Peer {
 
 impl Peer {
     /// Starts `kind` with `policy` over `workers` (base URLs) and waits until
-    /// `GET /readiness` reports every worker healthy.
+    /// `GET /readiness` reports every worker healthy. `name` names its log
+    /// (`<name>.log` in `dir`), so several of one kind can run side by side.
     pub fn start(
         kind: PeerKind,
+        name: &str,
         policy: &str,
         workers: &[String],
         dir: &TestDir,
     ) -> Result<Peer, String> {
         let port = harness::free_port();
         let metrics_port = harness::free_port();
-        let log = dir.join(&format!("{}.log", kind.script_name()));
+        let log = dir.join(&format!("{name}.log"));
         let script = harness::repo_root().join("scripts/bench/start-peer.sh");
         let mut cmd = Command::new(&script);
         cmd.arg(kind.script_name())

@@ -3,7 +3,8 @@
 //! [`crate::tagproxy`]): Envoy with `envoy/plain.yaml` (round robin), with
 //! the filter (`single.yaml`, one or three replicas), three `sync.yaml`
 //! replicas + redis-server (periodic or write-through), sglang-router and
-//! vllm-router (`cache_aware`).
+//! vllm-router (`cache_aware`), one process or three side by side (as a
+//! peer runs for high availability: each replica routes on its own state).
 //!
 //! The Envoys are started by the harness's launcher
 //! ([`harness::fleet::launch`]): configs name four pods, and with fewer
@@ -53,10 +54,15 @@ pub enum Router {
     Sglang,
     /// vllm-router `--policy cache_aware`.
     Vllm,
+    /// Three sglang-router `--policy cache_aware` processes over the same
+    /// pods, nothing shared between them; the client alternates them.
+    Sglang3,
+    /// Three vllm-router `--policy cache_aware` processes, as [`Router::Sglang3`].
+    Vllm3,
 }
 
 impl Router {
-    pub const ALL: [Router; 10] = [
+    pub const ALL: [Router; 12] = [
         Router::RoundRobin,
         Router::Filter,
         Router::FilterAibrix,
@@ -67,6 +73,8 @@ impl Router {
         Router::Filter3Place,
         Router::Sglang,
         Router::Vllm,
+        Router::Sglang3,
+        Router::Vllm3,
     ];
 
     /// Short name (command line, tables, JSON).
@@ -82,6 +90,8 @@ impl Router {
             Router::Filter3Place => "filter-3x-place",
             Router::Sglang => "sglang",
             Router::Vllm => "vllm",
+            Router::Sglang3 => "sglang-3x",
+            Router::Vllm3 => "vllm-3x",
         }
     }
 
@@ -119,6 +129,12 @@ impl Router {
             ),
             Router::Sglang => "sglang-router 0.3.2 --policy cache_aware".into(),
             Router::Vllm => "vllm-router 0.1.17 --policy cache_aware".into(),
+            Router::Sglang3 => "3 x sglang-router 0.3.2 --policy cache_aware, nothing shared, \
+                 client round robin"
+                .into(),
+            Router::Vllm3 => "3 x vllm-router 0.1.17 --policy cache_aware, nothing shared, \
+                 client round robin"
+                .into(),
         }
     }
 
@@ -126,8 +142,17 @@ impl Router {
         Router::ALL.into_iter().find(|r| r.key() == s)
     }
 
+    /// A peer router (sglang-router or vllm-router), one process or three.
     pub fn is_peer(self) -> bool {
-        matches!(self, Router::Sglang | Router::Vllm)
+        matches!(
+            self,
+            Router::Sglang | Router::Vllm | Router::Sglang3 | Router::Vllm3
+        )
+    }
+
+    /// Three peer processes side by side.
+    pub fn is_peer_fleet(self) -> bool {
+        matches!(self, Router::Sglang3 | Router::Vllm3)
     }
 
     /// One line of what runs, on the static pods or, with `opts.eds`, on
@@ -235,7 +260,8 @@ pub struct Gateway {
     pub router: Router,
     pub envoys: Vec<Envoy>,
     pub redis: Option<Redis>,
-    pub peer: Option<Peer>,
+    /// The peer router's processes (one, or three for `sglang-3x`/`vllm-3x`).
+    pub peers: Vec<Peer>,
 }
 
 /// A filter router's Envoy: its spec, then `--filter-patch` on top.
@@ -259,7 +285,7 @@ impl Gateway {
             router,
             envoys: Vec::new(),
             redis: None,
-            peer: None,
+            peers: Vec::new(),
         };
         if opts.eds && !router.has_eds_variant() {
             return Err(format!("{} has no live-fleet (EDS) variant", router.key()));
@@ -350,8 +376,8 @@ impl Gateway {
                     warm_up_sync(&gw.envoys, timeout)?;
                 }
             }
-            Router::Sglang | Router::Vllm => {
-                let kind = if router == Router::Sglang {
+            Router::Sglang | Router::Vllm | Router::Sglang3 | Router::Vllm3 => {
+                let kind = if matches!(router, Router::Sglang | Router::Sglang3) {
                     PeerKind::Sglang
                 } else {
                     PeerKind::Vllm
@@ -360,7 +386,16 @@ impl Gateway {
                     .iter()
                     .map(|p| format!("http://127.0.0.1:{p}"))
                     .collect();
-                gw.peer = Some(Peer::start(kind, "cache_aware", &workers, dir)?);
+                let n = if router.is_peer_fleet() { 3 } else { 1 };
+                for i in 0..n {
+                    let name = if n == 1 {
+                        kind.script_name().to_string()
+                    } else {
+                        format!("{}-{i}", kind.script_name())
+                    };
+                    gw.peers
+                        .push(Peer::start(kind, &name, "cache_aware", &workers, dir)?);
+                }
             }
         }
         if opts.eds {
@@ -373,14 +408,13 @@ impl Gateway {
 
     /// Base URLs the client spreads requests over.
     pub fn urls(&self) -> Vec<String> {
-        match &self.peer {
-            Some(p) => vec![p.base_url()],
-            None => self
-                .envoys
-                .iter()
-                .map(|e| format!("http://127.0.0.1:{}", e.listener))
-                .collect(),
+        if !self.peers.is_empty() {
+            return self.peers.iter().map(Peer::base_url).collect();
         }
+        self.envoys
+            .iter()
+            .map(|e| format!("http://127.0.0.1:{}", e.listener))
+            .collect()
     }
 
     /// The filter's stats of every replica (empty for other routers).
@@ -605,7 +639,7 @@ mod tests {
             assert_eq!(Router::parse(r.key()), Some(r));
             assert_eq!(serde_json::to_value(r).unwrap(), json!(r.key()));
         }
-        assert_eq!(parse_routers("all").unwrap().len(), 10);
+        assert_eq!(parse_routers("all").unwrap().len(), 12);
         assert_eq!(
             parse_routers("round-robin,filter").unwrap(),
             vec![Router::RoundRobin, Router::Filter]

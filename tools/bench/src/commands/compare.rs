@@ -232,7 +232,7 @@ pub struct CompareCli {
     pub workloads: String,
     /// Routers, comma-separated: round-robin, filter, filter-aibrix,
     /// filter-3x-nosync, filter-3x-sync, filter-3x-wt, filter-3x-share, filter-3x-place, sglang,
-    /// vllm, or all.
+    /// vllm, sglang-3x, vllm-3x (three peer processes, nothing shared), or all.
     #[arg(long, default_value = "all")]
     pub routers: String,
     /// Simulated pods (1 to 4).
@@ -1319,6 +1319,7 @@ pub fn targets(results: &[WorkloadResult]) -> Vec<Target> {
     ] {
         if let Some(w) = find(kind) {
             out.extend(peer_targets(w));
+            out.extend(replica_peer_targets(w));
         }
     }
     if let Some(w) = find(WorkloadKind::Tenants) {
@@ -1397,7 +1398,48 @@ pub fn targets(results: &[WorkloadResult]) -> Vec<Target> {
 /// p99 <= the best peer's (peers: sglang, vllm-router, round robin; the
 /// best of each figure, whichever router has it).
 fn peer_targets(w: &WorkloadResult) -> Vec<Target> {
-    let peers = [Router::Sglang, Router::Vllm, Router::RoundRobin];
+    let judged = |r: Router| r.is_filter() && r != Router::Filter3NoSync;
+    best_peer_targets(
+        w,
+        &[Router::Sglang, Router::Vllm, Router::RoundRobin],
+        judged,
+        "best peer",
+    )
+}
+
+/// The same checks for the 3-Envoy fleets against the peers run as three
+/// processes each (`sglang-3x`, `vllm-3x`, and round robin), as a peer is
+/// deployed for high availability; only when such a peer row ran. These
+/// are context: the targets are [`peer_targets`], against one peer
+/// process, which sees every request.
+fn replica_peer_targets(w: &WorkloadResult) -> Vec<Target> {
+    if !w.results.iter().any(|r| r.router.is_peer_fleet()) {
+        return Vec::new();
+    }
+    let judged = |r: Router| {
+        r.is_filter()
+            && !matches!(
+                r,
+                Router::Filter | Router::FilterAibrix | Router::Filter3NoSync
+            )
+    };
+    best_peer_targets(
+        w,
+        &[Router::Sglang3, Router::Vllm3, Router::RoundRobin],
+        judged,
+        "best 3-replica peer",
+    )
+}
+
+/// Hit rate >= the best of `peers`' and TTFT p90 and p99 <= theirs (the
+/// best of each figure, whichever peer has it), for every row `judged`
+/// picks; `label` names the peers in the target's name.
+fn best_peer_targets(
+    w: &WorkloadResult,
+    peers: &[Router],
+    judged: impl Fn(Router) -> bool,
+    label: &str,
+) -> Vec<Target> {
     let stats: Vec<&Stats> = peers.iter().filter_map(|&r| w.get(r)).collect();
     let best_hit = stats
         .iter()
@@ -1414,19 +1456,19 @@ fn peer_targets(w: &WorkloadResult) -> Vec<Target> {
     let f3 = |v: Option<f64>| v.map_or("-".into(), |v| num(v, 3));
     let mut out = Vec::new();
     for r in &w.results {
-        if !r.router.is_filter() || r.router == Router::Filter3NoSync {
+        if !judged(r.router) {
             continue;
         }
         let Some(s) = &r.stats else { continue };
         let k = format!("{}: {}", w.workload.key(), r.router.key());
         out.push(target(
-            &format!("{k} hit rate >= best peer"),
+            &format!("{k} hit rate >= {label}"),
             format!("{} vs {}", f3(s.hit_rate), f3(best_hit)),
             s.hit_rate.zip(best_hit).map(|(a, b)| a >= b),
         ));
         let p = |f: fn(&Summary) -> f64| s.ttft_ms.as_ref().map(f);
         out.push(target(
-            &format!("{k} TTFT p90 and p99 <= best peer"),
+            &format!("{k} TTFT p90 and p99 <= {label}"),
             format!(
                 "{}/{} ms vs {}/{} ms",
                 f0(p(|t| t.p90)),
@@ -1927,6 +1969,43 @@ mod tests {
         assert_eq!(v("concurrency 1: filter"), "PASS", "3/2 = 1.5");
         let all = t.iter().find(|x| x.name.contains("every router")).unwrap();
         assert!(all.detail.contains("sglang inf"), "{}", all.detail);
+    }
+
+    #[test]
+    fn three_replica_fleets_also_face_the_peers_at_three_replicas() {
+        let hl = |with_fleets: bool| {
+            let mut rows = vec![
+                result(Router::Filter, stats(0.9, 10.0, 30.0, &[5, 5])),
+                result(Router::Filter3Place, stats(0.85, 10.0, 40.0, &[5, 5])),
+                result(Router::Sglang, stats(0.88, 10.0, 35.0, &[5, 5])),
+            ];
+            if with_fleets {
+                rows.push(result(Router::Sglang3, stats(0.80, 10.0, 50.0, &[5, 5])));
+                rows.push(result(Router::Vllm3, stats(0.86, 10.0, 60.0, &[5, 5])));
+            }
+            workload(WorkloadKind::HighLoad, rows)
+        };
+        let t = targets(&[hl(true)]);
+        let v = |name: &str| {
+            t.iter()
+                .find(|x| x.name == name)
+                .map(|x| (x.verdict.clone(), x.detail.clone()))
+        };
+        // Against one peer process: 0.85 < 0.88.
+        let strict = v("high-load: filter-3x-place hit rate >= best peer").unwrap();
+        assert_eq!(strict.0, "MISS", "{strict:?}");
+        // Against the best of the 3-process peers (0.86, p90 50): a miss on
+        // hit rate, a pass on TTFT (p90 40 <= 50, p99 alike).
+        let fleet = v("high-load: filter-3x-place hit rate >= best 3-replica peer").unwrap();
+        assert_eq!(fleet, ("MISS".into(), "0.850 vs 0.860".into()));
+        let ttft = v("high-load: filter-3x-place TTFT p90 and p99 <= best 3-replica peer").unwrap();
+        assert_eq!(ttft.0, "PASS", "{ttft:?}");
+        // One Envoy is judged against one peer process only.
+        assert!(v("high-load: filter hit rate >= best 3-replica peer").is_none());
+        // Without a 3-process peer row, no such line.
+        assert!(targets(&[hl(false)])
+            .iter()
+            .all(|x| !x.name.contains("3-replica")));
     }
 
     #[test]
