@@ -137,6 +137,8 @@ struct Placing {
     req: PromptRequest,
     no_usage: bool,
     check_address: bool,
+    /// When the call was made (ns), for `place.wait_us`.
+    asked_nanos: u64,
 }
 
 /// One answer being checked against its routing prediction.
@@ -490,6 +492,8 @@ impl Stream {
         };
         w.meter.inc(Count::PlaceAsked);
         w.placer.wait_started();
+        // The host's clock, not the tick's: the wait is well under a tick.
+        let asked_nanos = host.now_nanos();
         self.placing = Some(Box::new(Placing {
             token,
             expected,
@@ -499,6 +503,7 @@ impl Stream {
             req,
             no_usage,
             check_address,
+            asked_nanos,
         }));
         None
     }
@@ -519,6 +524,8 @@ impl Stream {
             return None;
         }
         let p = self.placing.take()?;
+        w.meter
+            .place_wait(host.now_nanos().saturating_sub(p.asked_nanos) / 1_000);
         let now_nanos = w.clock_nanos(host);
         let pick = reply
             .ok_or(PlaceError::NoReply)

@@ -129,6 +129,22 @@ fn a_replica_places_a_new_prompt_on_the_pod_the_other_left_free() {
     assert_eq!(get(&sa, "routed.placed") + get(&sb, "routed.placed"), 12);
     assert_eq!(get(&sa, "place.failed") + get(&sb, "place.failed"), 0);
     assert_eq!(get(&sa, "routed.no_match") + get(&sb, "routed.no_match"), 0);
+    // Each wait was timed: Envoy's histogram (after its 5 s stats flush)
+    // reads more than nothing and less than the call's timeout
+    // (`sync.place_timeout_ms`, 50 ms by default): none failed.
+    let timeout_us = 50_000.0;
+    for r in [a, b] {
+        let mut q = Vec::new();
+        assert!(
+            wait_until(Duration::from_secs(8), || {
+                q = r.histogram("prefix_router.place.wait_us");
+                !q.is_empty()
+            }),
+            "no place.wait_us"
+        );
+        let median = q.iter().find(|(p, _)| *p == 50.0).map(|(_, v)| *v).unwrap();
+        assert!(median > 0.0 && median < timeout_us, "{q:?}");
+    }
 }
 
 #[test]

@@ -10,7 +10,8 @@
 //! tick of counts.
 //!
 //! `route_time_us` is sampled (one request in [`SAMPLE_EVERY`]): timing a
-//! request costs a second clock read.
+//! request costs a second clock read. `place.wait_us` times every placement
+//! (`sync.place_new`) from the clock reads it makes anyway.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -190,6 +191,9 @@ pub(crate) struct Meter {
     route_time_us: u32,
     samples: RefCell<Vec<u64>>,
     sample_turn: Cell<u32>,
+    /// `place.wait_us`, defined with placement on only.
+    place_wait_us: Option<u32>,
+    place_waits: RefCell<Vec<u64>>,
     /// Liveness of the sync singleton, recorded on tick (see
     /// [`crate::sync::liveness`]); defined only with sync on.
     pub(crate) sync_success_age_s: u32,
@@ -223,6 +227,11 @@ impl Meter {
             route_time_us: sink.define_metric(MetricKind::Histogram, "prefix_router.route_time_us"),
             samples: RefCell::new(Vec::new()),
             sample_turn: Cell::new(0),
+            place_wait_us: settings
+                .sync
+                .places_new()
+                .then(|| sink.define_metric(MetricKind::Histogram, "prefix_router.place.wait_us")),
+            place_waits: RefCell::new(Vec::new()),
             sync_success_age_s: gauge("sync.last_success_age_s"),
             sync_singleton_age_s: gauge("sync.singleton_age_s"),
             pod_gauges: RefCell::new(PodGauges::default()),
@@ -261,6 +270,16 @@ impl Meter {
         self.pending[c.index()].get()
     }
 
+    /// Keeps how long one placement waited, from its call to Redis's answer
+    /// (or the failure, or the timeout), for `place.wait_us`. Nothing without
+    /// placement.
+    pub(crate) fn place_wait(&self, us: u64) {
+        let mut s = self.place_waits.borrow_mut();
+        if self.place_wait_us.is_some() && s.len() < MAX_SAMPLES {
+            s.push(us);
+        }
+    }
+
     /// Hands what moved since the last flush to Envoy: one call per counter
     /// that moved and one per timing sample.
     pub(crate) fn flush(&self, sink: &impl MetricSink) {
@@ -272,6 +291,12 @@ impl Meter {
         }
         for us in self.samples.borrow_mut().drain(..) {
             sink.record_metric(self.route_time_us, us);
+        }
+        let waits = self.place_waits.borrow_mut().drain(..).collect::<Vec<_>>();
+        if let Some(id) = self.place_wait_us {
+            for us in waits {
+                sink.record_metric(id, us);
+            }
         }
     }
 
@@ -360,6 +385,8 @@ mod tests {
     struct Sink {
         names: RefCell<Vec<(MetricKind, String)>>,
         values: RefCell<HashMap<u32, i64>>,
+        /// Every histogram sample, in order.
+        samples: RefCell<Vec<(u32, u64)>>,
         calls: Cell<u32>,
     }
 
@@ -376,19 +403,37 @@ mod tests {
         fn record_metric(&self, id: u32, value: u64) {
             self.calls.set(self.calls.get() + 1);
             self.values.borrow_mut().insert(id, value as i64);
+            self.samples.borrow_mut().push((id, value));
         }
     }
 
     impl Sink {
-        fn value(&self, name: &str) -> i64 {
-            let id = self
-                .names
+        fn id(&self, name: &str) -> u32 {
+            self.names
                 .borrow()
                 .iter()
                 .position(|(_, n)| n == name)
                 .unwrap() as u32
-                + 1;
-            self.values.borrow().get(&id).copied().unwrap_or(0)
+                + 1
+        }
+
+        fn value(&self, name: &str) -> i64 {
+            self.values
+                .borrow()
+                .get(&self.id(name))
+                .copied()
+                .unwrap_or(0)
+        }
+
+        /// The samples recorded into histogram `name`, in order.
+        fn recorded(&self, name: &str) -> Vec<u64> {
+            let id = self.id(name);
+            self.samples
+                .borrow()
+                .iter()
+                .filter(|(i, _)| *i == id)
+                .map(|(_, v)| *v)
+                .collect()
         }
     }
 
@@ -450,6 +495,41 @@ mod tests {
         }
         m.flush(&sink);
         assert_eq!(sink.calls.get() as usize, MAX_SAMPLES);
+    }
+
+    #[test]
+    fn placement_waits_are_recorded_with_placement_on_only() {
+        let off = Sink::default();
+        let m = Meter::define(&settings(), &off);
+        assert!(!off
+            .names
+            .borrow()
+            .iter()
+            .any(|(_, n)| n == "prefix_router.place.wait_us"));
+        m.place_wait(700);
+        m.flush(&off);
+        assert_eq!(off.calls.get(), 0, "no placement, no histogram");
+
+        let on = Sink::default();
+        let placing =
+            Settings::from_json(br#"{"endpoints":["a:1"],"sync":{"enabled":true}}"#).unwrap();
+        assert!(placing.sync.places_new());
+        let m = Meter::define(&placing, &on);
+        for us in [650, 900] {
+            m.place_wait(us);
+        }
+        for _ in 0..1000 {
+            m.place_wait(1);
+        }
+        m.flush(&on);
+        let recorded = on.recorded("prefix_router.place.wait_us");
+        assert_eq!(recorded.len(), MAX_SAMPLES, "bounded between flushes");
+        assert_eq!(recorded[..2], [650, 900]);
+        m.flush(&on);
+        assert_eq!(
+            on.recorded("prefix_router.place.wait_us").len(),
+            MAX_SAMPLES
+        );
     }
 
     #[test]

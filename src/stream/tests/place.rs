@@ -54,10 +54,18 @@ fn a_new_prompt_waits_for_redis_and_goes_where_it_says() {
     // The worker's own pick goes first; Redis names the other pod.
     let own = *PODS.iter().min_by_key(|p| call.find(*p)).unwrap();
     let other = *PODS.iter().find(|&&p| p != own).unwrap();
+    // Redis answers 640 us later (the host's clock, not the tick's).
+    host.now.set(host.now.get() + 640_000);
     let v = s.on_place_reply(&w, &host, 1, Some(&reply_naming(other)));
     assert_eq!(v, Some(Verdict::Continue));
     assert_eq!(host.header(DESTINATION_HEADER).as_deref(), Some(other));
     assert_eq!(s.on_place_reply(&w, &host, 1, None), None, "answered once");
+    w.meter.flush(&host);
+    assert_eq!(
+        host.stat("prefix_router.place.wait_us"),
+        640,
+        "the wait, timed"
+    );
     // Recorded there: the same prompt is a local match, asking nothing.
     let (mut again, v) = start_stream(&w, &host, 11, &body);
     assert_eq!(v, Verdict::Continue);
