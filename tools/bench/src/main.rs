@@ -1,6 +1,6 @@
 //! `prefix-bench`: the demo (`run`) and the benchmarks (`overhead`,
-//! `sync-cost`, `compat-cost`, `convergence`, `memory`, `compare`, `real`,
-//! `iperf`) of the Envoy prefix-router filter, on real Envoy, podsim pods and
+//! `sync-cost`, `compat-cost`, `convergence`, `memory`, `place-wait`,
+//! `compare`, `real`, `iperf`) of the Envoy prefix-router filter, on real Envoy, podsim pods and
 //! redis-server processes on loopback. Every command prints tables; all but
 //! `run` and `memory` also write JSON under `results/`; see README.md.
 
@@ -173,6 +173,16 @@ enum Command {
         #[arg(long)]
         results_dir: Option<std::path::PathBuf>,
     },
+    /// Measurement: what placing a new prompt through Redis
+    /// (`sync.place_new`) adds to its request, and where the time goes.
+    PlaceWait {
+        /// New prompts per side (placement on, then off).
+        #[arg(long, default_value_t = 300)]
+        requests: usize,
+        /// Pause between two requests, ms.
+        #[arg(long, default_value_t = 20)]
+        gap_ms: u64,
+    },
     /// Measurement: Envoy's resident memory with the filter under large
     /// bodies (beside plain Envoy) and under hostile Redis values.
     Memory {
@@ -315,6 +325,9 @@ fn main() {
             seed,
             scan_keys_per_cycle,
         }),
+        Command::PlaceWait { requests, gap_ms } => {
+            commands::place_wait::run(&commands::place_wait::PlaceWaitArgs { requests, gap_ms })
+        }
         Command::Memory {
             bodies,
             body_mib,

@@ -7,6 +7,7 @@ pub mod demo;
 pub mod iperf;
 pub mod memory;
 pub mod overhead;
+pub mod place_wait;
 pub mod real;
 pub mod scale;
 pub mod sync_cost;
