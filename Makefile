@@ -61,7 +61,7 @@ run: setup build ## demo: 2 Envoy replicas syncing via Redis, 4 simulated pods, 
 	cargo build --release -p prefix-bench
 	$(BENCH) run --replicas 2
 
-bench: setup build ## benchmarks: filter overhead, sync cost, compat aibrix cost, sync convergence, memory, routers side by side, inference-perf (tables; JSON/SVG in results/)
+bench: setup build ## benchmarks: filter overhead, sync cost, compat aibrix cost, sync convergence, memory, placement wait, routers side by side, inference-perf (tables; JSON/SVG in results/)
 	cargo build --release -p prefix-bench
 	$(BENCH) overhead
 	$(MAKE) --no-print-directory bench-compute
@@ -69,6 +69,7 @@ bench: setup build ## benchmarks: filter overhead, sync cost, compat aibrix cost
 	$(BENCH) compat-cost
 	$(BENCH) convergence
 	$(BENCH) memory
+	$(BENCH) place-wait
 	scripts/bench/setup-peers.sh
 	$(BENCH) compare
 	$(MAKE) --no-print-directory bench-iperf
