@@ -30,16 +30,23 @@ const POD_ARGS: [&str; 4] = [
 /// Two replicas (A, B) with `place_new`; the sync period is long, so
 /// nothing but the placement tells one replica of the other's requests.
 fn fleet(label: &str) -> Fleet {
+    fleet_with(label, json!({}))
+}
+
+/// [`fleet`] with more `sync` settings.
+fn fleet_with(label: &str, sync: serde_json::Value) -> Fleet {
     let mut f = Fleet::new(label);
     f.start_pods(&POD_ARGS);
     f.start_redis();
+    let mut settings = json!({ "place_new": true, "poll_ms": 0 });
+    for (k, v) in sync.as_object().into_iter().flatten() {
+        settings[k] = v.clone();
+    }
     let specs = ["a", "b"]
         .iter()
         .map(|name| {
-            f.spec(name, "sync.yaml").merge(sync_patch(
-                60_000,
-                json!({ "place_new": true, "poll_ms": 0 }),
-            ))
+            f.spec(name, "sync.yaml")
+                .merge(sync_patch(60_000, settings.clone()))
         })
         .collect();
     f.launch_all(specs);
@@ -145,6 +152,50 @@ fn a_replica_places_a_new_prompt_on_the_pod_the_other_left_free() {
         let median = q.iter().find(|(p, _)| *p == 50.0).map(|(_, v)| *v).unwrap();
         assert!(median > 0.0 && median < timeout_us, "{q:?}");
     }
+}
+
+/// `place_claim_ms`: B's new prompt of a family (model and first block)
+/// that A placed goes to A's pod, though a request is placed there and the
+/// other pods are idle; the claim runs from the family's first placement,
+/// not extended by the one that followed it.
+#[test]
+fn a_family_follows_its_claim_which_the_follower_does_not_extend() {
+    let f = fleet_with("place-claim", json!({ "place_claim_ms": 5000 }));
+    let redis = RedisAt::of(f.redis.as_ref().unwrap());
+    // Over two 128-byte blocks shared, then the prompts differ.
+    let family = "the same opening for every prompt of this family. ".repeat(6);
+    let a = send_async(&f, 0, format!("{family} and then the first question"));
+    assert!(
+        wait_until(Duration::from_secs(5), || total(&redis) == 1),
+        "A placed: {:?}",
+        placed(&redis)
+    );
+    let claims = redis.scan("{aibrix:pl}:c:*");
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    let ttl_first = redis.cmd(&["PTTL", &claims[0]]).int();
+    assert!(ttl_first > 4000, "{ttl_first}");
+    thread::sleep(Duration::from_millis(400));
+    // A's request is still in flight (~1 s): by count B would pick an idle pod.
+    assert_eq!(total(&redis), 1);
+    let b = send_async(&f, 1, format!("{family} and then another question"));
+    assert!(
+        wait_until(Duration::from_secs(5), || total(&redis) == 2),
+        "B placed: {:?}",
+        placed(&redis)
+    );
+    let ttl_after = redis.cmd(&["PTTL", &claims[0]]).int();
+    assert!(
+        ttl_after > 0 && ttl_after <= ttl_first - 300,
+        "the claim was extended: {ttl_first} ms left after A, {ttl_after} after B"
+    );
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert_eq!(a, b, "B followed the claim");
+    // Another family is placed by cost: an idle pod, not the claimed one.
+    let a2 = send_async(&f, 0, format!("{family} third"));
+    let other = send_async(&f, 1, new_prompt("another family"));
+    let (a2, other) = (a2.join().unwrap(), other.join().unwrap());
+    assert_eq!(a2, a, "A's own table matches the family there");
+    assert_ne!(other, a, "a new family is not claimed");
 }
 
 #[test]

@@ -18,7 +18,10 @@
 //! - `v:{vm}`: hash of one worker VM's placed requests, member -> pod, so a
 //!   release needs only the member and a dead VM's requests can be found;
 //! - `vms`: sorted set of worker VMs by last sign of life (unix ms);
-//! - `c:{family}`: the pod a prompt family went to, for `place_claim_ms`.
+//! - `c:{family}`: the pod a prompt family went to, for `place_claim_ms`;
+//!   set when the family is placed by cost, and not extended by the
+//!   placements that follow the claim, so it ends `place_claim_ms` after the
+//!   family's first placement (by then the replicas' tables know the family).
 //!
 //! The pick: with `place_claim_ms` set, the pod the prompt's family (model
 //! and first block) was placed on within that time, if a candidate
@@ -72,10 +75,11 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', vms, '-inf', now - vttl, 'LIMIT',
 end
 local best, bs, bo = nil, nil, nil
 local ck = nil
+local claimed = false
 if ARGV[8] ~= '' then
   ck = p .. 'c:' .. ARGV[8]
   local held = redis.call('GET', ck)
-  for i = 10, #ARGV - 2, 3 do if ARGV[i] == held then best = held end end
+  for i = 10, #ARGV - 2, 3 do if ARGV[i] == held then best = held; claimed = true end end
 end
 if best == nil then
   for i = 10, #ARGV - 2, 3 do
@@ -88,7 +92,7 @@ if best == nil then
   end
 end
 if best == nil then return redis.error_reply('no candidates') end
-if ck then redis.call('SET', ck, best, 'PX', tonumber(ARGV[9])) end
+if ck and not claimed then redis.call('SET', ck, best, 'PX', tonumber(ARGV[9])) end
 local k = p .. 'p:' .. best
 redis.call('ZADD', k, now, member)
 redis.call('EXPIRE', k, kttl)
