@@ -262,6 +262,9 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: RealCli) {
                 prefix_match: sum("routed.prefix_match"),
                 no_match: sum("routed.no_match"),
                 load_guard: sum("routed.load_guard"),
+                spread: sum("routed.spread"),
+                placed: sum("routed.placed"),
+                place_failed: sum("place.failed"),
                 ..Default::default()
             });
         }
