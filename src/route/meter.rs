@@ -11,7 +11,8 @@
 //!
 //! `route_time_us` is sampled (one request in [`SAMPLE_EVERY`]): timing a
 //! request costs a second clock read. `place.wait_us` times every placement
-//! (`sync.place_new`) from the clock reads it makes anyway.
+//! (`sync.place_new`): two reads of the host's clock per placement, against
+//! a wait of some hundreds of µs.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

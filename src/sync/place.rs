@@ -21,7 +21,8 @@
 //! - `c:{family}`: the pod a prompt family went to, for `place_claim_ms`;
 //!   set when the family is placed by cost, and not extended by the
 //!   placements that follow the claim, so it ends `place_claim_ms` after the
-//!   family's first placement (by then the replicas' tables know the family).
+//!   family's first placement (within about a sync period, sync tells every
+//!   replica's table of the family anyway).
 //!
 //! The pick: with `place_claim_ms` set, the pod the prompt's family (model
 //! and first block) was placed on within that time, if a candidate
