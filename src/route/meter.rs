@@ -293,9 +293,9 @@ impl Meter {
         for us in self.samples.borrow_mut().drain(..) {
             sink.record_metric(self.route_time_us, us);
         }
-        let waits = self.place_waits.borrow_mut().drain(..).collect::<Vec<_>>();
+        // Only kept with the histogram defined (`place_wait`).
         if let Some(id) = self.place_wait_us {
-            for us in waits {
+            for us in self.place_waits.borrow_mut().drain(..) {
                 sink.record_metric(id, us);
             }
         }
