@@ -16,8 +16,8 @@ use crate::route::meter::{Count, SAMPLE_EVERY};
 use crate::route::registry::PodSlot;
 use crate::route::request::PromptRequest;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
-use crate::route::router::{Outcome, Place, RouteError, Routed};
-use crate::sync::place::{self, Candidate, PlaceError};
+use crate::route::router::{Family, Outcome, Place, RouteError, Routed};
+use crate::sync::place::{self, Candidate, Followed, PlaceError};
 use crate::worker::{Host, Worker};
 
 /// Header read by Envoy's `override_host` LB policy (Gateway API Inference
@@ -423,6 +423,7 @@ impl Stream {
                     || no_usage,
                     check_address,
                     None,
+                    None,
                 );
             }
         };
@@ -436,6 +437,7 @@ impl Stream {
             || streams_without_usage(req.stream, body),
             check_address,
             timed_from,
+            None,
         )
     }
 
@@ -447,7 +449,7 @@ impl Stream {
         w: &Worker,
         host: &H,
         req: PromptRequest,
-        (pods, family): (Vec<(PodSlot, i64, i64)>, Option<u64>),
+        (pods, family): (Vec<(PodSlot, i64, i64)>, Option<Family>),
         no_usage: bool,
         check_address: bool,
     ) -> Option<PromptRequest> {
@@ -480,6 +482,7 @@ impl Stream {
         };
         let member = w.placer.next_member();
         let now_ms = w.clock_nanos(host) / 1_000_000;
+        let family = family.as_ref().map(|(f, record)| (*f, record.as_str()));
         let Some((body, expected)) =
             place::ask(sync, now_ms, w.placer.vm(), &member, family, &candidates)
         else {
@@ -532,7 +535,10 @@ impl Stream {
             .and_then(|r| place::chosen(r, p.expected, &p.candidates));
         let now_ms = now_nanos / 1_000_000;
         w.placer.wait_ended(pick.is_ok(), now_ms);
-        let forced = pick.as_ref().ok().and_then(|&i| p.pods.get(i)).copied();
+        let (forced, followed) = match pick.as_ref() {
+            Ok((i, followed)) => (p.pods.get(*i).copied(), followed.clone()),
+            Err(_) => (None, None),
+        };
         if forced.is_none() {
             w.meter.inc(Count::PlaceFailed);
             // A Redis that refuses every placement (an ACL without EVAL,
@@ -558,7 +564,18 @@ impl Stream {
         }
         let result = result.and_then(|r| {
             let no_usage = p.no_usage;
-            self.apply(w, host, r, p.req.stream, || no_usage, p.check_address, None)
+            // A claim's follower may wait for the prefill that set it.
+            let followed = followed.filter(|_| forced == Some(r.choice.pod));
+            self.apply(
+                w,
+                host,
+                r,
+                p.req.stream,
+                || no_usage,
+                p.check_address,
+                None,
+                followed.as_ref(),
+            )
         });
         Some(match result {
             Ok(true) => Verdict::Pause,
@@ -572,7 +589,8 @@ impl Stream {
 
     /// Names the pod `routed` chose, and keeps what the rest of the stream
     /// needs (in-flight ticket, hold, prefill timing, feedback). True when
-    /// the request waits for an earlier prefill of its prefix.
+    /// the request waits for an earlier prefill of its prefix (`followed`:
+    /// the family claim its placement followed, whose prefill may be one).
     #[allow(clippy::too_many_arguments)]
     fn apply<H: Host>(
         &mut self,
@@ -583,6 +601,7 @@ impl Stream {
         no_usage: impl FnOnce() -> bool,
         check_address: bool,
         timed_from: Option<u64>,
+        followed: Option<&Followed>,
     ) -> Result<bool, PassReason> {
         let pod = routed.choice.pod;
         let endpoint = w
@@ -607,7 +626,7 @@ impl Stream {
         {
             return Err(PassReason::InternalError);
         }
-        let hold = w.hold(host, self.id, &routed, stream);
+        let hold = w.hold(host, self.id, &routed, stream, followed);
         self.computing = hold.computing;
         self.held = hold.held;
         if hold.held && std::mem::take(&mut self.timed_hit) {

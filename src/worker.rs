@@ -301,6 +301,7 @@ impl Worker {
     pub(crate) fn tick_ms(&self) -> u32 {
         if (self.settings().hold.enabled && self.router.other_vms_live())
             || self.router.prefills_open()
+            || self.holds.borrow().waits_on_claim()
             || (self.settings().sync.places_new() && self.placer.busy())
         {
             FAST_TICK_MS

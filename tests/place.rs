@@ -35,8 +35,19 @@ fn fleet(label: &str) -> Fleet {
 
 /// [`fleet`] with more `sync` settings.
 fn fleet_with(label: &str, sync: serde_json::Value) -> Fleet {
+    fleet_of(label, &POD_ARGS, sync, json!({}))
+}
+
+/// Two replicas with `place_new` over pods started with `pod_args`, `sync`
+/// and the other plugin settings `more` merged in.
+fn fleet_of(
+    label: &str,
+    pod_args: &[&str],
+    sync: serde_json::Value,
+    more: serde_json::Value,
+) -> Fleet {
     let mut f = Fleet::new(label);
-    f.start_pods(&POD_ARGS);
+    f.start_pods(pod_args);
     f.start_redis();
     let mut settings = json!({ "place_new": true, "poll_ms": 0 });
     for (k, v) in sync.as_object().into_iter().flatten() {
@@ -47,6 +58,7 @@ fn fleet_with(label: &str, sync: serde_json::Value) -> Fleet {
         .map(|name| {
             f.spec(name, "sync.yaml")
                 .merge(sync_patch(60_000, settings.clone()))
+                .merge(more.clone())
         })
         .collect();
     f.launch_all(specs);
@@ -154,16 +166,16 @@ fn a_replica_places_a_new_prompt_on_the_pod_the_other_left_free() {
     }
 }
 
-/// `place_claim_ms`: B's new prompt of a family (model and first block)
-/// that A placed goes to A's pod, though a request is placed there and the
-/// other pods are idle; the claim runs from the family's first placement,
-/// not extended by the one that followed it.
+/// `place_claim_ms`: B's new prompt of a family (model and first 32
+/// blocks) that A placed goes to A's pod, though a request is placed there
+/// and the other pods are idle; the claim runs from the family's first
+/// placement, not extended by the one that followed it.
 #[test]
 fn a_family_follows_its_claim_which_the_follower_does_not_extend() {
     let f = fleet_with("place-claim", json!({ "place_claim_ms": 5000 }));
     let redis = RedisAt::of(f.redis.as_ref().unwrap());
-    // Over two 128-byte blocks shared, then the prompts differ.
-    let family = "the same opening for every prompt of this family. ".repeat(6);
+    // Over 32 128-byte blocks shared, then the prompts differ.
+    let family = "the same opening for every prompt of this family. ".repeat(90);
     let a = send_async(&f, 0, format!("{family} and then the first question"));
     assert!(
         wait_until(Duration::from_secs(5), || total(&redis) == 1),
@@ -196,6 +208,100 @@ fn a_family_follows_its_claim_which_the_follower_does_not_extend() {
     let (a2, other) = (a2.join().unwrap(), other.join().unwrap());
     assert_eq!(a2, a, "A's own table matches the family there");
     assert_ne!(other, a, "a new family is not claimed");
+}
+
+/// Sends `prompt` through replica `i` on a thread, streamed if `stream`;
+/// the reply.
+fn post_async(
+    f: &Fleet,
+    i: usize,
+    prompt: String,
+    stream: bool,
+) -> thread::JoinHandle<harness::Reply> {
+    let base = f.replicas[i].base_url();
+    thread::spawn(move || {
+        let body = json!({
+            "model": "test-model",
+            "prompt": prompt,
+            "max_tokens": 8,
+            "stream": stream,
+        })
+        .to_string();
+        let reply = harness::send(
+            "POST",
+            &format!("{base}/v1/completions"),
+            &[("content-type", "application/json")],
+            Some(body.as_bytes()),
+            harness::CLIENT_TIMEOUT,
+        )
+        .unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+        reply
+    })
+}
+
+fn cached_tokens(body: &str) -> u64 {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no cached_tokens in {body}"))
+}
+
+/// With a claim, B's prompt of A's family, sent while A's prefill runs on
+/// the claimed pod, waits there for that prefill (by B's own timing of the
+/// pod) and hits; with `hold` off it goes at once and computes the prefix
+/// again (podsim caches a prompt at its first token).
+#[test]
+fn a_claims_follower_waits_for_the_other_replicas_prefill_and_hits() {
+    // 8,192 bytes of prefix are ~2,050 podsim tokens: ~600 ms of prefill.
+    let pods = [
+        "--decode-us-per-token",
+        "20000",
+        "--prefill-us-per-token",
+        "300",
+    ];
+    for hold in [true, false] {
+        let f = fleet_of(
+            "place-claim-hold",
+            &pods,
+            json!({ "place_claim_ms": 5000 }),
+            json!({ "hold": { "enabled": hold } }),
+        );
+        let redis = RedisAt::of(f.redis.as_ref().unwrap());
+        // B times one prefill of its own (a streamed new prompt).
+        let warm = post_async(&f, 1, harness::text(11, 8300), true)
+            .join()
+            .unwrap();
+        assert!(warm.body.contains("data:"), "streamed: {}", warm.body);
+        // 64 blocks shared, then each prompt its own question.
+        let prefix = harness::text(1, 8192);
+        let a = post_async(&f, 0, format!("{prefix}{}", harness::text(2, 300)), false);
+        assert!(
+            wait_until(Duration::from_secs(5), || redis
+                .scan("{aibrix:pl}:c:*")
+                .len()
+                == 2),
+            "A's claim: {:?}",
+            redis.scan("{aibrix:pl}:c:*")
+        );
+        thread::sleep(Duration::from_millis(100));
+        let b = post_async(&f, 1, format!("{prefix}{}", harness::text(3, 300)), false);
+        let (a, b) = (a.join().unwrap(), b.join().unwrap());
+        assert_eq!(b.served_by(), a.served_by(), "B followed the claim");
+        let held = f.replicas[1]
+            .settled_stats()
+            .get("prefix_router.hold.held_claim")
+            .copied()
+            .unwrap_or(0);
+        let cached = cached_tokens(&b.body);
+        if hold {
+            assert_eq!(held, 1, "held for A's prefill");
+            assert!(cached >= 2_000, "then a hit: {cached} tokens cached");
+        } else {
+            assert_eq!(held, 0);
+            assert_eq!(cached, 0, "sent during A's prefill: computed again");
+        }
+    }
 }
 
 #[test]

@@ -14,7 +14,7 @@
 //! cached), then goes to the same pod and hits. It waits at most
 //! `hold.max_ms` (checked on the worker's tick, so up to a tick more); it
 //! never waits for a request that already answered, nor for one another
-//! Envoy routed. Its time to the first
+//! Envoy routed unless a family claim says so (below). Its time to the first
 //! token is then the rest of the earlier prefill plus its own uncached
 //! tail, never more than the full prefill it would have computed, and the
 //! pod computes the prefix once.
@@ -34,6 +34,17 @@
 //! (every [`crate::worker::FAST_TICK_MS`] while other VMs are live) once
 //! the entry is gone. An entry carries its end (`hold.max_ms` after it was
 //! listed), so a VM that dies leaves nothing behind for longer.
+//!
+//! Across replicas, with `sync.place_claim_ms`: a new prompt that Redis
+//! placed on its family's claimed pod ([`Owner::Claim`]) learns from the
+//! claim how long ago the family's first prompt was placed there and, by
+//! its record, how many blocks the two share and how long that prompt is
+//! (see [`crate::route::router::shared_with_claim`]). It waits until that
+//! prompt's prefill should be done, by this VM's prefill timing of the
+//! pod plus an eighth, when that wait is shorter than computing the shared
+//! blocks itself would take and within `hold.max_ms`; nothing tells it
+//! when the other replica's request answers, so only its deadline resumes
+//! it.
 //!
 //! Everything is bounded: [`MAX_COMPUTING`] prefixes in prefill are
 //! remembered per VM and [`MAX_SHARED`] in the shared key (oldest forgotten
@@ -68,6 +79,10 @@ pub(crate) enum Owner {
     Local(u32),
     /// A stream of another worker VM (its token), listed in [`SHARED_KEY`].
     Shared { token: u64, stream: u32 },
+    /// The request that set the family claim this one followed, on another
+    /// replica (`sync.place_claim_ms`): nothing tells when it answers, so
+    /// the wait ends at its deadline, the prefill's expected end.
+    Claim,
 }
 
 /// A held request and whom it waits for.
@@ -217,8 +232,14 @@ impl Holds {
             Owner::Shared { token, stream } => !listed
                 .iter()
                 .any(|e| e.token == token && e.stream == stream),
-            Owner::Local(_) => false,
+            Owner::Local(_) | Owner::Claim => false,
         })
+    }
+
+    /// Whether a held request waits for a claim's prefill (its deadline
+    /// wants the fast tick).
+    pub(crate) fn waits_on_claim(&self) -> bool {
+        self.waiting.iter().any(|w| w.owner == Owner::Claim)
     }
 
     /// Held streams whose deadline has passed, to resume.

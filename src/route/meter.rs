@@ -97,6 +97,9 @@ pub(crate) enum Count {
     /// Releases dropped over the bound (their requests stay counted in
     /// Redis until the VM is reaped, or its keys go an hour unwritten).
     PlaceReleaseDropped,
+    /// Held requests that waited for the prefill of their family's claim
+    /// on another replica (`sync.place_claim_ms`).
+    HeldForClaim,
 }
 
 const ROUTED: [Reason; 5] = [
@@ -106,7 +109,7 @@ const ROUTED: [Reason; 5] = [
     Reason::Spread,
     Reason::Placed,
 ];
-const FIXED: usize = 23;
+const FIXED: usize = 24;
 const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
 
 impl Count {
@@ -135,6 +138,7 @@ impl Count {
             Count::PlaceAbandoned => 20,
             Count::PlaceReleaseFailed => 21,
             Count::PlaceReleaseDropped => 22,
+            Count::HeldForClaim => 23,
             Count::Routed(r) => FIXED + ROUTED.iter().position(|x| *x == r).unwrap_or(0),
             Count::Pass(p) => {
                 FIXED + ROUTED.len() + PassReason::ALL.iter().position(|x| *x == p).unwrap_or(0)
@@ -167,6 +171,7 @@ impl Count {
             20 => "place.abandoned",
             21 => "place.release_failed",
             22 => "place.release_dropped",
+            23 => "hold.held_claim",
             i if i < FIXED + ROUTED.len() => match ROUTED[i - FIXED] {
                 Reason::PrefixMatch => "routed.prefix_match",
                 Reason::NoMatch => "routed.no_match",

@@ -240,6 +240,17 @@ impl PrefillTiming {
         Ok(())
     }
 
+    /// How long `pod` takes per uncached block (µs), by this VM's timing:
+    /// its own figure, else the reference pod's (see `reference`), a
+    /// lower bound for a pod not timed yet. None before any prefill was
+    /// timed. Samples older than [`SAMPLE_TTL_MS`] drop at the tick.
+    pub fn us_per_block(&self, pod: PodSlot) -> Option<u64> {
+        if let Some(us) = self.samples.get(pod.index()).and_then(|s| figure_of(s)) {
+            return Some(us);
+        }
+        reference(self.samples.iter().filter_map(|s| figure_of(s)).collect())
+    }
+
     /// Per slot, as of the last tick: how much slower than the reference
     /// pod this pod prefills (thousandths), where at least
     /// [`SLOW_PREFILL`]; 0 (or missing) elsewhere.
@@ -324,6 +335,19 @@ mod tests {
     fn timed(t: &mut PrefillTiming, stream: u32, pod: u16, at: u64, ms: u64) {
         assert!(t.start(stream, p(pod), 100, at));
         t.answered(stream, at + ms);
+    }
+
+    #[test]
+    fn a_pods_time_per_block_is_its_own_else_the_reference_pods() {
+        let mut t = PrefillTiming::default();
+        assert_eq!(t.us_per_block(p(0)), None, "nothing timed");
+        timed(&mut t, 1, 0, 0, 200);
+        timed(&mut t, 2, 1, 0, 600);
+        assert_eq!(t.us_per_block(p(0)), Some(2_000));
+        assert_eq!(t.us_per_block(p(1)), Some(6_000));
+        // Not timed: the fastest of two timed pods.
+        assert_eq!(t.us_per_block(p(3)), Some(2_000));
+        assert_eq!(t.us_per_block(p(999)), Some(2_000));
     }
 
     #[test]

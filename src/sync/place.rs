@@ -61,8 +61,9 @@ pub(crate) const MAX_CANDIDATES: usize = 32;
 const RELEASE_CHUNK: usize = 256;
 
 /// ARGV: prefix, now ms, vm, member, vm ttl ms, key ttl s, reap count,
-/// claim (or empty), claim ms, then (pod, cost, step) triples. Returns the
-/// chosen pod.
+/// claim (or empty), claim ms, claim record, then (pod, cost, step)
+/// triples. Returns `{pod}`, or `{pod, age ms, record}` when the pod is the
+/// family's claim (age -1 when unknown: a claim an older build set).
 const PLACE_SCRIPT: &str = "\
 local p, now, vm, member = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local vttl, kttl, reap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -76,14 +77,17 @@ for _, d in ipairs(redis.call('ZRANGEBYSCORE', vms, '-inf', now - vttl, 'LIMIT',
 end
 local best, bs, bo = nil, nil, nil
 local ck = nil
-local claimed = false
+local claim = nil
 if ARGV[8] ~= '' then
   ck = p .. 'c:' .. ARGV[8]
   local held = redis.call('GET', ck)
-  for i = 10, #ARGV - 2, 3 do if ARGV[i] == held then best = held; claimed = true end end
+  if held then
+    local pod, ms, rec = string.match(held, '^([^\\t]*)\\t?([^\\t]*)\\t?(.*)$')
+    for i = 11, #ARGV - 2, 3 do if ARGV[i] == pod then best = pod; claim = {ms, rec} end end
+  end
 end
 if best == nil then
-  for i = 10, #ARGV - 2, 3 do
+  for i = 11, #ARGV - 2, 3 do
     local k = p .. 'p:' .. ARGV[i]
     local c = redis.call('ZCARD', k)
     local o = now
@@ -93,7 +97,9 @@ if best == nil then
   end
 end
 if best == nil then return redis.error_reply('no candidates') end
-if ck and not claimed then redis.call('SET', ck, best, 'PX', tonumber(ARGV[9])) end
+if ck and not claim then
+  redis.call('SET', ck, best .. '\\t' .. ARGV[9] .. '\\t' .. ARGV[10], 'PX', tonumber(ARGV[9]))
+end
 local k = p .. 'p:' .. best
 redis.call('ZADD', k, now, member)
 redis.call('EXPIRE', k, kttl)
@@ -102,7 +108,12 @@ redis.call('HSET', h, member, best)
 redis.call('EXPIRE', h, kttl)
 redis.call('ZADD', vms, now, vm)
 redis.call('EXPIRE', vms, kttl)
-return best";
+if claim then
+  local age, ms, left = -1, tonumber(claim[1]), redis.call('PTTL', ck)
+  if ms and left >= 0 then age = ms - left end
+  return {best, age, claim[2]}
+end
+return {best}";
 
 /// ARGV: prefix, now ms, vm, key ttl s, then members. Releases them (those
 /// still known) and says the VM lives. Returns how many were released.
@@ -178,14 +189,15 @@ fn start(settings: &SyncSettings) -> Pipeline {
 
 /// The pipeline asking Redis to place `member` of worker VM `vm` on one of
 /// `candidates` (at most [`MAX_CANDIDATES`] are sent), following the claim
-/// of prompt `family` if any (with `place_claim_ms` > 0), and the number of
-/// replies to expect. None without candidates.
+/// of the prompt's family if any (with `place_claim_ms` > 0; `family` is
+/// the family and the claim record the prompt leaves if it sets the
+/// claim), and the number of replies to expect. None without candidates.
 pub(crate) fn ask(
     settings: &SyncSettings,
     now_ms: u64,
     vm: &str,
     member: &str,
-    family: Option<u64>,
+    family: Option<(u64, &str)>,
     candidates: &[Candidate],
 ) -> Option<(Vec<u8>, usize)> {
     if candidates.is_empty() {
@@ -198,9 +210,11 @@ pub(crate) fn ask(
     let vttl = VM_TTL_MS.to_string();
     let kttl = KEY_TTL_SECS.to_string();
     let reap = REAP_PER_CALL.to_string();
-    let family = match (family, settings.place_claim_ms) {
-        (Some(f), 1..) => format!("{f:016x}"),
-        _ => String::new(),
+    let (family, record) = match (family, settings.place_claim_ms) {
+        (Some((f, record)), 1..) if record.len() <= MAX_RECORD_BYTES => {
+            (format!("{f:016x}"), record)
+        }
+        _ => (String::new(), ""),
     };
     let claim_ms = settings.place_claim_ms.to_string();
     let figures: Vec<(String, String)> = candidates
@@ -222,6 +236,7 @@ pub(crate) fn ask(
         reap.as_bytes(),
         family.as_bytes(),
         claim_ms.as_bytes(),
+        record.as_bytes(),
     ];
     for (c, (cost, step)) in candidates.iter().zip(&figures) {
         args.push(c.address.as_bytes());
@@ -250,13 +265,27 @@ pub(crate) enum PlaceError {
 /// log; Redis's own errors are shorter).
 pub(crate) const REFUSAL_CHARS: usize = 120;
 
+/// Longest claim record sent or read (see
+/// [`crate::route::router::shared_with_claim`]); a longer one read is
+/// ignored.
+pub(crate) const MAX_RECORD_BYTES: usize = 1_024;
+
+/// A placement that followed its family's claim: how long ago the claim
+/// was set (Redis's clock) and what it recorded of the prompt that set it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Followed {
+    pub(crate) age_ms: u64,
+    pub(crate) record: String,
+}
+
 /// The index in `candidates` of the pod a complete reply of `expected`
-/// frames names.
+/// frames names, and the claim it followed, if any with a known age and a
+/// readable record.
 pub(crate) fn chosen(
     reply: &[u8],
     expected: usize,
     candidates: &[Candidate],
-) -> Result<usize, PlaceError> {
+) -> Result<(usize, Option<Followed>), PlaceError> {
     let frames = parse_pipeline_reply(reply, expected).map_err(|_| PlaceError::Unreadable)?;
     // AUTH's +OK first when configured; the script's reply before QUIT's.
     let at = expected.checked_sub(2).ok_or(PlaceError::Unreadable)?;
@@ -268,14 +297,30 @@ pub(crate) fn chosen(
     {
         return Err(PlaceError::Refused(e.chars().take(REFUSAL_CHARS).collect()));
     }
-    let Some(Frame::Bulk(name)) = frames.get(at) else {
+    let Some(Frame::Array(parts)) = frames.get(at) else {
         return Err(PlaceError::Unreadable);
     };
-    candidates
+    let Some(Frame::Bulk(name)) = parts.first() else {
+        return Err(PlaceError::Unreadable);
+    };
+    let index = candidates
         .iter()
         .take(MAX_CANDIDATES)
         .position(|c| c.address.as_bytes() == name.as_slice())
-        .ok_or(PlaceError::NotACandidate)
+        .ok_or(PlaceError::NotACandidate)?;
+    let followed = match parts.get(1..) {
+        Some([Frame::Integer(age), Frame::Bulk(record)]) if record.len() <= MAX_RECORD_BYTES => {
+            match (u64::try_from(*age), std::str::from_utf8(record)) {
+                (Ok(age_ms), Ok(record)) if !record.is_empty() => Some(Followed {
+                    age_ms,
+                    record: record.to_string(),
+                }),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    Ok((index, followed))
 }
 
 /// The tick's pipeline: releases `members` of VM `vm` (ended requests, and
@@ -341,33 +386,38 @@ mod tests {
         format!("${}\r\n{s}\r\n", s.len())
     }
 
+    /// The place script's reply naming `s` alone.
+    fn named(s: &str) -> String {
+        format!("*1\r\n{}", bulk(s))
+    }
+
     #[test]
     fn ask_sends_one_script_with_every_candidate_and_its_costs() {
         let s = SyncSettings::default();
-        assert!(ask(&s, 5, "vm1", "vm1:1", Some(1), &[]).is_none());
+        assert!(ask(&s, 5, "vm1", "vm1:1", Some((1, "")), &[]).is_none());
         let mut c = cands(&["10.0.0.1:8000", "10.0.0.2:8000"]);
         c[1].cost = 3000;
-        let (body, _) = ask(&s, 1234, "vm1", "vm1:7", Some(0xab), &c).unwrap();
+        let (body, _) = ask(&s, 1234, "vm1", "vm1:7", Some((0xab, "31:ff")), &c).unwrap();
+        let text = String::from_utf8(body).unwrap();
         assert!(
-            !String::from_utf8(body)
-                .unwrap()
-                .contains("00000000000000ab"),
+            !text.contains("00000000000000ab") && !text.contains("31:ff"),
             "no claim by default"
         );
         let s = SyncSettings {
             place_claim_ms: 1000,
             ..SyncSettings::default()
         };
-        let (body, n) = ask(&s, 1234, "vm1", "vm1:7", Some(0xab), &c).unwrap();
+        let (body, n) = ask(&s, 1234, "vm1", "vm1:7", Some((0xab, "31:ff")), &c).unwrap();
         assert_eq!(n, 2, "EVAL and QUIT");
         let text = String::from_utf8(body).unwrap();
-        assert!(text.starts_with("*19\r\n$4\r\nEVAL\r\n"), "{text}");
+        assert!(text.starts_with("*20\r\n$4\r\nEVAL\r\n"), "{text}");
         for part in [
             "$1\r\n1\r\n$15\r\n{aibrix:pl}:vms\r\n",
             "{aibrix:pl}:",
             "1234",
             "vm1:7",
             "00000000000000ab",
+            "$5\r\n31:ff\r\n",
             "10.0.0.1:8000",
             "3000",
             "QUIT",
@@ -426,11 +476,40 @@ mod tests {
     #[test]
     fn only_a_complete_reply_naming_a_candidate_counts() {
         let c = cands(&["a:1", "b:2"]);
-        let ok = format!("{}+OK\r\n", bulk("b:2"));
-        assert_eq!(chosen(ok.as_bytes(), 2, &c), Ok(1));
-        let authed = format!("+OK\r\n{}+OK\r\n", bulk("a:1"));
-        assert_eq!(chosen(authed.as_bytes(), 3, &c), Ok(0));
-        let refused = format!("-WRONGPASS no\r\n{}+OK\r\n", bulk("a:1"));
+        let ok = format!("{}+OK\r\n", named("b:2"));
+        assert_eq!(chosen(ok.as_bytes(), 2, &c), Ok((1, None)));
+        let authed = format!("+OK\r\n{}+OK\r\n", named("a:1"));
+        assert_eq!(chosen(authed.as_bytes(), 3, &c), Ok((0, None)));
+        // A followed claim: its age and record.
+        let claimed = format!("*3\r\n{}:120\r\n{}+OK\r\n", bulk("b:2"), bulk("31:ff"));
+        assert_eq!(
+            chosen(claimed.as_bytes(), 2, &c),
+            Ok((
+                1,
+                Some(Followed {
+                    age_ms: 120,
+                    record: "31:ff".into()
+                })
+            ))
+        );
+        // An unknown age (an older build's claim), an empty, long or
+        // non-UTF-8 record, an age that is no integer: the pod alone.
+        for (age, record) in [
+            (":-1\r\n".to_string(), bulk("31:ff")),
+            (":5\r\n".to_string(), bulk("")),
+            (
+                ":5\r\n".to_string(),
+                bulk(&"9".repeat(MAX_RECORD_BYTES + 1)),
+            ),
+            (bulk("5"), bulk("31:ff")),
+        ] {
+            let reply = format!("*3\r\n{}{age}{record}+OK\r\n", bulk("a:1"));
+            assert_eq!(chosen(reply.as_bytes(), 2, &c), Ok((0, None)), "{reply:?}");
+        }
+        let mut not_utf8 = b"*3\r\n$3\r\na:1\r\n:5\r\n$1\r\n".to_vec();
+        not_utf8.extend([0xff, b'\r', b'\n', b'+', b'O', b'K', b'\r', b'\n']);
+        assert_eq!(chosen(&not_utf8, 2, &c), Ok((0, None)));
+        let refused = format!("-WRONGPASS no\r\n{}+OK\r\n", named("a:1"));
         assert_eq!(
             chosen(refused.as_bytes(), 3, &c),
             Err(PlaceError::Refused("WRONGPASS no".into()))
@@ -447,16 +526,18 @@ mod tests {
             Err(PlaceError::Refused(e)) => assert_eq!(e.chars().count(), REFUSAL_CHARS),
             other => panic!("{other:?}"),
         }
-        let hostile = format!("{}+OK\r\n", bulk("evil:666"));
+        let hostile = format!("{}+OK\r\n", named("evil:666"));
         assert_eq!(
             chosen(hostile.as_bytes(), 2, &c),
             Err(PlaceError::NotACandidate)
         );
         for bad in [
-            bulk("a:1"),                              // truncated: no QUIT reply
-            ":3\r\n+OK\r\n".to_string(),              // not a name
-            "\x00\x7f".to_string(),                   // garbage
-            format!("{}+OK\r\n+OK\r\n", bulk("a:1")), // bytes after QUIT's
+            named("a:1"),                              // truncated: no QUIT reply
+            ":3\r\n+OK\r\n".to_string(),               // not a name
+            format!("{}+OK\r\n", bulk("a:1")),         // not the script's array
+            "*0\r\n+OK\r\n".to_string(),               // an empty array
+            "\x00\x7f".to_string(),                    // garbage
+            format!("{}+OK\r\n+OK\r\n", named("a:1")), // bytes after QUIT's
         ] {
             assert_eq!(
                 chosen(bad.as_bytes(), 2, &c),

@@ -3,6 +3,8 @@
 //! prefill timing that rides on the same callbacks.
 
 use super::*;
+use crate::route::router::shared_with_claim;
+use crate::sync::place::Followed;
 
 impl Worker {
     /// After stream `stream` was routed (`r`), with `hold.enabled`: tells
@@ -12,7 +14,9 @@ impl Worker {
     /// young, one another VM listed. When its answer is `streamed` (only
     /// then do its first answer bytes mark its prefill done), remembers the
     /// blocks it makes its pod compute when they are many, and lists them
-    /// for the other VMs. `held`: the stream waits until
+    /// for the other VMs. `followed`: the family claim its placement
+    /// followed, whose prefill on another replica it may wait for instead
+    /// (see [`Self::claim_wait`]). `held`: the stream waits until
     /// [`Self::answered`] or a tick resumes it. `computing`: call
     /// [`Self::answered`] at its first answer bytes or its end.
     pub(crate) fn hold<H: Host>(
@@ -21,6 +25,7 @@ impl Worker {
         stream: u32,
         r: &Routed,
         streamed: bool,
+        followed: Option<&Followed>,
     ) -> HoldOutcome {
         let mut out = HoldOutcome::default();
         let cfg = &self.settings().hold;
@@ -82,20 +87,50 @@ impl Worker {
                 }
             }
         }
+        let mut deadline = now_ms + u64::from(cfg.max_ms);
+        if owner.is_none() {
+            if let Some(wait) = followed.and_then(|f| self.claim_wait(f, pod, &r.hashes)) {
+                owner = Some(Owner::Claim);
+                deadline = now_ms + wait;
+            }
+        }
         let Some(owner) = owner else {
             return out;
         };
-        let deadline = now_ms + u64::from(cfg.max_ms);
         if holds.wait(stream, owner, deadline, cfg.max_waiting as usize) {
             self.meter.inc(Count::Held);
-            if matches!(owner, Owner::Shared { .. }) {
-                self.meter.inc(Count::HeldForOtherVm);
+            match owner {
+                Owner::Shared { .. } => self.meter.inc(Count::HeldForOtherVm),
+                Owner::Claim => self.meter.inc(Count::HeldForClaim),
+                Owner::Local(_) => {}
             }
             out.held = true;
         } else {
             self.meter.inc(Count::HoldRefused);
         }
         out
+    }
+
+    /// How long (ms) a request sent to `pod` by its family's claim
+    /// (`followed`) waits for the prefill of the prompt that set the claim,
+    /// on another replica: that prompt's blocks at this VM's prefill time
+    /// per block on `pod`, plus an eighth, less the claim's age. None when
+    /// not worth it: no block shared, no prefill timed yet, that prefill
+    /// due already, the wait not shorter than computing the shared blocks
+    /// here would take, or over `hold.max_ms`.
+    pub(crate) fn claim_wait(
+        &self,
+        followed: &Followed,
+        pod: PodSlot,
+        hashes: &[u64],
+    ) -> Option<u64> {
+        let (shared, total) = shared_with_claim(&followed.record, hashes)?;
+        let us = self.router.prefill_us_per_block(pod)?;
+        let prefill_ms = (total as u64).saturating_mul(us) / 1_000;
+        let left = prefill_ms.checked_sub(followed.age_ms).filter(|&l| l > 0)?;
+        let saves_ms = (shared as u64).saturating_mul(us) / 1_000;
+        let wait = left.saturating_add(prefill_ms / 8);
+        (left < saves_ms && wait <= u64::from(self.settings().hold.max_ms)).then_some(wait)
     }
 
     /// Stream `stream`, which made its pod compute blocks, answered (its

@@ -55,6 +55,12 @@ impl Router {
         self.prefill.borrow_mut().share(store, now_ms)
     }
 
+    /// How long `pod` takes per uncached block, µs, by this VM's prefill
+    /// timing (see [`crate::route::prefill::PrefillTiming::us_per_block`]).
+    pub(crate) fn prefill_us_per_block(&self, pod: PodSlot) -> Option<u64> {
+        self.prefill.borrow().us_per_block(pod)
+    }
+
     /// Whether this VM is timing a prefill.
     pub(crate) fn prefills_open(&self) -> bool {
         self.prefill.borrow().any_open()

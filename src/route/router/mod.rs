@@ -682,8 +682,8 @@ mod probe;
 mod speed;
 
 #[cfg(test)]
-use placing::family_of;
-pub(crate) use placing::{Outcome, Place};
+use placing::{claim_record, family_of};
+pub(crate) use placing::{shared_with_claim, Family, Outcome, Place};
 pub use probe::sampled_positions;
 use probe::{longest_matches, Probe};
 use speed::slowness;

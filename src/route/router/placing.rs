@@ -30,19 +30,105 @@ pub(crate) enum Outcome {
     /// A new prompt, nothing recorded: the pods it may go to, in the
     /// policy's order (the worker's own pick first), each with its prefill
     /// cost and the cost of one more queued request there
-    /// ([`crate::route::policy::placement_candidates`]), and its family (model and first block;
-    /// see [`family_of`]).
+    /// ([`crate::route::policy::placement_candidates`]), and its family
+    /// and claim record when it has one (see [`family_of`], [`claim_record`]).
     Ask {
         pods: Vec<(PodSlot, i64, i64)>,
-        family: Option<u64>,
+        family: Option<Family>,
     },
 }
 
+/// A prompt's family ([`family_of`]) and the record it leaves in the
+/// family's claim if it sets it ([`claim_record`]).
+pub(crate) type Family = (u64, String);
+
+/// Blocks a prompt shares with another to be of its family: a claim
+/// (`sync.place_claim_ms`) keeps a family's new prompts on one pod and may
+/// hold one for another's prefill, worth it only for a long shared prefix
+/// (4 KiB at the default `block_size`); a short common opening ("You are a
+/// helpful assistant") makes no family.
+pub(crate) const FAMILY_BLOCKS: usize = 32;
+
 /// A prompt's family across replicas: XXH64 of its model name, seeded
-/// with its first block's hash. The same on every replica with the same
-/// `block_size` and `hash_seed`.
-pub(crate) fn family_of(model: &str, first_block: u64) -> u64 {
-    xxhash_rust::xxh64::xxh64(model.as_bytes(), first_block)
+/// with the hash of its block [`FAMILY_BLOCKS`]` - 1` (by the chain, its
+/// first [`FAMILY_BLOCKS`] blocks). The same on every replica with the same
+/// `block_size` and `hash_seed`. None for a shorter prompt.
+pub(crate) fn family_of(model: &str, hashes: &[u64]) -> Option<u64> {
+    let &at = hashes.get(FAMILY_BLOCKS - 1)?;
+    Some(xxhash_rust::xxh64::xxh64(model.as_bytes(), at))
+}
+
+/// Most entries of a [`claim_record`]: with 4 a doubling, a prompt of
+/// 32 x 2^9 blocks (2 MiB at the default `block_size`) fills them; a
+/// longer one's record skips to its last block.
+const MAX_RECORD_ENTRIES: usize = 40;
+
+/// What a claim records of the prompt that set it, for a follower to tell
+/// how much of it it shares and how long its prefill takes: the prompt's
+/// block hashes at position [`FAMILY_BLOCKS`]` - 1`, then at 4 positions a
+/// doubling (`32 x 2^k x (1 + j/4) - 1`: 39, 47, 55, 63, 79, ...), and at its
+/// last block, as `position:hash` (hex) joined by `,`, positions rising.
+/// At most [`MAX_RECORD_ENTRIES`] entries, under 1,000 bytes; empty for a
+/// prompt shorter than a family.
+pub(crate) fn claim_record(hashes: &[u64]) -> String {
+    let mut out = String::new();
+    let Some(last) = hashes
+        .len()
+        .checked_sub(1)
+        .filter(|&l| l + 1 >= FAMILY_BLOCKS)
+    else {
+        return out;
+    };
+    let mut entries = 0;
+    let mut base = FAMILY_BLOCKS;
+    let mut at = FAMILY_BLOCKS - 1;
+    let mut step = 0;
+    while at < last && entries + 1 < MAX_RECORD_ENTRIES {
+        push_entry(&mut out, at, hashes[at]);
+        entries += 1;
+        step += 1;
+        if step > 4 {
+            base *= 2;
+            step = 1;
+        }
+        at = base + base * step / 4 - 1;
+    }
+    push_entry(&mut out, last, hashes[last]);
+    out
+}
+
+fn push_entry(out: &mut String, at: usize, hash: u64) {
+    use std::fmt::Write as _;
+    if !out.is_empty() {
+        out.push(',');
+    }
+    let _ = write!(out, "{at}:{hash:x}");
+}
+
+/// What a follower of a claim shares with the prompt that set it, from the
+/// claim's record ([`claim_record`]) and its own block hashes:
+/// `(shared, total)`, the blocks up to its deepest recorded position it
+/// also has, and the claiming prompt's blocks. None when the record is
+/// unreadable or shares no recorded position.
+pub(crate) fn shared_with_claim(record: &str, hashes: &[u64]) -> Option<(usize, usize)> {
+    let mut shared = 0;
+    let mut total = 0;
+    for (n, entry) in record.split(',').enumerate() {
+        if n >= MAX_RECORD_ENTRIES {
+            return None;
+        }
+        let (at, hash) = entry.split_once(':')?;
+        let at: usize = at.parse().ok()?;
+        let hash = u64::from_str_radix(hash, 16).ok()?;
+        if at < total {
+            return None;
+        }
+        total = at + 1;
+        if hashes.get(at) == Some(&hash) {
+            shared = at + 1;
+        }
+    }
+    (shared > 0).then_some((shared, total))
 }
 
 /// The request being placed: its model, block hashes and matches.
@@ -74,7 +160,8 @@ pub(super) fn settle(
             if let Some(i) = pods.iter().position(|&(p, _, _)| p == c.pod) {
                 pods[..=i].rotate_right(1);
             }
-            let family = prompt.hashes.first().map(|&f| family_of(prompt.model, f));
+            let family =
+                family_of(prompt.model, prompt.hashes).map(|f| (f, claim_record(prompt.hashes)));
             Some(Outcome::Ask { pods, family })
         }
         Place::Answered(Some(pod)) if pool.contains(&pod) => {

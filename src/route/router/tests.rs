@@ -689,7 +689,8 @@ fn only_a_new_prompt_asks_and_a_forced_pod_is_recorded_and_counted() {
     let s = MemStore::new();
     let r = router("");
     let mut rng = SplitMix64::new(3);
-    let p = "wxyz".repeat(200);
+    // 34 blocks: long enough to make a family.
+    let p = "wxyz".repeat(1100);
     let Outcome::Ask { pods, family } = r
         .route_placed(&s, &req(&p), 100_000, &mut rng, Place::Ask)
         .unwrap()
@@ -700,7 +701,10 @@ fn only_a_new_prompt_asks_and_a_forced_pod_is_recorded_and_counted() {
     // Idle pods alike: the prompt's whole prefill each, 0 queue.
     let blocks = r.hasher.hash(p.as_bytes()).len() as i64;
     assert!(pods.iter().all(|&(_, cost, _)| cost == blocks), "{pods:?}");
-    assert_eq!(family, Some(family_of("m", r.hasher.hash(p.as_bytes())[0])));
+    let hashes = r.hasher.hash(p.as_bytes());
+    let (f, record) = family.expect("a family");
+    assert_eq!(Some(f), family_of("m", &hashes));
+    assert_eq!(record, claim_record(&hashes));
     // Nothing recorded, nothing counted: asking again asks again.
     assert!(matches!(
         r.route_placed(&s, &req(&p), 100_000, &mut rng, Place::Ask),
@@ -751,9 +755,63 @@ fn only_a_new_prompt_asks_and_a_forced_pod_is_recorded_and_counted() {
 }
 
 #[test]
-fn families_differ_by_model_and_first_block_only() {
-    assert_eq!(family_of("m", 7), family_of("m", 7));
-    assert_ne!(family_of("m", 7), family_of("m", 8));
-    assert_ne!(family_of("m", 7), family_of("n", 7));
-    assert_ne!(family_of("", 0), family_of("", 1));
+fn a_family_is_the_model_and_the_first_32_blocks() {
+    let h: Vec<u64> = (0..40).collect();
+    assert_eq!(family_of("m", &h[..31]), None, "too short for a family");
+    assert_eq!(family_of("m", &h[..32]), family_of("m", &h));
+    assert_ne!(family_of("m", &h), family_of("n", &h));
+    // By the chain, block 31's hash names the first 32 blocks.
+    let mut other = h.clone();
+    other[31] = 99;
+    assert_ne!(family_of("m", &h), family_of("m", &other));
+    other[31] = 31;
+    other[35] = 99;
+    assert_eq!(
+        family_of("m", &h),
+        family_of("m", &other),
+        "later blocks differ"
+    );
+}
+
+#[test]
+fn a_claim_record_tells_a_follower_what_it_shares_and_is_bounded() {
+    let a: Vec<u64> = (1000..1200).collect();
+    let record = claim_record(&a);
+    assert_eq!(
+        record,
+        "31:407,39:40f,47:417,55:41f,63:427,79:437,95:447,111:457,127:467,159:487,191:4a7,199:4af"
+    );
+    assert_eq!(shared_with_claim(&record, &a), Some((200, 200)));
+    // B shares the first 100 blocks only: its deepest shared position is 95.
+    let mut b = a[..100].to_vec();
+    b.extend(5000..5300);
+    assert_eq!(shared_with_claim(&record, &b), Some((96, 200)));
+    // Shorter than the family, or nothing shared: nothing.
+    assert_eq!(claim_record(&a[..31]), "");
+    assert_eq!(shared_with_claim(&record, &[1, 2, 3]), None);
+    assert_eq!(claim_record(&a[..32]), "31:407");
+    // Hostile or garbled records read as nothing, and no panic.
+    for bad in [
+        "",
+        "x",
+        "31:zz",
+        "63:437,31:417",
+        "31:417,",
+        ":",
+        "99999999999999999999:1",
+    ] {
+        assert_eq!(shared_with_claim(bad, &a), None, "{bad:?}");
+    }
+    let long = (0..40)
+        .map(|i| format!("{}:1", i + 31))
+        .collect::<Vec<_>>()
+        .join(",");
+    assert_eq!(shared_with_claim(&long, &a), None, "over the bound");
+    // A huge prompt's record stays small.
+    let huge: Vec<u64> = (0..1_000_000).collect();
+    assert!(
+        claim_record(&huge).len() < 400,
+        "{}",
+        claim_record(&huge).len()
+    );
 }

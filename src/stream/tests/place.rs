@@ -7,9 +7,9 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 
 const PLACE_ON: &str = r#","sync":{"enabled":true,"place_new":true}"#;
 
-/// `addr` as Redis's reply to a placement (the script's bulk, QUIT's +OK).
+/// `addr` as Redis's reply to a placement (the script's array, QUIT's +OK).
 fn reply_naming(addr: &str) -> Vec<u8> {
-    format!("${}\r\n{addr}\r\n+OK\r\n", addr.len()).into_bytes()
+    format!("*1\r\n${}\r\n{addr}\r\n+OK\r\n", addr.len()).into_bytes()
 }
 
 /// The token of the last bridge call (the double numbers them from 1).
@@ -282,4 +282,136 @@ fn on_one_redis_calls_name_no_node() {
     let (_, v) = start_stream(&w, &host, 10, &chat("one redis ", 3000, "x"));
     assert_eq!(v, Verdict::Pause);
     assert!(host.bridge_nodes.borrow().iter().all(Option::is_none));
+}
+
+/// The placement reply of a followed claim: `addr`, the claim's age and
+/// its record.
+fn reply_following(addr: &str, age_ms: u64, record: &str) -> Vec<u8> {
+    format!(
+        "*3\r\n${}\r\n{addr}\r\n:{age_ms}\r\n${}\r\n{record}\r\n+OK\r\n",
+        addr.len(),
+        record.len()
+    )
+    .into_bytes()
+}
+
+/// The claim record a placement call carried (the asker's own prompt).
+fn record_of(call: &str) -> String {
+    call.split("\r\n")
+        .find(|p| p.starts_with("31:"))
+        .expect("a record")
+        .to_string()
+}
+
+const CLAIM_ON: &str = r#","sync":{"enabled":true,"place_new":true,"place_claim_ms":1000}"#;
+
+/// A worker with claims on whose prefill timing reads 2 ms per block on
+/// every pod.
+fn claim_worker(host: &TestHost, extra: &str) -> Worker {
+    let w = worker_on(host, &format!("{CLAIM_ON}{extra}"));
+    heartbeat_answered(&w, host);
+    let slots: Vec<_> = w.router.fleet().all().map(|(slot, _, _)| slot).collect();
+    let now_ms = host.now.get() / 1_000_000;
+    for (i, slot) in slots.into_iter().enumerate() {
+        assert!(w
+            .router
+            .prefill_started(900 + i as u32, slot, 100, now_ms - 200));
+        w.router.prefill_answered(900 + i as u32, now_ms);
+    }
+    w
+}
+
+#[test]
+fn a_claims_follower_waits_for_the_prefill_that_set_it_by_the_pods_timing() {
+    let host = TestHost::default();
+    let w = claim_worker(&host, "");
+    let body = streamed_chat("one family's long system prompt. ", 6000, "q");
+    let (mut s, v) = start_stream(&w, &host, 10, &body);
+    assert_eq!(v, Verdict::Pause, "asks Redis");
+    let record = record_of(&last_call(&host));
+    let total: u64 = record
+        .rsplit(',')
+        .next()
+        .unwrap()
+        .split(':')
+        .next()
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        + 1;
+    assert!(total > 40, "{record}");
+    // The claim was set 20 ms ago by a prompt of the same blocks: its
+    // prefill takes 2 ms a block here, so it has total x 2 - 20 ms left.
+    let v = s.on_place_reply(&w, &host, 1, Some(&reply_following(PODS[1], 20, &record)));
+    assert_eq!(v, Some(Verdict::Pause), "held for the claim's prefill");
+    assert_eq!(host.header(DESTINATION_HEADER).as_deref(), Some(PODS[1]));
+    assert_eq!(w.meter.pending(Count::HeldForClaim), 1);
+    assert_eq!(w.meter.pending(Count::Held), 1);
+    assert_eq!(w.tick_ms(), crate::worker::FAST_TICK_MS);
+    let wait_ms = total * 2 - 20 + total * 2 / 8;
+    let start = host.now.get();
+    host.now.set(start + (wait_ms - 1) * 1_000_000);
+    w.on_tick(&host);
+    assert!(host.resumed.borrow().is_empty(), "not before its deadline");
+    host.now.set(start + wait_ms * 1_000_000);
+    w.on_tick(&host);
+    assert_eq!(host.resumed.borrow().len(), 1, "resumed at its deadline");
+    assert_eq!(host.resumed.borrow()[0].0, 10);
+    s.on_done(&w, &host);
+    s.on_log(&w, &host);
+}
+
+#[test]
+fn a_claims_follower_goes_at_once_when_a_wait_would_not_pay() {
+    let body = streamed_chat("another family's long system prompt. ", 6000, "q");
+    let other = streamed_chat("a different opening altogether, long. ", 6000, "q");
+    // (extra settings, claim age ms, record from the other prompt, timing)
+    for (extra, age, foreign, timed) in [
+        ("", 10_000, false, true), // its prefill is done by now
+        ("", 5, true, true),       // shares nothing with it
+        ("", 5, false, false),     // no prefill timed yet
+        (r#","hold":{"enabled":false}"#, 5, false, true), // hold off
+        (r#","hold":{"max_ms":10}"#, 5, false, true), // over hold.max_ms
+    ] {
+        let host = TestHost::default();
+        let w = if timed {
+            claim_worker(&host, extra)
+        } else {
+            let w = worker_on(&host, &format!("{CLAIM_ON}{extra}"));
+            heartbeat_answered(&w, &host);
+            w
+        };
+        let record = if foreign {
+            let (mut o, _) = start_stream(&w, &host, 5, &other);
+            let r = record_of(&last_call(&host));
+            o.on_done(&w, &host);
+            o.on_log(&w, &host);
+            r
+        } else {
+            String::new()
+        };
+        let calls = host.bridge_calls.borrow().len() as u32;
+        let (mut s, v) = start_stream(&w, &host, 10, &body);
+        assert_eq!(v, Verdict::Pause, "asks Redis");
+        let record = if foreign {
+            record
+        } else {
+            record_of(&last_call(&host))
+        };
+        let v = s.on_place_reply(
+            &w,
+            &host,
+            calls + 1,
+            Some(&reply_following(PODS[1], age, &record)),
+        );
+        assert_eq!(
+            v,
+            Some(Verdict::Continue),
+            "{extra} {age} {foreign} {timed}"
+        );
+        assert_eq!(host.header(DESTINATION_HEADER).as_deref(), Some(PODS[1]));
+        assert_eq!(w.meter.pending(Count::HeldForClaim), 0);
+        s.on_done(&w, &host);
+        s.on_log(&w, &host);
+    }
 }
