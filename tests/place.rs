@@ -284,7 +284,7 @@ fn a_claims_follower_waits_for_the_other_replicas_prefill_and_hits() {
             "A's claim: {:?}",
             redis.scan("{aibrix:pl}:c:*")
         );
-        thread::sleep(Duration::from_millis(100));
+        thread::sleep(Duration::from_millis(200));
         let b = post_async(&f, 1, format!("{prefix}{}", harness::text(3, 300)), false);
         let (a, b) = (a.join().unwrap(), b.join().unwrap());
         assert_eq!(b.served_by(), a.served_by(), "B followed the claim");

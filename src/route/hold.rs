@@ -41,10 +41,10 @@
 //! its record, how many blocks the two share and how long that prompt is
 //! (see [`crate::route::router::shared_with_claim`]). It waits until that
 //! prompt's prefill should be done, by this VM's prefill timing of the
-//! pod plus an eighth, when that wait is shorter than computing the shared
-//! blocks itself would take and within `hold.max_ms`; nothing tells it
-//! when the other replica's request answers, so only its deadline resumes
-//! it.
+//! pod plus a sixteenth, when that wait and a fast tick are shorter than
+//! computing the shared blocks itself would take and within `hold.max_ms`;
+//! nothing tells it when the other replica's request answers, so only its
+//! deadline resumes it.
 //!
 //! Everything is bounded: [`MAX_COMPUTING`] prefixes in prefill are
 //! remembered per VM and [`MAX_SHARED`] in the shared key (oldest forgotten
@@ -242,9 +242,16 @@ impl Holds {
         self.waiting.iter().any(|w| w.owner == Owner::Claim)
     }
 
-    /// Held streams whose deadline has passed, to resume.
-    pub(crate) fn expired(&mut self, now_ms: u64) -> Vec<u32> {
-        self.take_where(|w| w.deadline_ms <= now_ms)
+    /// Held streams whose deadline has passed, to resume, and how many of
+    /// them waited for a claim's prefill (whose deadline is its expected
+    /// end, not a timeout).
+    pub(crate) fn expired(&mut self, now_ms: u64) -> (Vec<u32>, usize) {
+        let claims = self
+            .waiting
+            .iter()
+            .filter(|w| w.deadline_ms <= now_ms && w.owner == Owner::Claim)
+            .count();
+        (self.take_where(|w| w.deadline_ms <= now_ms), claims)
     }
 
     /// A held stream ended before it was resumed (client reset).
@@ -488,6 +495,21 @@ mod tests {
     }
 
     #[test]
+    fn a_claims_wait_ends_only_at_its_deadline_and_is_no_timeout() {
+        let mut h = Holds::default();
+        assert!(remembered(h.computing(1, POD, 0, &chain(5, 10), 0)));
+        assert!(h.wait(5, Owner::Claim, 700, 8));
+        assert!(h.wait(6, Owner::Local(1), 700, 8));
+        assert!(h.waits_on_claim() && !h.waits_on_shared());
+        // No answer or listing of this Envoy ends it.
+        assert_eq!(h.answered(1), (vec![6], false));
+        assert_eq!(h.shared_done(&[]), Vec::<u32>::new());
+        assert_eq!(h.expired(699), (Vec::<u32>::new(), 0));
+        assert_eq!(h.expired(700), (vec![5], 1));
+        assert!(!h.waits_on_claim());
+    }
+
+    #[test]
     fn held_streams_resume_when_their_owner_answers_or_their_time_is_up() {
         let mut h = Holds::default();
         assert!(remembered(h.computing(1, POD, 0, &chain(5, 10), 0)));
@@ -495,12 +517,12 @@ mod tests {
         assert!(h.wait(3, Owner::Local(1), 500, 8));
         assert!(h.wait(4, Owner::Local(9), 2_000, 8));
         assert_eq!(h.held(), 3);
-        assert_eq!(h.expired(499), Vec::<u32>::new());
-        assert_eq!(h.expired(500), vec![3]);
+        assert_eq!(h.expired(499), (Vec::<u32>::new(), 0));
+        assert_eq!(h.expired(500), (vec![3], 0));
         assert_eq!(h.answered(1), (vec![2], false));
         h.left(4);
         assert_eq!(h.held(), 0);
-        assert_eq!(h.expired(u64::MAX), Vec::<u32>::new());
+        assert_eq!(h.expired(u64::MAX), (Vec::<u32>::new(), 0));
     }
 
     #[test]

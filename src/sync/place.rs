@@ -62,8 +62,9 @@ const RELEASE_CHUNK: usize = 256;
 
 /// ARGV: prefix, now ms, vm, member, vm ttl ms, key ttl s, reap count,
 /// claim (or empty), claim ms, claim record, then (pod, cost, step)
-/// triples. Returns `{pod}`, or `{pod, age ms, record}` when the pod is the
-/// family's claim (age -1 when unknown: a claim an older build set).
+/// triples. Returns `{pod}`, or
+/// `{pod, age ms, record}` when the pod is the family's claim (age -1 when
+/// unknown: a claim an older build set).
 const PLACE_SCRIPT: &str = "\
 local p, now, vm, member = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local vttl, kttl, reap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])

@@ -155,11 +155,13 @@ pub struct SyncSettings {
     /// second. Range 1..=1000.
     pub(crate) place_timeout_ms: u64,
     /// With `place_new`: for this long after a new prompt's placement,
-    /// another new prompt of its family (the same model and first block)
-    /// goes to the same pod when it is a candidate, so a burst of one new
-    /// prefix through several replicas is not split before their tables
-    /// know it. The claim runs from the family's first placement; the
-    /// prompts that follow it do not extend it. 0 (default) = off: on the
+    /// another new prompt of its family (the same model and first 32
+    /// blocks) goes to the same pod when it is a candidate, so a burst of
+    /// one new prefix through several replicas is not split before their
+    /// tables know it; with `hold` it waits there for the first prompt's
+    /// prefill when that pays (see [`crate::route::hold`]). The claim runs
+    /// from the family's first placement; the prompts that follow it do
+    /// not extend it. 0 (default) = off: on the
     /// tenants workload it kept a hot tenant's early requests on one pod
     /// (requests per pod max/min 1.59-1.89 against 1.07-1.25 without, as
     /// first built; 1.42 and 1.86 against 1.35 and 1.23 not extended;

@@ -114,10 +114,13 @@ impl Worker {
     /// How long (ms) a request sent to `pod` by its family's claim
     /// (`followed`) waits for the prefill of the prompt that set the claim,
     /// on another replica: that prompt's blocks at this VM's prefill time
-    /// per block on `pod`, plus an eighth, less the claim's age. None when
-    /// not worth it: no block shared, no prefill timed yet, that prefill
-    /// due already, the wait not shorter than computing the shared blocks
-    /// here would take, or over `hold.max_ms`.
+    /// per block on `pod`, plus a sixteenth, less the claim's age. None
+    /// when not worth it: no block shared, no prefill timed yet, that
+    /// prefill due already, over `hold.max_ms`, or the wait and a fast tick
+    /// (which resumes it) not shorter than computing the shared blocks
+    /// itself would take (then it would wait longer for its first token
+    /// than it takes to compute them: a follower sent right after the
+    /// claim goes at once).
     pub(crate) fn claim_wait(
         &self,
         followed: &Followed,
@@ -129,8 +132,9 @@ impl Worker {
         let prefill_ms = (total as u64).saturating_mul(us) / 1_000;
         let left = prefill_ms.checked_sub(followed.age_ms).filter(|&l| l > 0)?;
         let saves_ms = (shared as u64).saturating_mul(us) / 1_000;
-        let wait = left.saturating_add(prefill_ms / 8);
-        (left < saves_ms && wait <= u64::from(self.settings().hold.max_ms)).then_some(wait)
+        let wait = left.saturating_add(prefill_ms / 16);
+        let worth = wait.saturating_add(u64::from(FAST_TICK_MS)) < saves_ms;
+        (worth && wait <= u64::from(self.settings().hold.max_ms)).then_some(wait)
     }
 
     /// Stream `stream`, which made its pod compute blocks, answered (its
@@ -197,11 +201,13 @@ impl Worker {
     /// one).
     pub(super) fn tick_holds<H: Host>(&self, host: &H, now_ms: u64) {
         let root = self.root_context.get();
-        let expired = self.holds.borrow_mut().expired(now_ms);
+        let (expired, claims) = self.holds.borrow_mut().expired(now_ms);
         for waiter in &expired {
             host.resume_request(*waiter, root);
         }
-        self.meter.add(Count::HoldTimedOut, expired.len() as u64);
+        // A claim's wait ends at its deadline by design.
+        self.meter
+            .add(Count::HoldTimedOut, (expired.len() - claims) as u64);
         if !self.holds.borrow().waits_on_shared() {
             return;
         }

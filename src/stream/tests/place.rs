@@ -340,15 +340,15 @@ fn a_claims_follower_waits_for_the_prefill_that_set_it_by_the_pods_timing() {
         .unwrap()
         + 1;
     assert!(total > 40, "{record}");
-    // The claim was set 20 ms ago by a prompt of the same blocks: its
-    // prefill takes 2 ms a block here, so it has total x 2 - 20 ms left.
-    let v = s.on_place_reply(&w, &host, 1, Some(&reply_following(PODS[1], 20, &record)));
+    // The claim was set 60 ms ago by a prompt of the same blocks: its
+    // prefill takes 2 ms a block here, so it has total x 2 - 60 ms left.
+    let v = s.on_place_reply(&w, &host, 1, Some(&reply_following(PODS[1], 60, &record)));
     assert_eq!(v, Some(Verdict::Pause), "held for the claim's prefill");
     assert_eq!(host.header(DESTINATION_HEADER).as_deref(), Some(PODS[1]));
     assert_eq!(w.meter.pending(Count::HeldForClaim), 1);
     assert_eq!(w.meter.pending(Count::Held), 1);
     assert_eq!(w.tick_ms(), crate::worker::FAST_TICK_MS);
-    let wait_ms = total * 2 - 20 + total * 2 / 8;
+    let wait_ms = total * 2 - 60 + total * 2 / 16;
     let start = host.now.get();
     host.now.set(start + (wait_ms - 1) * 1_000_000);
     w.on_tick(&host);
@@ -357,6 +357,13 @@ fn a_claims_follower_waits_for_the_prefill_that_set_it_by_the_pods_timing() {
     w.on_tick(&host);
     assert_eq!(host.resumed.borrow().len(), 1, "resumed at its deadline");
     assert_eq!(host.resumed.borrow()[0].0, 10);
+    w.meter.flush(&host);
+    assert_eq!(host.stat("prefix_router.hold.held_claim"), 1);
+    assert_eq!(
+        host.stat("prefix_router.hold.timed_out"),
+        0,
+        "by design, no timeout"
+    );
     s.on_done(&w, &host);
     s.on_log(&w, &host);
 }
@@ -368,10 +375,11 @@ fn a_claims_follower_goes_at_once_when_a_wait_would_not_pay() {
     // (extra settings, claim age ms, record from the other prompt, timing)
     for (extra, age, foreign, timed) in [
         ("", 10_000, false, true), // its prefill is done by now
-        ("", 5, true, true),       // shares nothing with it
-        ("", 5, false, false),     // no prefill timed yet
-        (r#","hold":{"enabled":false}"#, 5, false, true), // hold off
-        (r#","hold":{"max_ms":10}"#, 5, false, true), // over hold.max_ms
+        ("", 5, false, true),      // so young that computing is as fast
+        ("", 60, true, true),      // shares nothing with it
+        ("", 60, false, false),    // no prefill timed yet
+        (r#","hold":{"enabled":false}"#, 60, false, true), // hold off
+        (r#","hold":{"max_ms":10}"#, 60, false, true), // over hold.max_ms
     ] {
         let host = TestHost::default();
         let w = if timed {

@@ -837,6 +837,13 @@ pub struct FilterCounters {
     /// (`feedback.evictions_learned`).
     pub feedback_checked: i64,
     pub feedback_evictions: i64,
+    /// Requests held for a prefix in prefill (`hold.held`), those of them
+    /// held for a family claim's prefill on another replica
+    /// (`hold.held_claim`), and those resumed at `hold.max_ms`
+    /// (`hold.timed_out`).
+    pub held: i64,
+    pub held_claim: i64,
+    pub hold_timed_out: i64,
     /// Each pod's trust horizon at the end (`match_trust_s.<pod>`, whole
     /// seconds, 0 = every match trusted), per replica.
     pub match_trust_s: Vec<BTreeMap<String, i64>>,
@@ -987,6 +994,9 @@ pub fn run_one(
             passthrough_reasons: passthrough_reasons(&fs, &before),
             feedback_checked: sum("feedback.checked"),
             feedback_evictions: sum("feedback.evictions_learned"),
+            held: sum("hold.held"),
+            held_claim: sum("hold.held_claim"),
+            hold_timed_out: sum("hold.timed_out"),
             match_trust_s: fs
                 .iter()
                 .map(|replica| {
