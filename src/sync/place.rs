@@ -18,15 +18,18 @@
 //! - `v:{vm}`: hash of one worker VM's placed requests, member -> pod, so a
 //!   release needs only the member and a dead VM's requests can be found;
 //! - `vms`: sorted set of worker VMs by last sign of life (unix ms);
-//! - `c:{family}`: the pod a prompt family went to, for `place_claim_ms`;
-//!   set when the family is placed by cost, and not extended by the
-//!   placements that follow the claim, so it ends `place_claim_ms` after the
-//!   family's first placement (within about a sync period, sync tells every
-//!   replica's table of the family anyway).
+//! - `c:{family}`: the pod a prompt family went to, for `place_claim_ms`,
+//!   with the claim's length and the setter's record (`pod \t ms \t
+//!   record`, see [`crate::route::router::shared_with_claim`]); set when
+//!   the family is placed by cost, and not extended by the placements that
+//!   follow the claim, so it ends `place_claim_ms` after the family's first
+//!   placement (within about a sync period, sync tells every replica's
+//!   table of the family anyway).
 //!
 //! The pick: with `place_claim_ms` set, the pod the prompt's family (model
-//! and first block) was placed on within that time, if a candidate
-//! (`c:{family}`);
+//! and first 32 blocks) was placed on within that time, if a candidate
+//! (`c:{family}`; the reply then carries the claim's age, by its `PTTL`,
+//! and record, for the follower's `hold`);
 //! else the lowest `cost + placed in flight x step`, where the worker sends
 //! each candidate's prefill cost under its policy (a 3x slower pod's is
 //! three times a fast one's) and what one more queued request adds there;
@@ -394,7 +397,10 @@ mod tests {
 
     #[test]
     fn ask_sends_one_script_with_every_candidate_and_its_costs() {
-        let s = SyncSettings::default();
+        let s = SyncSettings {
+            place_claim_ms: 0,
+            ..SyncSettings::default()
+        };
         assert!(ask(&s, 5, "vm1", "vm1:1", Some((1, "")), &[]).is_none());
         let mut c = cands(&["10.0.0.1:8000", "10.0.0.2:8000"]);
         c[1].cost = 3000;
@@ -402,7 +408,7 @@ mod tests {
         let text = String::from_utf8(body).unwrap();
         assert!(
             !text.contains("00000000000000ab") && !text.contains("31:ff"),
-            "no claim by default"
+            "no claim when off"
         );
         let s = SyncSettings {
             place_claim_ms: 1000,
