@@ -4,7 +4,9 @@
 //! pod the other replica left free, before any sync could tell it; ended
 //! requests leave Redis on the tick; a dead replica's requests are reaped;
 //! a dead Redis costs no request; a Redis user that may not run `EVAL`
-//! costs none either, and the log says why.
+//! costs none either, and the log says why. A family claim keeps a
+//! family's new prompts on one pod, and a follower waits there for the
+//! first one's prefill and hits.
 //!
 //! Pods answer 8 tokens at 150 ms each: a request stays in flight ~1 s.
 
