@@ -91,7 +91,9 @@ impl Worker {
         if owner.is_none() {
             if let Some(wait) = followed.and_then(|f| self.claim_wait(f, pod, &r.hashes)) {
                 owner = Some(Owner::Claim);
-                deadline = now_ms + wait;
+                // The host's clock (one read): the tick's may be a tick
+                // old, and this wait is a prefill's, not `max_ms`.
+                deadline = host.now_nanos() / 1_000_000 + wait;
             }
         }
         let Some(owner) = owner else {
@@ -121,12 +123,7 @@ impl Worker {
     /// itself would take (then it would wait longer for its first token
     /// than it takes to compute them: a follower sent right after the
     /// claim goes at once).
-    pub(crate) fn claim_wait(
-        &self,
-        followed: &Followed,
-        pod: PodSlot,
-        hashes: &[u64],
-    ) -> Option<u64> {
+    fn claim_wait(&self, followed: &Followed, pod: PodSlot, hashes: &[u64]) -> Option<u64> {
         let (shared, total) = shared_with_claim(&followed.record, hashes)?;
         let us = self.router.prefill_us_per_block(pod)?;
         let prefill_ms = (total as u64).saturating_mul(us) / 1_000;

@@ -340,6 +340,8 @@ fn a_claims_follower_waits_for_the_prefill_that_set_it_by_the_pods_timing() {
         .unwrap()
         + 1;
     assert!(total > 40, "{record}");
+    // Redis answers 15 ms after the last tick: the wait runs from now.
+    host.now.set(host.now.get() + 15_000_000);
     // The claim was set 60 ms ago by a prompt of the same blocks: its
     // prefill takes 2 ms a block here, so it has total x 2 - 60 ms left.
     let v = s.on_place_reply(&w, &host, 1, Some(&reply_following(PODS[1], 60, &record)));
