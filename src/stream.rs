@@ -483,9 +483,17 @@ impl Stream {
         let member = w.placer.next_member();
         let now_ms = w.clock_nanos(host) / 1_000_000;
         let family = family.as_ref().map(|(f, record)| (*f, record.as_str()));
-        let Some((body, expected)) =
-            place::ask(sync, now_ms, w.placer.vm(), &member, family, &candidates)
-        else {
+        // A claim's follower waits by its prefill timing (see hold).
+        let may_wait = w.settings().hold.enabled && w.router.prefill_timed_any();
+        let Some((body, expected)) = place::ask(
+            sync,
+            now_ms,
+            w.placer.vm(),
+            &member,
+            family,
+            may_wait,
+            &candidates,
+        ) else {
             return Some(req);
         };
         let Some(token) = host.call_bridge(sync, node.as_deref(), &body, sync.place_timeout_ms)

@@ -176,6 +176,13 @@ fn a_replica_places_a_new_prompt_on_the_pod_the_other_left_free() {
 fn a_family_follows_its_claim_which_the_follower_does_not_extend() {
     let f = fleet_with("place-claim", json!({ "place_claim_ms": 5000 }));
     let redis = RedisAt::of(f.redis.as_ref().unwrap());
+    // B times a prefill of its own first (a streamed new prompt): a
+    // follower that can wait follows a claim whose pod is busy.
+    post_async(&f, 1, harness::text(11, 8300), true)
+        .join()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(5), || total(&redis) == 0));
+    let warm = redis.scan("{aibrix:pl}:c:*");
     // Over 32 128-byte blocks shared, then the prompts differ.
     let family = "the same opening for every prompt of this family. ".repeat(90);
     let a = send_async(&f, 0, format!("{family} and then the first question"));
@@ -184,7 +191,8 @@ fn a_family_follows_its_claim_which_the_follower_does_not_extend() {
         "A placed: {:?}",
         placed(&redis)
     );
-    let claims = redis.scan("{aibrix:pl}:c:*");
+    let mut claims = redis.scan("{aibrix:pl}:c:*");
+    claims.retain(|c| !warm.contains(c));
     assert_eq!(claims.len(), 1, "{claims:?}");
     let ttl_first = redis.cmd(&["PTTL", &claims[0]]).int();
     assert!(ttl_first > 4000, "{ttl_first}");
@@ -210,6 +218,28 @@ fn a_family_follows_its_claim_which_the_follower_does_not_extend() {
     let (a2, other) = (a2.join().unwrap(), other.join().unwrap());
     assert_eq!(a2, a, "A's own table matches the family there");
     assert_ne!(other, a, "a new family is not claimed");
+}
+
+/// A follower that has timed no prefill cannot wait for a claim's: it
+/// follows the claim only while no placed request is in flight on its pod,
+/// else Redis places it by cost (not beside the first one's prefill,
+/// perhaps on a slow pod no replica has timed yet).
+#[test]
+fn a_follower_that_cannot_wait_leaves_a_busy_claim() {
+    let f = fleet_with("place-claim-busy", json!({ "place_claim_ms": 5000 }));
+    let redis = RedisAt::of(f.redis.as_ref().unwrap());
+    let family = "an opening shared by every prompt of this family. ".repeat(90);
+    let a = send_async(&f, 0, format!("{family} and then the first question"));
+    assert!(
+        wait_until(Duration::from_secs(5), || total(&redis) == 1),
+        "A placed: {:?}",
+        placed(&redis)
+    );
+    assert_eq!(redis.scan("{aibrix:pl}:c:*").len(), 1, "A's claim");
+    // A's request is in flight (~1 s); B has timed nothing.
+    let b = send_async(&f, 1, format!("{family} and then another question"));
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert_ne!(a, b, "B placed by cost, away from A's busy pod");
 }
 
 /// Sends `prompt` through replica `i` on a thread, streamed if `stream`;
@@ -251,8 +281,8 @@ fn cached_tokens(body: &str) -> u64 {
 
 /// With a claim, B's prompt of A's family, sent while A's prefill runs on
 /// the claimed pod, waits there for that prefill (by B's own timing of the
-/// pod) and hits; with `hold` off it goes at once and computes the prefix
-/// again (podsim caches a prompt at its first token).
+/// pod) and hits; with `hold` off it cannot wait, so it leaves the busy
+/// claim and computes the prefix on another pod.
 #[test]
 fn a_claims_follower_waits_for_the_other_replicas_prefill_and_hits() {
     // 8,192 bytes of prefix are ~2,050 podsim tokens: ~600 ms of prefill.
@@ -289,7 +319,8 @@ fn a_claims_follower_waits_for_the_other_replicas_prefill_and_hits() {
         thread::sleep(Duration::from_millis(200));
         let b = post_async(&f, 1, format!("{prefix}{}", harness::text(3, 300)), false);
         let (a, b) = (a.join().unwrap(), b.join().unwrap());
-        assert_eq!(b.served_by(), a.served_by(), "B followed the claim");
+        // With hold off B cannot wait: it leaves the busy claim.
+        assert_eq!(b.served_by() == a.served_by(), hold, "B followed the claim");
         let held = f.replicas[1]
             .settled_stats()
             .get("prefix_router.hold.held_claim")
@@ -301,7 +332,10 @@ fn a_claims_follower_waits_for_the_other_replicas_prefill_and_hits() {
             assert!(cached >= 2_000, "then a hit: {cached} tokens cached");
         } else {
             assert_eq!(held, 0);
-            assert_eq!(cached, 0, "sent during A's prefill: computed again");
+            assert_eq!(
+                cached, 0,
+                "sent during A's prefill: computed again elsewhere"
+            );
         }
     }
 }

@@ -44,7 +44,9 @@
 //! pod plus a sixteenth, when that wait and a fast tick are shorter than
 //! computing the shared blocks itself would take and within `hold.max_ms`;
 //! nothing tells it when the other replica's request answers, so only its
-//! deadline resumes it.
+//! deadline resumes it. A VM that has timed no prefill tells Redis it
+//! cannot wait, and is not sent to a claimed pod that is busy (see
+//! [`crate::sync::place`]).
 //!
 //! Everything is bounded: [`MAX_COMPUTING`] prefixes in prefill are
 //! remembered per VM and [`MAX_SHARED`] in the shared key (oldest forgotten

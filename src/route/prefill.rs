@@ -251,6 +251,11 @@ impl PrefillTiming {
         reference(self.samples.iter().filter_map(|s| figure_of(s)).collect())
     }
 
+    /// Whether any pod has a prefill time ([`Self::us_per_block`] is Some).
+    pub fn timed_any(&self) -> bool {
+        self.samples.iter().any(|s| !s.is_empty())
+    }
+
     /// Per slot, as of the last tick: how much slower than the reference
     /// pod this pod prefills (thousandths), where at least
     /// [`SLOW_PREFILL`]; 0 (or missing) elsewhere.
@@ -341,7 +346,9 @@ mod tests {
     fn a_pods_time_per_block_is_its_own_else_the_reference_pods() {
         let mut t = PrefillTiming::default();
         assert_eq!(t.us_per_block(p(0)), None, "nothing timed");
+        assert!(!t.timed_any());
         timed(&mut t, 1, 0, 0, 200);
+        assert!(t.timed_any());
         timed(&mut t, 2, 1, 0, 600);
         assert_eq!(t.us_per_block(p(0)), Some(2_000));
         assert_eq!(t.us_per_block(p(1)), Some(6_000));

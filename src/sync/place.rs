@@ -29,7 +29,8 @@
 //! The pick: with `place_claim_ms` set, the pod the prompt's family (model
 //! and first 32 blocks) was placed on within that time, if a candidate
 //! (`c:{family}`; the reply then carries the claim's age, by its `PTTL`,
-//! and record, for the follower's `hold`);
+//! and record, for the follower's `hold`; a worker that cannot wait
+//! follows it only while no placed request is in flight there);
 //! else the lowest `cost + placed in flight x step`, where the worker sends
 //! each candidate's prefill cost under its policy (a 3x slower pod's is
 //! three times a fast one's) and what one more queued request adds there;
@@ -64,8 +65,11 @@ pub(crate) const MAX_CANDIDATES: usize = 32;
 const RELEASE_CHUNK: usize = 256;
 
 /// ARGV: prefix, now ms, vm, member, vm ttl ms, key ttl s, reap count,
-/// claim (or empty), claim ms, claim record, then (pod, cost, step)
-/// triples. Returns `{pod}`, or
+/// claim (or empty), claim ms, claim record, whether the asker can wait
+/// (`1` or `0`), then (pod, cost, step) triples. An asker that cannot wait
+/// follows a claim only while no placed request is in flight on its pod
+/// (there it would compute the family again beside the first one's
+/// prefill; placed by cost it does so on a free pod). Returns `{pod}`, or
 /// `{pod, age ms, record}` when the pod is the family's claim (age -1 when
 /// unknown: a claim an older build set).
 const PLACE_SCRIPT: &str = "\
@@ -87,11 +91,14 @@ if ARGV[8] ~= '' then
   local held = redis.call('GET', ck)
   if held then
     local pod, ms, rec = string.match(held, '^([^\\t]*)\\t?([^\\t]*)\\t?(.*)$')
-    for i = 11, #ARGV - 2, 3 do if ARGV[i] == pod then best = pod; claim = {ms, rec} end end
+    for i = 12, #ARGV - 2, 3 do if ARGV[i] == pod then best = pod; claim = {ms, rec} end end
+    if best and ARGV[11] ~= '1' and redis.call('ZCARD', p .. 'p:' .. best) > 0 then
+      best, claim = nil, nil
+    end
   end
 end
 if best == nil then
-  for i = 11, #ARGV - 2, 3 do
+  for i = 12, #ARGV - 2, 3 do
     local k = p .. 'p:' .. ARGV[i]
     local c = redis.call('ZCARD', k)
     local o = now
@@ -195,13 +202,16 @@ fn start(settings: &SyncSettings) -> Pipeline {
 /// `candidates` (at most [`MAX_CANDIDATES`] are sent), following the claim
 /// of the prompt's family if any (with `place_claim_ms` > 0; `family` is
 /// the family and the claim record the prompt leaves if it sets the
-/// claim), and the number of replies to expect. None without candidates.
+/// claim; `may_wait`: the asker can wait for a claim's prefill, see
+/// `PLACE_SCRIPT`), and the number of replies to expect. None without
+/// candidates.
 pub(crate) fn ask(
     settings: &SyncSettings,
     now_ms: u64,
     vm: &str,
     member: &str,
     family: Option<(u64, &str)>,
+    may_wait: bool,
     candidates: &[Candidate],
 ) -> Option<(Vec<u8>, usize)> {
     if candidates.is_empty() {
@@ -241,6 +251,7 @@ pub(crate) fn ask(
         family.as_bytes(),
         claim_ms.as_bytes(),
         record.as_bytes(),
+        if may_wait { b"1" } else { b"0" },
     ];
     for (c, (cost, step)) in candidates.iter().zip(&figures) {
         args.push(c.address.as_bytes());
@@ -401,10 +412,10 @@ mod tests {
             place_claim_ms: 0,
             ..SyncSettings::default()
         };
-        assert!(ask(&s, 5, "vm1", "vm1:1", Some((1, "")), &[]).is_none());
+        assert!(ask(&s, 5, "vm1", "vm1:1", Some((1, "")), true, &[]).is_none());
         let mut c = cands(&["10.0.0.1:8000", "10.0.0.2:8000"]);
         c[1].cost = 3000;
-        let (body, _) = ask(&s, 1234, "vm1", "vm1:7", Some((0xab, "31:ff")), &c).unwrap();
+        let (body, _) = ask(&s, 1234, "vm1", "vm1:7", Some((0xab, "31:ff")), true, &c).unwrap();
         let text = String::from_utf8(body).unwrap();
         assert!(
             !text.contains("00000000000000ab") && !text.contains("31:ff"),
@@ -414,17 +425,17 @@ mod tests {
             place_claim_ms: 1000,
             ..SyncSettings::default()
         };
-        let (body, n) = ask(&s, 1234, "vm1", "vm1:7", Some((0xab, "31:ff")), &c).unwrap();
+        let (body, n) = ask(&s, 1234, "vm1", "vm1:7", Some((0xab, "31:ff")), true, &c).unwrap();
         assert_eq!(n, 2, "EVAL and QUIT");
         let text = String::from_utf8(body).unwrap();
-        assert!(text.starts_with("*20\r\n$4\r\nEVAL\r\n"), "{text}");
+        assert!(text.starts_with("*21\r\n$4\r\nEVAL\r\n"), "{text}");
         for part in [
             "$1\r\n1\r\n$15\r\n{aibrix:pl}:vms\r\n",
             "{aibrix:pl}:",
             "1234",
             "vm1:7",
             "00000000000000ab",
-            "$5\r\n31:ff\r\n",
+            "$5\r\n31:ff\r\n$1\r\n1\r\n",
             "10.0.0.1:8000",
             "3000",
             "QUIT",
@@ -434,7 +445,7 @@ mod tests {
         // More than MAX_CANDIDATES: the first ones only.
         let many: Vec<String> = (0..40).map(|i| format!("p{i}:1")).collect();
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
-        let (body, _) = ask(&s, 1, "v", "v:1", None, &cands(&refs)).unwrap();
+        let (body, _) = ask(&s, 1, "v", "v:1", None, false, &cands(&refs)).unwrap();
         let text = String::from_utf8(body).unwrap();
         assert!(text.contains("p31:1") && !text.contains("p32:1"));
     }
@@ -475,7 +486,7 @@ mod tests {
             auth_password: Some("pw".into()),
             ..SyncSettings::default()
         };
-        let (body, n) = ask(&s, 1, "v", "v:1", None, &cands(&["a:1"])).unwrap();
+        let (body, n) = ask(&s, 1, "v", "v:1", None, false, &cands(&["a:1"])).unwrap();
         assert_eq!(n, 3);
         assert!(body.starts_with(b"*2\r\n$4\r\nAUTH\r\n"));
     }

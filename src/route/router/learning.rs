@@ -61,6 +61,12 @@ impl Router {
         self.prefill.borrow().us_per_block(pod)
     }
 
+    /// Whether this VM has timed a prefill on any pod (else a claim's
+    /// follower has nothing to wait by).
+    pub(crate) fn prefill_timed_any(&self) -> bool {
+        self.prefill.borrow().timed_any()
+    }
+
     /// Whether this VM is timing a prefill.
     pub(crate) fn prefills_open(&self) -> bool {
         self.prefill.borrow().any_open()

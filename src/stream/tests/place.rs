@@ -329,6 +329,10 @@ fn a_claims_follower_waits_for_the_prefill_that_set_it_by_the_pods_timing() {
     let (mut s, v) = start_stream(&w, &host, 10, &body);
     assert_eq!(v, Verdict::Pause, "asks Redis");
     let record = record_of(&last_call(&host));
+    assert!(
+        last_call(&host).contains(&format!("{record}\r\n$1\r\n1\r\n")),
+        "it says it can wait"
+    );
     let total: u64 = record
         .rsplit(',')
         .next()
@@ -403,11 +407,17 @@ fn a_claims_follower_goes_at_once_when_a_wait_would_not_pay() {
         let calls = host.bridge_calls.borrow().len() as u32;
         let (mut s, v) = start_stream(&w, &host, 10, &body);
         assert_eq!(v, Verdict::Pause, "asks Redis");
-        let record = if foreign {
-            record
+        let call = last_call(&host);
+        let can_wait = if timed && !extra.contains("false") {
+            "1"
         } else {
-            record_of(&last_call(&host))
+            "0"
         };
+        assert!(
+            call.contains(&format!("{}\r\n$1\r\n{can_wait}\r\n", record_of(&call))),
+            "{extra} {timed}: it says whether it can wait"
+        );
+        let record = if foreign { record } else { record_of(&call) };
         let v = s.on_place_reply(
             &w,
             &host,
