@@ -25,13 +25,6 @@ fn start(hold: bool) -> Running {
     setup(hold).start()
 }
 
-fn cached_tokens(body: &str) -> u64 {
-    let v: serde_json::Value = serde_json::from_str(body).unwrap();
-    v["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no cached_tokens in {body}"))
-}
-
 /// Sends a streamed request with a new 3,000-byte prefix and, while its
 /// prefill runs, a second request with the same prefix and another
 /// question on a new connection. Returns (first, second).
@@ -77,7 +70,7 @@ fn a_request_for_a_prefix_in_prefill_waits_for_it_and_hits() {
         let run = start(hold);
         let (_, second) = first_then_second(&run);
         let stat = |name: &str| run.envoy.settled_router_stat(name);
-        let cached = cached_tokens(&second.body);
+        let cached = second.cached_tokens();
         if hold {
             assert!(cached >= 700, "held for the prefill, then a hit: {cached}");
             assert_eq!(stat("prefix_router.hold.held"), 1);
@@ -107,7 +100,7 @@ fn a_request_waits_for_another_worker_vms_prefill() {
     thread::sleep(Duration::from_millis(1500));
     let (_, second) = first_then_second(&run);
     let stat = |name: &str| run.envoy.settled_router_stat(name);
-    let cached = cached_tokens(&second.body);
+    let cached = second.cached_tokens();
     assert!(
         cached >= 700,
         "held for the other VM's prefill, then a hit: {cached}"

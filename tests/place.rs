@@ -77,20 +77,45 @@ fn new_prompt(tag: &str) -> String {
 
 /// Sends `prompt` through replica `i` on a thread; the pod that answered.
 fn send_async(f: &Fleet, i: usize, prompt: String) -> thread::JoinHandle<String> {
+    let reply = post_async(f, i, prompt, false);
+    thread::spawn(move || reply.join().unwrap().expect_pod())
+}
+
+/// Sends `prompt` through replica `i` on a thread, streamed if `stream`;
+/// the reply (a 200).
+fn post_async(
+    f: &Fleet,
+    i: usize,
+    prompt: String,
+    stream: bool,
+) -> thread::JoinHandle<harness::Reply> {
     let base = f.replicas[i].base_url();
     thread::spawn(move || {
-        let body = harness::completion_body(&json!(prompt));
-        let url = format!("{base}/v1/completions");
+        let mut body: serde_json::Value =
+            serde_json::from_str(&harness::completion_body(&json!(prompt))).unwrap();
+        if stream {
+            body["stream"] = json!(true);
+        }
         let reply = harness::send(
             "POST",
-            &url,
+            &format!("{base}/v1/completions"),
             &[("content-type", "application/json")],
-            Some(body.as_bytes()),
+            Some(body.to_string().as_bytes()),
             harness::CLIENT_TIMEOUT,
         )
         .unwrap();
-        reply.expect_pod()
+        assert_eq!(reply.status, 200, "{reply:?}");
+        reply
     })
+}
+
+/// Waits (5 s at most) until Redis counts `n` placed requests in flight.
+fn wait_placed(redis: &RedisAt, n: i64, when: &str) {
+    assert!(
+        wait_until(Duration::from_secs(5), || total(redis) == n),
+        "{when}: Redis counts {:?}",
+        placed(redis)
+    );
 }
 
 /// Placed requests in flight per pod, as Redis counts them.
@@ -119,11 +144,7 @@ fn a_replica_places_a_new_prompt_on_the_pod_the_other_left_free() {
         let a: Vec<_> = (0..3)
             .map(|k| send_async(&f, 0, new_prompt(&format!("r{round}a{k}"))))
             .collect();
-        assert!(
-            wait_until(Duration::from_secs(5), || total(&redis) == 3),
-            "round {round}: Redis counts {:?}",
-            placed(&redis)
-        );
+        wait_placed(&redis, 3, &format!("round {round}"));
         assert_eq!(placed(&redis).len(), 3, "one per pod: {:?}", placed(&redis));
         // B knows nothing of them but through Redis: the fourth pod.
         let b = send_async(&f, 1, new_prompt(&format!("r{round}b")));
@@ -135,10 +156,10 @@ fn a_replica_places_a_new_prompt_on_the_pod_the_other_left_free() {
             "round {round}: B sent to {b}, A used {a:?}"
         );
         // Ended requests leave Redis on the tick.
-        assert!(
-            wait_until(Duration::from_secs(5), || total(&redis) == 0),
-            "round {round}: still counted {:?}",
-            placed(&redis)
+        wait_placed(
+            &redis,
+            0,
+            &format!("round {round}: ended requests released"),
         );
     }
     let (a, b) = (&f.replicas[0], &f.replicas[1]);
@@ -181,16 +202,12 @@ fn a_family_follows_its_claim_which_the_follower_does_not_extend() {
     post_async(&f, 1, harness::text(11, 8300), true)
         .join()
         .unwrap();
-    assert!(wait_until(Duration::from_secs(5), || total(&redis) == 0));
+    wait_placed(&redis, 0, "B's own prompt ended");
     let warm = redis.scan("{aibrix:pl}:c:*");
     // Over 32 128-byte blocks shared, then the prompts differ.
     let family = "the same opening for every prompt of this family. ".repeat(90);
     let a = send_async(&f, 0, format!("{family} and then the first question"));
-    assert!(
-        wait_until(Duration::from_secs(5), || total(&redis) == 1),
-        "A placed: {:?}",
-        placed(&redis)
-    );
+    wait_placed(&redis, 1, "A placed");
     let mut claims = redis.scan("{aibrix:pl}:c:*");
     claims.retain(|c| !warm.contains(c));
     assert_eq!(claims.len(), 1, "{claims:?}");
@@ -200,11 +217,7 @@ fn a_family_follows_its_claim_which_the_follower_does_not_extend() {
     // A's request is still in flight (~1 s): by count B would pick an idle pod.
     assert_eq!(total(&redis), 1);
     let b = send_async(&f, 1, format!("{family} and then another question"));
-    assert!(
-        wait_until(Duration::from_secs(5), || total(&redis) == 2),
-        "B placed: {:?}",
-        placed(&redis)
-    );
+    wait_placed(&redis, 2, "B placed");
     let ttl_after = redis.cmd(&["PTTL", &claims[0]]).int();
     assert!(
         ttl_after > 0 && ttl_after <= ttl_first - 300,
@@ -230,53 +243,12 @@ fn a_follower_that_cannot_wait_leaves_a_busy_claim() {
     let redis = RedisAt::of(f.redis.as_ref().unwrap());
     let family = "an opening shared by every prompt of this family. ".repeat(90);
     let a = send_async(&f, 0, format!("{family} and then the first question"));
-    assert!(
-        wait_until(Duration::from_secs(5), || total(&redis) == 1),
-        "A placed: {:?}",
-        placed(&redis)
-    );
+    wait_placed(&redis, 1, "A placed");
     assert_eq!(redis.scan("{aibrix:pl}:c:*").len(), 1, "A's claim");
     // A's request is in flight (~1 s); B has timed nothing.
     let b = send_async(&f, 1, format!("{family} and then another question"));
     let (a, b) = (a.join().unwrap(), b.join().unwrap());
     assert_ne!(a, b, "B placed by cost, away from A's busy pod");
-}
-
-/// Sends `prompt` through replica `i` on a thread, streamed if `stream`;
-/// the reply.
-fn post_async(
-    f: &Fleet,
-    i: usize,
-    prompt: String,
-    stream: bool,
-) -> thread::JoinHandle<harness::Reply> {
-    let base = f.replicas[i].base_url();
-    thread::spawn(move || {
-        let body = json!({
-            "model": "test-model",
-            "prompt": prompt,
-            "max_tokens": 8,
-            "stream": stream,
-        })
-        .to_string();
-        let reply = harness::send(
-            "POST",
-            &format!("{base}/v1/completions"),
-            &[("content-type", "application/json")],
-            Some(body.as_bytes()),
-            harness::CLIENT_TIMEOUT,
-        )
-        .unwrap();
-        assert_eq!(reply.status, 200, "{reply:?}");
-        reply
-    })
-}
-
-fn cached_tokens(body: &str) -> u64 {
-    let v: serde_json::Value = serde_json::from_str(body).unwrap();
-    v["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no cached_tokens in {body}"))
 }
 
 /// With a claim, B's prompt of A's family, sent while A's prefill runs on
@@ -326,7 +298,7 @@ fn a_claims_follower_waits_for_the_other_replicas_prefill_and_hits() {
             .get("prefix_router.hold.held_claim")
             .copied()
             .unwrap_or(0);
-        let cached = cached_tokens(&b.body);
+        let cached = b.cached_tokens();
         if hold {
             assert_eq!(held, 1, "held for A's prefill");
             assert!(cached >= 2_000, "then a hit: {cached} tokens cached");

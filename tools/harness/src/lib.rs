@@ -1340,6 +1340,16 @@ impl Reply {
             .to_string()
     }
 
+    /// The prompt tokens the pod reported cached
+    /// (`usage.prompt_tokens_details.cached_tokens` of a non-streamed answer).
+    pub fn cached_tokens(&self) -> u64 {
+        let v: Value = serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("answer not JSON ({e}): {}", self.body));
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no cached_tokens in {}", self.body))
+    }
+
     /// The filter's match percent (`x-prefix-match`, the header the configs set).
     pub fn match_percent(&self) -> u32 {
         let raw = self
