@@ -109,7 +109,8 @@ fn push_entry(out: &mut String, at: usize, hash: u64) {
 /// claim's record ([`claim_record`]) and its own block hashes:
 /// `(shared, total)`, the blocks up to its deepest recorded position it
 /// also has, and the claiming prompt's blocks. None when the record is
-/// unreadable or shares no recorded position.
+/// unreadable (positions not rising, or not below `u32::MAX`) or shares no
+/// recorded position.
 pub(crate) fn shared_with_claim(record: &str, hashes: &[u64]) -> Option<(usize, usize)> {
     let mut shared = 0;
     let mut total = 0;
@@ -118,7 +119,10 @@ pub(crate) fn shared_with_claim(record: &str, hashes: &[u64]) -> Option<(usize, 
             return None;
         }
         let (at, hash) = entry.split_once(':')?;
-        let at: usize = at.parse().ok()?;
+        // Block positions are u32 here as everywhere (a match's length);
+        // the one after the last u32 is no position.
+        let at: u32 = at.parse().ok().filter(|&at| at < u32::MAX)?;
+        let at = at as usize;
         let hash = u64::from_str_radix(hash, 16).ok()?;
         if at < total {
             return None;
