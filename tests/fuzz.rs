@@ -1,7 +1,8 @@
 //! Seeded, structure-aware mutational fuzzing of every parser that reads
-//! bytes the filter does not control: request bodies, Redis replies, sync
-//! payloads from other writers, shared-data values, Envoy's admin replies
-//! and the plugin configuration. No Envoy needed.
+//! bytes the filter does not control: request bodies, Redis replies (the
+//! placement script's with its claim record among them), sync payloads
+//! from other writers, shared-data values, Envoy's admin replies, the pods'
+//! metrics and answers, and the plugin configuration. No Envoy needed.
 //!
 //! Each test starts from its corpus (`tests/fuzz/corpus/<target>/`, small
 //! valid inputs, run first and unmutated), then mutates: bit flips, byte
@@ -46,14 +47,17 @@ use envoy_prefix_router::config::Settings;
 use envoy_prefix_router::fleet::membership::{parse_clusters, PodNaming, MAX_HOSTS};
 use envoy_prefix_router::fleet::{self, FleetView, Members, SharedView};
 use envoy_prefix_router::rng::SplitMix64;
+use envoy_prefix_router::route::feedback::{learned_blocks, streams_without_usage, UsageScanner};
 use envoy_prefix_router::route::load;
 use envoy_prefix_router::route::registry::{NameRegistry, PodSlot, Registry, MAX_NAME, MAX_SLOTS};
 use envoy_prefix_router::route::request::{classify, parse_body, ApiKind, PassReason};
+use envoy_prefix_router::route::router::{claim_record, shared_with_claim, FAMILY_BLOCKS};
 use envoy_prefix_router::route::store::{MemStore, SharedStore};
 use envoy_prefix_router::route::table::{PrefixTable, MAX_SLOTS_PER_BUCKET, RECORD_LEN};
 use envoy_prefix_router::signals::{self, MetricNames, SignalView};
 use envoy_prefix_router::sync::handoff::{self, DirtySet};
 use envoy_prefix_router::sync::liveness::Heartbeat;
+use envoy_prefix_router::sync::place::{self, Candidate, PlaceError, MAX_RECORD_BYTES};
 use envoy_prefix_router::sync::resp::{
     self, Frame, ParseError, ReplyError, MAX_ARRAY_LEN, MAX_BULK_LEN, MAX_DEPTH,
 };
@@ -1080,6 +1084,134 @@ fn resp_pipeline(r: &mut SplitMix64) -> Vec<u8> {
     }
     out.extend_from_slice(b"+OK\r\n");
     out
+}
+
+/// The follower's prompt of the `place` target: 200 blocks, of which a
+/// claim record's first positions are the claim's own (1000 + position).
+fn place_hashes() -> Vec<u64> {
+    (1000..1200).collect()
+}
+
+/// A claim record: the follower's own (every position shared), a prompt
+/// that parts from it, or entries drawn from edges.
+fn claim_record_input(r: &mut SplitMix64) -> String {
+    let hashes = place_hashes();
+    match r.below(4) {
+        0 => claim_record(&hashes[..FAMILY_BLOCKS + r.below(hashes.len() - FAMILY_BLOCKS)]),
+        1 => {
+            let mut other = hashes[..FAMILY_BLOCKS + r.below(64)].to_vec();
+            other.extend((0..r.below(300)).map(|i| 5000 + i as u64));
+            claim_record(&other)
+        }
+        _ => {
+            let positions = [
+                "31",
+                "39",
+                "199",
+                "200",
+                "0",
+                "4294967294",
+                "4294967295",
+                "18446744073709551615",
+                "-1",
+                "",
+            ];
+            let values = [
+                "407",
+                "40f",
+                "4af",
+                "0",
+                "ffffffffffffffff",
+                "10000000000000000",
+                "x",
+                "",
+            ];
+            (0..r.below(45))
+                .map(|_| {
+                    format!(
+                        "{}:{}",
+                        positions[r.below(positions.len())],
+                        values[r.below(values.len())]
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+    }
+}
+
+/// The placement pipeline's reply: AUTH's `+OK` (sometimes), the script's
+/// reply (a pod, a pod with a claim's age and record, an error), QUIT's
+/// `+OK`.
+fn place_reply(r: &mut SplitMix64) -> Vec<u8> {
+    let mut out = Vec::new();
+    if r.below(3) == 0 {
+        out.extend_from_slice(b"+OK\r\n");
+    }
+    let pod =
+        |r: &mut SplitMix64| Frame::Bulk(POD_NAMES[r.below(POD_NAMES.len())].as_bytes().to_vec());
+    let script = match r.below(6) {
+        0 => Frame::Error(
+            ["NOPERM no EVAL", "ERR no candidates", "MOVED 1 x:1", ""][r.below(4)].into(),
+        ),
+        1 | 2 => Frame::Array(vec![pod(r)]),
+        3 | 4 => Frame::Array(vec![
+            pod(r),
+            Frame::Integer(INTERESTING_INTS[r.below(INTERESTING_INTS.len())] as i64),
+            Frame::Bulk(claim_record_input(r).into_bytes()),
+        ]),
+        _ => random_frame(r, 0),
+    };
+    script.encode(&mut out);
+    out.extend_from_slice(b"+OK\r\n");
+    out
+}
+
+/// A pod's answer: one JSON body or an SSE stream, whose usage carries
+/// `prompt_tokens` and `cached_tokens` (values from edges), with generated
+/// text that quotes the keys.
+fn usage_answer(r: &mut SplitMix64) -> Vec<u8> {
+    let numbers = [
+        "0",
+        "1",
+        "4225",
+        "4096",
+        "18446744073709551615",
+        "9999999999999999999",
+        "99999999999999999999",
+        "-1",
+        "1.5",
+        "1e9",
+        "007",
+        "",
+    ];
+    let n = |r: &mut SplitMix64| numbers[r.below(numbers.len())];
+    let usage = format!(
+        r#"{{"prompt_tokens":{},"completion_tokens":4,"total_tokens":5,"prompt_tokens_details":{{"cached_tokens":{}}}}}"#,
+        n(r),
+        n(r)
+    );
+    let text = [
+        r#"hi"#,
+        r#"say \"cached_tokens\":9 now"#,
+        r#"\"prompt_tokens\": 7"#,
+        "",
+    ][r.below(4)];
+    let out = if r.below(2) == 0 {
+        format!(r#"{{"id":"x","choices":[{{"text":"{text}"}}],"usage":{usage}}}"#)
+    } else {
+        let mut out = String::new();
+        for _ in 0..r.below(4) {
+            out.push_str(&format!(
+                "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+            ));
+        }
+        out.push_str(&format!(
+            "data: {{\"choices\":[],\"usage\":{usage}}}\n\ndata: [DONE]\n\n"
+        ));
+        out
+    };
+    out.into_bytes()
 }
 
 fn id_and_payload(r: &mut SplitMix64, ids: &[&str], payload: &[u8]) -> Vec<u8> {
@@ -2490,6 +2622,180 @@ fn signals_parse_and_decode() {
     });
 }
 
+/// A claim record as the follower reads it, from a placement's reply or any
+/// string: what it shares is within its own prompt and the record's.
+fn check_claim_record(record: &str, hashes: &[u64]) -> Result<u64, String> {
+    match shared_with_claim(record, hashes) {
+        Some((shared, total)) => {
+            if shared == 0 || shared > total || shared > hashes.len() {
+                return Err(format!("shared {shared} of {total} from {record:?}"));
+            }
+            Ok(sig("shares", &format!("{}", shared == total)))
+        }
+        None => Ok(sig("no-share", "")),
+    }
+}
+
+#[test]
+fn place_reply_and_claim_record() {
+    let spec = Spec {
+        target: "place",
+        dict: vec![
+            b"+OK\r\n",
+            b"*1\r\n",
+            b"*3\r\n",
+            b"$3\r\na:1\r\n",
+            b"$3\r\nzz:9\r\n",
+            b":-1\r\n",
+            b":0\r\n",
+            b":9223372036854775807\r\n",
+            b"-NOPERM x\r\n",
+            b"$-1\r\n",
+            b"31:407",
+            b"199:4af",
+            b",",
+            b":",
+            b"4294967295:",
+            b"18446744073709551615:",
+            b"ffffffffffffffff",
+        ],
+        nest: &[(b"*1\r\n", b""), (b"*3\r\n", b":0\r\n$0\r\n\r\n")],
+        grammar: place_reply,
+        json: None,
+    };
+    let candidates: Vec<Candidate> = ["a:1", "b:1", "c:1"]
+        .iter()
+        .map(|a| Candidate {
+            address: a.to_string(),
+            cost: 32,
+            step: 16,
+        })
+        .collect();
+    let hashes = place_hashes();
+    fuzz(spec, |input, ctx| {
+        let mut signature = 0u64;
+        // Read as the reply of a pipeline without AUTH (2 frames) and with.
+        for expected in [2, 3] {
+            let res = ctx.alloc("place::chosen", input.len(), 64, 1024 * 1024, || {
+                place::chosen(input, expected, &candidates)
+            })?;
+            let s = match res {
+                Ok((index, followed)) => {
+                    if index >= candidates.len() {
+                        return Err(format!("candidate {index} of {}", candidates.len()));
+                    }
+                    ctx.accepted += 1;
+                    match followed {
+                        Some(f) => {
+                            if f.record.is_empty() || f.record.len() > MAX_RECORD_BYTES {
+                                return Err(format!("followed record of {} bytes", f.record.len()));
+                            }
+                            check_claim_record(&f.record, &hashes)?.rotate_left(3)
+                        }
+                        None => sig("placed", ""),
+                    }
+                }
+                Err(PlaceError::Refused(e)) => {
+                    if e.chars().count() > place::REFUSAL_CHARS {
+                        return Err(format!("refusal of {} chars kept", e.chars().count()));
+                    }
+                    sig("refused", "")
+                }
+                Err(e) => sig("error", &format!("{e:?}")),
+            };
+            signature ^= s.rotate_left(expected as u32);
+        }
+        // The bytes as a record themselves: whatever a hostile Redis holds.
+        if let Ok(text) = std::str::from_utf8(input) {
+            signature ^= check_claim_record(text, &hashes)?.rotate_left(7);
+        }
+        Ok(signature)
+    });
+}
+
+fn scan_usage<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> Option<(u64, u64)> {
+    let mut scanner = UsageScanner::default();
+    for c in chunks {
+        scanner.feed(c);
+    }
+    scanner.found()
+}
+
+#[test]
+fn usage_in_answers() {
+    let spec = Spec {
+        target: "usage",
+        dict: vec![
+            b"\"prompt_tokens\"",
+            b"\"cached_tokens\"",
+            b"\"include_usage\"",
+            b":",
+            b" : ",
+            b"true",
+            b"18446744073709551615",
+            b"99999999999999999999",
+            b",",
+            b"}",
+            b"]",
+            b"\\\"",
+            b"data: ",
+            b"\n\n",
+        ],
+        nest: &[(b"{\"usage\":", b"}"), (b"[", b"]")],
+        grammar: usage_answer,
+        json: None,
+    };
+    fuzz(spec, |input, ctx| {
+        let whole = ctx.alloc("UsageScanner", input.len(), 0, 0, || scan_usage([input]))?;
+        // Chunks of any size read as the whole: a key or a value may
+        // straddle them.
+        let mut cuts: Vec<usize> = (0..ctx.rng.below(4))
+            .map(|_| ctx.rng.below(input.len() + 1))
+            .collect();
+        cuts.sort_unstable();
+        let mut chunks = Vec::new();
+        let mut from = 0;
+        for cut in cuts {
+            chunks.push(&input[from..cut]);
+            from = cut;
+        }
+        chunks.push(&input[from..]);
+        let chunked = scan_usage(chunks.iter().copied());
+        if chunked != whole {
+            return Err(format!("{chunked:?} in chunks, {whole:?} whole"));
+        }
+        // The first value of each key counts: what follows changes nothing.
+        if whole.is_some() {
+            let mut more = input.to_vec();
+            more.extend_from_slice(br#","prompt_tokens":1,"cached_tokens":2}"#);
+            if scan_usage([more.as_slice()]) != whole {
+                return Err("a later value replaced the first".into());
+            }
+        }
+        // A request body scanned for `include_usage` (a streamed one only).
+        let streamed = ctx.alloc("streams_without_usage", input.len(), 0, 0, || {
+            streams_without_usage(true, input)
+        })?;
+        if streams_without_usage(false, input) {
+            return Err("a request that does not stream read as streaming".into());
+        }
+        let signature = match whole {
+            Some((prompt, cached)) => {
+                ctx.accepted += 1;
+                let blocks = learned_blocks(cached, prompt, input.len(), 128);
+                if let Some(b) = blocks {
+                    if cached > prompt || prompt == 0 || b as usize > input.len() / 128 {
+                        return Err(format!("{b} blocks from {cached} of {prompt} tokens"));
+                    }
+                }
+                sig("found", &format!("{}", blocks.is_some()))
+            }
+            None => sig("none", ""),
+        };
+        Ok(signature ^ u64::from(streamed))
+    });
+}
+
 #[test]
 fn handoff_decode() {
     let spec = Spec {
@@ -2638,6 +2944,19 @@ fn corpus_inputs_are_valid() {
     }
     for (name, bytes) in seeds("config") {
         let res = Settings::from_json(&bytes);
+        assert_eq!(res.is_err(), name.starts_with("bad_"), "{name}: {res:?}");
+    }
+    for (name, bytes) in seeds("place") {
+        let candidates: Vec<Candidate> = ["a:1", "b:1", "c:1"]
+            .iter()
+            .map(|a| Candidate {
+                address: a.to_string(),
+                cost: 32,
+                step: 16,
+            })
+            .collect();
+        let expected = if bytes.starts_with(b"+OK") { 3 } else { 2 };
+        let res = place::chosen(&bytes, expected, &candidates);
         assert_eq!(res.is_err(), name.starts_with("bad_"), "{name}: {res:?}");
     }
     for (name, bytes) in seeds("clusters") {

@@ -12,7 +12,7 @@
 //! slots in that store, and [`meter`] keeps the path's stats in VM memory
 //! until the worker's tick flushes them.
 
-pub(crate) mod feedback;
+pub mod feedback;
 pub mod hashing;
 pub(crate) mod hold;
 pub mod latency;

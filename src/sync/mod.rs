@@ -41,7 +41,7 @@ pub(crate) mod keys;
 pub mod liveness;
 #[cfg(any(test, feature = "testkit"))]
 pub(crate) mod memredis;
-pub(crate) mod place;
+pub mod place;
 pub(crate) mod probe;
 mod reply;
 pub mod resp;

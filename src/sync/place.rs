@@ -59,7 +59,7 @@ pub(crate) const REAP_PER_CALL: usize = 4;
 /// Every placement key expires this long after its last write.
 pub(crate) const KEY_TTL_SECS: u64 = 3_600;
 /// Candidates one placement weighs at most (the worker's first ones).
-pub(crate) const MAX_CANDIDATES: usize = 32;
+pub const MAX_CANDIDATES: usize = 32;
 /// Members one release script carries (more go as further scripts of the
 /// same pipeline).
 const RELEASE_CHUNK: usize = 256;
@@ -148,10 +148,10 @@ return n";
 /// of the request there (in a fast pod's prefill blocks) and what each
 /// placed request in flight there adds to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Candidate {
-    pub(crate) address: String,
-    pub(crate) cost: i64,
-    pub(crate) step: i64,
+pub struct Candidate {
+    pub address: String,
+    pub cost: i64,
+    pub step: i64,
 }
 
 /// Shared-data key under which the singleton names the Redis Cluster
@@ -264,7 +264,7 @@ pub(crate) fn ask(
 
 /// Why a placement named no pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum PlaceError {
+pub enum PlaceError {
     /// No reply: the call failed or timed out.
     NoReply,
     /// Truncated or garbage, or not a name.
@@ -278,25 +278,25 @@ pub(crate) enum PlaceError {
 
 /// Characters of a Redis error kept in [`PlaceError::Refused`] (for the
 /// log; Redis's own errors are shorter).
-pub(crate) const REFUSAL_CHARS: usize = 120;
+pub const REFUSAL_CHARS: usize = 120;
 
 /// Longest claim record sent or read (see
 /// [`crate::route::router::shared_with_claim`]); a longer one read is
 /// ignored.
-pub(crate) const MAX_RECORD_BYTES: usize = 1_024;
+pub const MAX_RECORD_BYTES: usize = 1_024;
 
 /// A placement that followed its family's claim: how long ago the claim
 /// was set (Redis's clock) and what it recorded of the prompt that set it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Followed {
-    pub(crate) age_ms: u64,
-    pub(crate) record: String,
+pub struct Followed {
+    pub age_ms: u64,
+    pub record: String,
 }
 
 /// The index in `candidates` of the pod a complete reply of `expected`
 /// frames names, and the claim it followed, if any with a known age and a
 /// readable record.
-pub(crate) fn chosen(
+pub fn chosen(
     reply: &[u8],
     expected: usize,
     candidates: &[Candidate],

@@ -65,7 +65,7 @@ pub(crate) struct Plan {
 /// `cached_tokens` of `prompt_tokens` at the prompt's bytes per token. None
 /// for values no honest server sends (no prompt tokens, more cached than
 /// prompt tokens).
-pub(crate) fn learned_blocks(
+pub fn learned_blocks(
     cached_tokens: u64,
     prompt_tokens: u64,
     prompt_bytes: usize,
@@ -92,7 +92,7 @@ pub(crate) fn clearly_less(learned: u32, predicted: u32) -> bool {
 /// `"include_usage": true` in `body`): such an answer carries no
 /// `cached_tokens`, so it is not read at all. Only a streamed request's body
 /// is scanned.
-pub(crate) fn streams_without_usage(stream: bool, body: &[u8]) -> bool {
+pub fn streams_without_usage(stream: bool, body: &[u8]) -> bool {
     stream && !key_is_true(body, b"\"include_usage\"")
 }
 
@@ -239,7 +239,7 @@ impl KeyMatch {
 /// integer of at most 19 digits is no value. A quote inside a JSON string is
 /// escaped, so generated text cannot fake a key.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct UsageScanner {
+pub struct UsageScanner {
     prompt: KeyMatch,
     cached: KeyMatch,
 }
@@ -255,7 +255,7 @@ impl Default for UsageScanner {
 
 impl UsageScanner {
     /// Scans one more chunk; stops early once both values are known.
-    pub(crate) fn feed(&mut self, chunk: &[u8]) {
+    pub fn feed(&mut self, chunk: &[u8]) {
         for &b in chunk {
             if self.found().is_some() {
                 return;
@@ -266,7 +266,7 @@ impl UsageScanner {
     }
 
     /// (prompt tokens, cached tokens) once both were seen.
-    pub(crate) fn found(&self) -> Option<(u64, u64)> {
+    pub fn found(&self) -> Option<(u64, u64)> {
         Some((self.prompt.value?, self.cached.value?))
     }
 }

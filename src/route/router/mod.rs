@@ -682,8 +682,9 @@ mod probe;
 mod speed;
 
 #[cfg(test)]
-use placing::{claim_record, family_of};
-pub(crate) use placing::{shared_with_claim, Family, Outcome, Place};
+use placing::family_of;
+pub use placing::{claim_record, shared_with_claim, FAMILY_BLOCKS};
+pub(crate) use placing::{Family, Outcome, Place};
 pub use probe::sampled_positions;
 use probe::{longest_matches, Probe};
 use speed::slowness;

@@ -47,7 +47,7 @@ pub(crate) type Family = (u64, String);
 /// hold one for another's prefill, worth it only for a long shared prefix
 /// (4 KiB at the default `block_size`); a short common opening ("You are a
 /// helpful assistant") makes no family.
-pub(crate) const FAMILY_BLOCKS: usize = 32;
+pub const FAMILY_BLOCKS: usize = 32;
 
 /// A prompt's family across replicas: XXH64 of its model name, seeded
 /// with the hash of its block [`FAMILY_BLOCKS`]` - 1` (by the chain, its
@@ -70,7 +70,7 @@ const MAX_RECORD_ENTRIES: usize = 40;
 /// last block, as `position:hash` (hex) joined by `,`, positions rising.
 /// At most [`MAX_RECORD_ENTRIES`] entries, under 1,000 bytes; empty for a
 /// prompt shorter than a family.
-pub(crate) fn claim_record(hashes: &[u64]) -> String {
+pub fn claim_record(hashes: &[u64]) -> String {
     let mut out = String::new();
     let Some(last) = hashes
         .len()
@@ -111,7 +111,7 @@ fn push_entry(out: &mut String, at: usize, hash: u64) {
 /// also has, and the claiming prompt's blocks. None when the record is
 /// unreadable (positions not rising, or not below `u32::MAX`) or shares no
 /// recorded position.
-pub(crate) fn shared_with_claim(record: &str, hashes: &[u64]) -> Option<(usize, usize)> {
+pub fn shared_with_claim(record: &str, hashes: &[u64]) -> Option<(usize, usize)> {
     let mut shared = 0;
     let mut total = 0;
     for (n, entry) in record.split(',').enumerate() {
