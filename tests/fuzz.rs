@@ -1086,6 +1086,18 @@ fn resp_pipeline(r: &mut SplitMix64) -> Vec<u8> {
     out
 }
 
+/// The candidates a placement of the `place` target offered Redis.
+fn place_candidates() -> Vec<Candidate> {
+    ["a:1", "b:1", "c:1"]
+        .iter()
+        .map(|a| Candidate {
+            address: a.to_string(),
+            cost: 32,
+            step: 16,
+        })
+        .collect()
+}
+
 /// The follower's prompt of the `place` target: 200 blocks, of which a
 /// claim record's first positions are the claim's own (1000 + position).
 fn place_hashes() -> Vec<u64> {
@@ -2663,14 +2675,7 @@ fn place_reply_and_claim_record() {
         grammar: place_reply,
         json: None,
     };
-    let candidates: Vec<Candidate> = ["a:1", "b:1", "c:1"]
-        .iter()
-        .map(|a| Candidate {
-            address: a.to_string(),
-            cost: 32,
-            step: 16,
-        })
-        .collect();
+    let candidates = place_candidates();
     let hashes = place_hashes();
     fuzz(spec, |input, ctx| {
         let mut signature = 0u64;
@@ -2946,15 +2951,8 @@ fn corpus_inputs_are_valid() {
         let res = Settings::from_json(&bytes);
         assert_eq!(res.is_err(), name.starts_with("bad_"), "{name}: {res:?}");
     }
+    let candidates = place_candidates();
     for (name, bytes) in seeds("place") {
-        let candidates: Vec<Candidate> = ["a:1", "b:1", "c:1"]
-            .iter()
-            .map(|a| Candidate {
-                address: a.to_string(),
-                cost: 32,
-                step: 16,
-            })
-            .collect();
         let expected = if bytes.starts_with(b"+OK") { 3 } else { 2 };
         let res = place::chosen(&bytes, expected, &candidates);
         assert_eq!(res.is_err(), name.starts_with("bad_"), "{name}: {res:?}");
