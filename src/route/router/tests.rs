@@ -802,8 +802,8 @@ fn a_claim_record_tells_a_follower_what_it_shares_and_is_bounded() {
     ] {
         assert_eq!(shared_with_claim(bad, &a), None, "{bad:?}");
     }
-    // The last position a usize holds (either width): no block is there, and
-    // the position after it does not exist.
+    // A position of u32::MAX or usize::MAX is garbage, not a length of
+    // u32::MAX + 1 or an overflow.
     for max in [format!("{}", usize::MAX), format!("{}", u32::MAX)] {
         let bad = format!("31:407,{max}:1");
         assert_eq!(shared_with_claim(&bad, &a), None, "{bad:?}");
