@@ -1098,8 +1098,8 @@ fn place_candidates() -> Vec<Candidate> {
         .collect()
 }
 
-/// The follower's prompt of the `place` target: 200 blocks, of which a
-/// claim record's first positions are the claim's own (1000 + position).
+/// The follower's prompt of the `place` target: 200 blocks, block `i`'s
+/// hash being `1000 + i`, so records of prompts that start alike share some.
 fn place_hashes() -> Vec<u64> {
     (1000..1200).collect()
 }
@@ -2718,6 +2718,7 @@ fn place_reply_and_claim_record() {
     });
 }
 
+/// What a [`UsageScanner`] finds in `chunks`, fed one after the other.
 fn scan_usage<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> Option<(u64, u64)> {
     let mut scanner = UsageScanner::default();
     for c in chunks {
