@@ -58,12 +58,14 @@ use envoy_prefix_router::signals::{self, MetricNames, SignalView};
 use envoy_prefix_router::sync::handoff::{self, DirtySet};
 use envoy_prefix_router::sync::liveness::Heartbeat;
 use envoy_prefix_router::sync::place::{self, Candidate, PlaceError, MAX_RECORD_BYTES};
+use envoy_prefix_router::sync::reply::{redirect, Redirect};
 use envoy_prefix_router::sync::resp::{
     self, Frame, ParseError, ReplyError, MAX_ARRAY_LEN, MAX_BULK_LEN, MAX_DEPTH,
 };
 use envoy_prefix_router::sync::syncables::{
     BlockPayload, Clock, LoadReport, PodLoadSync, PrefixCacheSync,
 };
+use envoy_prefix_router::sync::topology::SlotMap;
 use envoy_prefix_router::sync::Syncable;
 
 // ---------------------------------------------------------------------------
@@ -1224,6 +1226,84 @@ fn usage_answer(r: &mut SplitMix64) -> Vec<u8> {
         out
     };
     out.into_bytes()
+}
+
+/// A Redis Cluster reply: `CLUSTER SLOTS` (ranges, each with its master
+/// and a replica; hosts, ports and bounds from edges) or a redirection.
+fn cluster_reply(r: &mut SplitMix64) -> Vec<u8> {
+    let bounds: [i64; 8] = [0, 1, 5460, 5461, 16383, 16384, -1, 65535];
+    let hosts = [
+        "10.0.0.1", "10.0.0.2", "", "?", "::1", "a b", "\u{e9}", "h\n",
+    ];
+    let ports: [i64; 6] = [7000, 7001, 0, 65535, 65536, -1];
+    let frame = if r.below(2) == 0 {
+        // A whole, valid map: 1-4 masters splitting the slots at random.
+        let mut cuts: Vec<i64> = (0..r.below(4))
+            .map(|_| 1 + r.below(16_383) as i64)
+            .collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let starts: Vec<i64> = std::iter::once(0).chain(cuts.iter().copied()).collect();
+        let ends: Vec<i64> = cuts.iter().map(|c| c - 1).chain([16_383]).collect();
+        Frame::Array(
+            starts
+                .iter()
+                .zip(&ends)
+                .enumerate()
+                .map(|(i, (&lo, &hi))| {
+                    let host = ["10.0.0.1", "10.0.0.2", "", "::1"][r.below(4)];
+                    Frame::Array(vec![
+                        Frame::Integer(lo),
+                        Frame::Integer(hi),
+                        Frame::Array(vec![
+                            Frame::Bulk(host.as_bytes().to_vec()),
+                            Frame::Integer(7000 + i as i64),
+                        ]),
+                    ])
+                })
+                .collect(),
+        )
+    } else if r.below(2) == 0 {
+        let kind = ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", ""][r.below(5)];
+        let slot = bounds[r.below(bounds.len())];
+        let node = [
+            "10.0.0.1:7000",
+            ":7000",
+            "10.0.0.1:",
+            "10.0.0.1:x",
+            "[::1]:7000",
+            "",
+        ][r.below(6)];
+        Frame::Error(format!("{kind} {slot} {node}"))
+    } else {
+        let node = |r: &mut SplitMix64| {
+            Frame::Array(vec![
+                Frame::Bulk(hosts[r.below(hosts.len())].as_bytes().to_vec()),
+                Frame::Integer(ports[r.below(ports.len())]),
+                Frame::Bulk(b"id".to_vec()),
+            ])
+        };
+        Frame::Array(
+            (0..r.below(5))
+                .map(|_| {
+                    let mut lo = bounds[r.below(bounds.len())];
+                    let mut hi = bounds[r.below(bounds.len())];
+                    if r.below(4) != 0 && lo > hi {
+                        std::mem::swap(&mut lo, &mut hi);
+                    }
+                    Frame::Array(vec![
+                        Frame::Integer(lo),
+                        Frame::Integer(hi),
+                        node(r),
+                        node(r),
+                    ])
+                })
+                .collect(),
+        )
+    };
+    let mut out = Vec::new();
+    frame.encode(&mut out);
+    out
 }
 
 fn id_and_payload(r: &mut SplitMix64, ids: &[&str], payload: &[u8]) -> Vec<u8> {
@@ -2802,6 +2882,105 @@ fn usage_in_answers() {
     });
 }
 
+/// A node address as the cluster code keeps it: a host, then `:` and a
+/// non-zero port.
+fn is_node_address(node: &str) -> bool {
+    matches!(node.rsplit_once(':'), Some((host, port))
+        if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
+}
+
+#[test]
+fn cluster_slots_and_redirects() {
+    let spec = Spec {
+        target: "cluster",
+        dict: vec![
+            b"*1\r\n",
+            b"*3\r\n",
+            b"*4\r\n",
+            b":0\r\n",
+            b":16383\r\n",
+            b":16384\r\n",
+            b":-1\r\n",
+            b":7000\r\n",
+            b":65536\r\n",
+            b"$8\r\n10.0.0.1\r\n",
+            b"$0\r\n\r\n",
+            b"$1\r\n?\r\n",
+            b"-MOVED 3999 10.0.0.2:7001\r\n",
+            b"-ASK 3999 10.0.0.2:7001\r\n",
+            b"-TRYAGAIN\r\n",
+        ],
+        nest: &[(b"*1\r\n", b""), (b"*4\r\n:0\r\n:1\r\n", b"*0\r\n")],
+        grammar: cluster_reply,
+        json: None,
+    };
+    const SLOTS: u16 = 16_384;
+    fuzz(spec, |input, ctx| {
+        let Ok((frame, _)) = resp::parse(input) else {
+            return Ok(sig("not-a-frame", ""));
+        };
+        let map = ctx.alloc("SlotMap::parse", input.len(), 64, 64 * 1024, || {
+            SlotMap::parse(&frame, Some("10.0.0.9:7000"))
+        })?;
+        let mut signature = match map {
+            Some(mut map) => {
+                ctx.accepted += 1;
+                let nodes: Vec<String> = map.nodes().iter().map(|n| n.to_string()).collect();
+                if nodes.is_empty() || !nodes.iter().all(|n| is_node_address(n)) {
+                    return Err(format!("nodes {nodes:?}"));
+                }
+                let slots: Vec<u16> = (0..8)
+                    .map(|_| ctx.rng.below(usize::from(SLOTS)) as u16)
+                    .chain([0, SLOTS - 1])
+                    .collect();
+                let before: Vec<Option<String>> = slots
+                    .iter()
+                    .map(|&s| map.owner(s).map(str::to_string))
+                    .collect();
+                if before.iter().flatten().any(|o| !nodes.contains(o)) {
+                    return Err(format!("an owner among {before:?} is not one of {nodes:?}"));
+                }
+                // A MOVED patch moves that slot and no other.
+                let moved = slots[ctx.rng.below(slots.len())];
+                map.set_owner(moved, "10.0.0.8:7008");
+                for (&s, was) in slots.iter().zip(&before) {
+                    let now = map.owner(s);
+                    let want = if s == moved {
+                        Some("10.0.0.8:7008")
+                    } else {
+                        was.as_deref()
+                    };
+                    if now != want {
+                        return Err(format!(
+                            "slot {s}: {now:?} after moving {moved}, want {want:?}"
+                        ));
+                    }
+                }
+                sig("slots", &format!("{}", nodes.len().min(4)))
+            }
+            None => sig("no-map", ""),
+        };
+        signature ^= match redirect(&frame) {
+            Some(Redirect::Moved { slot, node }) => {
+                if slot >= SLOTS || !is_node_address(&node) {
+                    return Err(format!("MOVED {slot} {node:?}"));
+                }
+                sig("moved", "")
+            }
+            Some(Redirect::Ask { node }) => {
+                if !is_node_address(&node) {
+                    return Err(format!("ASK {node:?}"));
+                }
+                sig("ask", "")
+            }
+            Some(Redirect::TryAgain) => sig("tryagain", ""),
+            None => sig("no-redirect", ""),
+        }
+        .rotate_left(1);
+        Ok(signature)
+    });
+}
+
 #[test]
 fn handoff_decode() {
     let spec = Spec {
@@ -2957,6 +3136,12 @@ fn corpus_inputs_are_valid() {
         let expected = if bytes.starts_with(b"+OK") { 3 } else { 2 };
         let res = place::chosen(&bytes, expected, &candidates);
         assert_eq!(res.is_err(), name.starts_with("bad_"), "{name}: {res:?}");
+    }
+    for (name, bytes) in seeds("cluster") {
+        let (frame, _) = resp::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let read =
+            SlotMap::parse(&frame, Some("10.0.0.9:7000")).is_some() || redirect(&frame).is_some();
+        assert!(read, "{name}");
     }
     for (name, bytes) in seeds("clusters") {
         let res = parse_clusters(&bytes, "pods", PodNaming::Hostname);

@@ -43,7 +43,7 @@ pub mod liveness;
 pub(crate) mod memredis;
 pub mod place;
 pub(crate) mod probe;
-mod reply;
+pub mod reply;
 pub mod resp;
 pub(crate) mod schedule;
 pub(crate) mod settings;
@@ -52,7 +52,7 @@ pub(crate) mod syncable;
 pub mod syncables;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
-pub(crate) mod topology;
+pub mod topology;
 
 #[cfg(test)]
 mod cluster_tests;

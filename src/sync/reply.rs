@@ -16,7 +16,7 @@ pub(crate) fn check_errors(frames: Vec<Frame>) -> Result<Vec<Frame>, SyncError> 
 
 /// A Redis Cluster redirection or retry reply to one command.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Redirect {
+pub enum Redirect {
     /// `-MOVED slot host:port`: the slot lives on that node now.
     Moved { slot: u16, node: String },
     /// `-ASK slot host:port`: the slot is being migrated; ask that node
@@ -27,7 +27,7 @@ pub(crate) enum Redirect {
 }
 
 /// The redirection an error frame carries, if any.
-pub(crate) fn redirect(frame: &Frame) -> Option<Redirect> {
+pub fn redirect(frame: &Frame) -> Option<Redirect> {
     let Frame::Error(msg) = frame else {
         return None;
     };
@@ -38,10 +38,12 @@ pub(crate) fn redirect(frame: &Frame) -> Option<Redirect> {
     }
     let slot: u16 = words.next()?.parse().ok()?;
     let node = words.next()?;
-    // host:port with a numeric port; the host may be empty (the node that
-    // answered) only in CLUSTER SLOTS, never in a redirect.
+    // host:port with a numeric port that is not 0 (as CLUSTER SLOTS is
+    // read); the host may be empty (the node that answered) only in CLUSTER
+    // SLOTS, never in a redirect.
     let (host, port) = node.rsplit_once(':')?;
-    if host.is_empty() || port.parse::<u16>().is_err() || slot >= crate::sync::keys::SLOTS {
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
+    if host.is_empty() || !port_ok || slot >= crate::sync::keys::SLOTS {
         return None;
     }
     let node = node.to_owned();
@@ -139,4 +141,52 @@ pub(crate) fn log_entries(frame: Frame) -> Result<Vec<LogEntry>, SyncError> {
 
 pub(crate) fn proto(msg: &str) -> SyncError {
     SyncError::Protocol(msg.to_owned())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn err(msg: &str) -> Frame {
+        Frame::Error(msg.into())
+    }
+
+    #[test]
+    fn a_redirect_names_a_slot_and_a_reachable_node() {
+        assert_eq!(
+            redirect(&err("MOVED 3999 10.0.0.2:7001")),
+            Some(Redirect::Moved {
+                slot: 3999,
+                node: "10.0.0.2:7001".into()
+            })
+        );
+        assert_eq!(
+            redirect(&err("ASK 3999 10.0.0.2:7001")),
+            Some(Redirect::Ask {
+                node: "10.0.0.2:7001".into()
+            })
+        );
+        assert_eq!(
+            redirect(&err("TRYAGAIN Multiple keys")),
+            Some(Redirect::TryAgain)
+        );
+        // No such slot, no host, no port or port 0 (no node listens there),
+        // not an error reply, another error: no redirection.
+        for bad in [
+            err("MOVED 16384 10.0.0.2:7001"),
+            err("MOVED 3999 :7001"),
+            err("MOVED 3999 10.0.0.2"),
+            err("MOVED 3999 10.0.0.2:x"),
+            err("MOVED 3999 10.0.0.2:0"),
+            err("ASK 3999 10.0.0.2:0"),
+            err("MOVED 3999"),
+            err("CLUSTERDOWN The cluster is down"),
+            Frame::Simple("MOVED 3999 10.0.0.2:7001".into()),
+        ] {
+            assert_eq!(redirect(&bad), None, "{bad:?}");
+        }
+    }
 }

@@ -11,7 +11,7 @@ const MAX_RANGES: usize = SLOTS as usize;
 
 /// Owner of every slot that has one: `ranges` sorted by start, disjoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct SlotMap {
+pub struct SlotMap {
     /// `(first slot, last slot, master "host:port")`.
     ranges: Vec<(u16, u16, String)>,
 }
@@ -21,7 +21,7 @@ impl SlotMap {
     /// replicas...], ...]`. A master with an empty host (Redis: "the node
     /// that answered") is `asked`'s host. None for a malformed reply or one
     /// that names no usable master.
-    pub(crate) fn parse(frame: &Frame, asked: Option<&str>) -> Option<Self> {
+    pub fn parse(frame: &Frame, asked: Option<&str>) -> Option<Self> {
         let Frame::Array(entries) = frame else {
             return None;
         };
@@ -65,7 +65,7 @@ impl SlotMap {
     }
 
     /// The master owning `slot`, if known.
-    pub(crate) fn owner(&self, slot: u16) -> Option<&str> {
+    pub fn owner(&self, slot: u16) -> Option<&str> {
         let i = self
             .ranges
             .partition_point(|r| r.0 <= slot)
@@ -76,7 +76,7 @@ impl SlotMap {
 
     /// A `MOVED` reply: `slot` is `node`'s now (until the next `CLUSTER
     /// SLOTS` read tells the whole picture).
-    pub(crate) fn set_owner(&mut self, slot: u16, node: &str) {
+    pub fn set_owner(&mut self, slot: u16, node: &str) {
         let mut out = Vec::with_capacity(self.ranges.len() + 2);
         for (start, end, owner) in self.ranges.drain(..) {
             if slot < start || slot > end {
@@ -96,7 +96,7 @@ impl SlotMap {
     }
 
     /// The distinct masters, in slot order of their first range.
-    pub(crate) fn nodes(&self) -> Vec<&str> {
+    pub fn nodes(&self) -> Vec<&str> {
         let mut nodes: Vec<&str> = Vec::new();
         for (_, _, node) in &self.ranges {
             if !nodes.contains(&node.as_str()) {
