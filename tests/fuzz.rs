@@ -2882,11 +2882,14 @@ fn usage_in_answers() {
     });
 }
 
-/// A node address as the cluster code keeps it: a host, then `:` and a
-/// non-zero port.
+/// A node address as the cluster code keeps it, the form Envoy's
+/// `ORIGINAL_DST` header takes: a host, then `:` and a non-zero port, a host
+/// with a `:` (IPv6) in brackets.
 fn is_node_address(node: &str) -> bool {
     matches!(node.rsplit_once(':'), Some((host, port))
-        if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
+        if !host.is_empty()
+            && port.parse::<u16>().is_ok_and(|p| p > 0)
+            && (!host.contains(':') || (host.starts_with('[') && host.ends_with(']'))))
 }
 
 #[test]
@@ -2908,6 +2911,8 @@ fn cluster_slots_and_redirects() {
             b"$1\r\n?\r\n",
             b"-MOVED 3999 10.0.0.2:7001\r\n",
             b"-ASK 3999 10.0.0.2:7001\r\n",
+            b"-MOVED 3999 fd00::2:7001\r\n",
+            b"$7\r\nfd00::2\r\n",
             b"-TRYAGAIN\r\n",
         ],
         nest: &[(b"*1\r\n", b""), (b"*4\r\n:0\r\n:1\r\n", b"*0\r\n")],

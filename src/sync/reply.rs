@@ -17,10 +17,11 @@ pub(crate) fn check_errors(frames: Vec<Frame>) -> Result<Vec<Frame>, SyncError> 
 /// A Redis Cluster redirection or retry reply to one command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Redirect {
-    /// `-MOVED slot host:port`: the slot lives on that node now.
+    /// `-MOVED slot host:port`: the slot lives on that node now (an IPv6
+    /// host in brackets, as in the slot map).
     Moved { slot: u16, node: String },
     /// `-ASK slot host:port`: the slot is being migrated; ask that node
-    /// once (after `ASKING`).
+    /// once (after `ASKING`). The node is written as in `Moved`.
     Ask { node: String },
     /// `-TRYAGAIN`: a multi-key command on a slot half migrated.
     TryAgain,
@@ -42,11 +43,13 @@ pub fn redirect(frame: &Frame) -> Option<Redirect> {
     // read); the host may be empty (the node that answered) only in CLUSTER
     // SLOTS, never in a redirect.
     let (host, port) = node.rsplit_once(':')?;
-    let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
-    if host.is_empty() || !port_ok || slot >= crate::sync::keys::SLOTS {
+    let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
+    if host.is_empty() || slot >= crate::sync::keys::SLOTS {
         return None;
     }
-    let node = node.to_owned();
+    // Redis writes an IPv6 node bare (`::1:7001`); kept as the slot map
+    // keeps it, bracketed, for `ORIGINAL_DST`'s header.
+    let node = crate::sync::topology::node_address(host, port);
     match kind {
         "MOVED" => Some(Redirect::Moved { slot, node }),
         "ASK" => Some(Redirect::Ask { node }),
@@ -172,6 +175,32 @@ mod tests {
         assert_eq!(
             redirect(&err("TRYAGAIN Multiple keys")),
             Some(Redirect::TryAgain)
+        );
+        // Redis writes an IPv6 node bare (`"%s:%d"` of its address); it is
+        // kept bracketed, as the slot map keeps it from CLUSTER SLOTS, so a
+        // MOVED patch names the node the way the next read of the map will.
+        let from_slots = crate::sync::topology::SlotMap::parse(
+            &Frame::Array(vec![Frame::Array(vec![
+                Frame::Integer(0),
+                Frame::Integer(16383),
+                Frame::Array(vec![Frame::Bulk(b"fd00::2".to_vec()), Frame::Integer(7001)]),
+            ])]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(from_slots.owner(3999), Some("[fd00::2]:7001"));
+        assert_eq!(
+            redirect(&err("MOVED 3999 fd00::2:7001")),
+            Some(Redirect::Moved {
+                slot: 3999,
+                node: "[fd00::2]:7001".into()
+            })
+        );
+        assert_eq!(
+            redirect(&err("ASK 3999 [fd00::2]:7001")),
+            Some(Redirect::Ask {
+                node: "[fd00::2]:7001".into()
+            })
         );
         // No such slot, no host, no port or port 0 (no node listens there),
         // not an error reply, another error: no redirection.

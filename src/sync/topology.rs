@@ -109,8 +109,8 @@ impl SlotMap {
 
 /// `host:port`, with an IPv6 host in brackets (what Envoy's `ORIGINAL_DST`
 /// header expects).
-fn node_address(host: &str, port: u16) -> String {
-    if host.contains(':') && !host.starts_with('[') {
+pub(crate) fn node_address(host: &str, port: u16) -> String {
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
         format!("[{host}]:{port}")
     } else {
         format!("{host}:{port}")
