@@ -20,7 +20,7 @@ import sys
 
 
 def percentile(xs, q):
-    """The q-quantile of sorted `xs` by nearest rank below (as the tables round)."""
+    """The q-quantile of sorted `xs`: the element at rank floor(len x q)."""
     return xs[min(len(xs) - 1, int(len(xs) * q))]
 
 
