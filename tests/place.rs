@@ -8,7 +8,8 @@
 //! family's new prompts on one pod, and a follower waits there for the
 //! first one's prefill and hits.
 //!
-//! Pods answer 8 tokens at 150 ms each: a request stays in flight ~1 s.
+//! Pods answer a token every 150 ms: a request asking for [`TOKENS`]
+//! stays in flight ~1.2 s, one asking for [`LONG`] ~3.6 s.
 
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -75,24 +76,47 @@ fn new_prompt(tag: &str) -> String {
     )
 }
 
+/// Output tokens of a request: ~1.2 s in flight.
+const TOKENS: u32 = 8;
+/// Output tokens of a request that must still be in flight when the other
+/// replica's placement reads Redis: ~3.6 s, so a slow or busy machine's
+/// delays between the two do not end it first.
+const LONG: u32 = 24;
+
 /// Sends `prompt` through replica `i` on a thread; the pod that answered.
 fn send_async(f: &Fleet, i: usize, prompt: String) -> thread::JoinHandle<String> {
-    let reply = post_async(f, i, prompt, false);
+    send_tokens_async(f, i, prompt, TOKENS)
+}
+
+/// [`send_async`] asking for [`LONG`] tokens.
+fn send_long_async(f: &Fleet, i: usize, prompt: String) -> thread::JoinHandle<String> {
+    send_tokens_async(f, i, prompt, LONG)
+}
+
+fn send_tokens_async(
+    f: &Fleet,
+    i: usize,
+    prompt: String,
+    tokens: u32,
+) -> thread::JoinHandle<String> {
+    let reply = post_async(f, i, prompt, false, tokens);
     thread::spawn(move || reply.join().unwrap().expect_pod())
 }
 
-/// Sends `prompt` through replica `i` on a thread, streamed if `stream`;
-/// the reply (a 200).
+/// Sends `prompt` through replica `i` on a thread, streamed if `stream`,
+/// asking for `tokens`; the reply (a 200).
 fn post_async(
     f: &Fleet,
     i: usize,
     prompt: String,
     stream: bool,
+    tokens: u32,
 ) -> thread::JoinHandle<harness::Reply> {
     let base = f.replicas[i].base_url();
     thread::spawn(move || {
         let mut body: serde_json::Value =
             serde_json::from_str(&harness::completion_body(&json!(prompt))).unwrap();
+        body["max_tokens"] = json!(tokens);
         if stream {
             body["stream"] = json!(true);
         }
@@ -109,11 +133,24 @@ fn post_async(
     })
 }
 
-/// Waits (5 s at most) until Redis counts `n` placed requests in flight.
-fn wait_placed(redis: &RedisAt, n: i64, when: &str) {
-    assert!(
-        wait_until(Duration::from_secs(5), || total(redis) == n),
-        "{when}: Redis counts {:?}",
+/// Waits (5 s at most) until Redis counts `n` placed requests in flight;
+/// a failure names, with Redis's counts, what each replica counted of its
+/// placements.
+fn wait_placed(f: &Fleet, redis: &RedisAt, n: i64, when: &str) {
+    if wait_until(Duration::from_secs(5), || total(redis) == n) {
+        return;
+    }
+    let counted: Vec<_> = f
+        .replicas
+        .iter()
+        .map(|r| {
+            let mut s = r.settled_stats();
+            s.retain(|k, _| k.contains(".place.") || k.contains(".routed."));
+            s
+        })
+        .collect();
+    panic!(
+        "{when}: Redis counts {:?}; the replicas counted {counted:?}",
         placed(redis)
     );
 }
@@ -142,9 +179,9 @@ fn a_replica_places_a_new_prompt_on_the_pod_the_other_left_free() {
     for round in 0..3 {
         // A sends three new prompts at once: three pods, one each.
         let a: Vec<_> = (0..3)
-            .map(|k| send_async(&f, 0, new_prompt(&format!("r{round}a{k}"))))
+            .map(|k| send_long_async(&f, 0, new_prompt(&format!("r{round}a{k}"))))
             .collect();
-        wait_placed(&redis, 3, &format!("round {round}"));
+        wait_placed(&f, &redis, 3, &format!("round {round}"));
         assert_eq!(placed(&redis).len(), 3, "one per pod: {:?}", placed(&redis));
         // B knows nothing of them but through Redis: the fourth pod.
         let b = send_async(&f, 1, new_prompt(&format!("r{round}b")));
@@ -157,6 +194,7 @@ fn a_replica_places_a_new_prompt_on_the_pod_the_other_left_free() {
         );
         // Ended requests leave Redis on the tick.
         wait_placed(
+            &f,
             &redis,
             0,
             &format!("round {round}: ended requests released"),
@@ -199,25 +237,25 @@ fn a_family_follows_its_claim_which_the_follower_does_not_extend() {
     let redis = RedisAt::of(f.redis.as_ref().unwrap());
     // B times a prefill of its own first (a streamed new prompt): a
     // follower that can wait follows a claim whose pod is busy.
-    post_async(&f, 1, harness::text(11, 8300), true)
+    post_async(&f, 1, harness::text(11, 8300), true, TOKENS)
         .join()
         .unwrap();
-    wait_placed(&redis, 0, "B's own prompt ended");
+    wait_placed(&f, &redis, 0, "B's own prompt ended");
     let warm = redis.scan("{aibrix:pl}:c:*");
     // Over 32 128-byte blocks shared, then the prompts differ.
     let family = "the same opening for every prompt of this family. ".repeat(90);
-    let a = send_async(&f, 0, format!("{family} and then the first question"));
-    wait_placed(&redis, 1, "A placed");
+    let a = send_long_async(&f, 0, format!("{family} and then the first question"));
+    wait_placed(&f, &redis, 1, "A placed");
     let mut claims = redis.scan("{aibrix:pl}:c:*");
     claims.retain(|c| !warm.contains(c));
     assert_eq!(claims.len(), 1, "{claims:?}");
     let ttl_first = redis.cmd(&["PTTL", &claims[0]]).int();
     assert!(ttl_first > 4000, "{ttl_first}");
     thread::sleep(Duration::from_millis(400));
-    // A's request is still in flight (~1 s): by count B would pick an idle pod.
+    // A's request is still in flight (~3.6 s): by count B would pick an idle pod.
     assert_eq!(total(&redis), 1);
     let b = send_async(&f, 1, format!("{family} and then another question"));
-    wait_placed(&redis, 2, "B placed");
+    wait_placed(&f, &redis, 2, "B placed");
     let ttl_after = redis.cmd(&["PTTL", &claims[0]]).int();
     assert!(
         ttl_after > 0 && ttl_after <= ttl_first - 300,
@@ -242,10 +280,10 @@ fn a_follower_that_cannot_wait_leaves_a_busy_claim() {
     let f = fleet_with("place-claim-busy", json!({ "place_claim_ms": 5000 }));
     let redis = RedisAt::of(f.redis.as_ref().unwrap());
     let family = "an opening shared by every prompt of this family. ".repeat(90);
-    let a = send_async(&f, 0, format!("{family} and then the first question"));
-    wait_placed(&redis, 1, "A placed");
+    let a = send_long_async(&f, 0, format!("{family} and then the first question"));
+    wait_placed(&f, &redis, 1, "A placed");
     assert_eq!(redis.scan("{aibrix:pl}:c:*").len(), 1, "A's claim");
-    // A's request is in flight (~1 s); B has timed nothing.
+    // A's request is in flight (~3.6 s); B has timed nothing.
     let b = send_async(&f, 1, format!("{family} and then another question"));
     let (a, b) = (a.join().unwrap(), b.join().unwrap());
     assert_ne!(a, b, "B placed by cost, away from A's busy pod");
@@ -257,29 +295,37 @@ fn a_follower_that_cannot_wait_leaves_a_busy_claim() {
 /// claim and computes the prefix on another pod.
 #[test]
 fn a_claims_follower_waits_for_the_other_replicas_prefill_and_hits() {
-    // 8,192 bytes of prefix are ~2,050 podsim tokens: ~600 ms of prefill.
+    // 8,192 bytes of prefix are ~2,050 podsim tokens: ~2 s of prefill,
+    // within which B must arrive (a slow machine's delays stay well
+    // inside it); `hold.max_ms` lets B wait that long.
     let pods = [
         "--decode-us-per-token",
         "20000",
         "--prefill-us-per-token",
-        "300",
+        "1000",
     ];
     for hold in [true, false] {
         let f = fleet_of(
             "place-claim-hold",
             &pods,
             json!({ "place_claim_ms": 5000 }),
-            json!({ "hold": { "enabled": hold } }),
+            json!({ "hold": { "enabled": hold, "max_ms": 3000 } }),
         );
         let redis = RedisAt::of(f.redis.as_ref().unwrap());
         // B times one prefill of its own (a streamed new prompt).
-        let warm = post_async(&f, 1, harness::text(11, 8300), true)
+        let warm = post_async(&f, 1, harness::text(11, 8300), true, TOKENS)
             .join()
             .unwrap();
         assert!(warm.body.contains("data:"), "streamed: {}", warm.body);
         // 64 blocks shared, then each prompt its own question.
         let prefix = harness::text(1, 8192);
-        let a = post_async(&f, 0, format!("{prefix}{}", harness::text(2, 300)), false);
+        let a = post_async(
+            &f,
+            0,
+            format!("{prefix}{}", harness::text(2, 300)),
+            false,
+            TOKENS,
+        );
         assert!(
             wait_until(Duration::from_secs(5), || redis
                 .scan("{aibrix:pl}:c:*")
@@ -289,7 +335,13 @@ fn a_claims_follower_waits_for_the_other_replicas_prefill_and_hits() {
             redis.scan("{aibrix:pl}:c:*")
         );
         thread::sleep(Duration::from_millis(200));
-        let b = post_async(&f, 1, format!("{prefix}{}", harness::text(3, 300)), false);
+        let b = post_async(
+            &f,
+            1,
+            format!("{prefix}{}", harness::text(3, 300)),
+            false,
+            TOKENS,
+        );
         let (a, b) = (a.join().unwrap(), b.join().unwrap());
         // With hold off B cannot wait: it leaves the busy claim.
         assert_eq!(b.served_by() == a.served_by(), hold, "B followed the claim");

@@ -44,10 +44,12 @@ pub fn cli(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// One cluster-enabled `redis-server` on a free port (files in
-/// `dir/node-<i>`), answering PING.
+/// One cluster-enabled `redis-server` on a free port, its cluster bus on
+/// another (not Redis's default of the port + 10000, which nothing
+/// reserved), files in `dir/node-<i>`, answering PING.
 pub fn spawn_node(dir: &Path, i: usize) -> Node {
     let port = free_port();
+    let bus = free_port();
     let node_dir = dir.join(format!("node-{i}"));
     std::fs::create_dir_all(&node_dir).expect("node dir");
     let child = crate::spawn_owned(
@@ -55,6 +57,7 @@ pub fn spawn_node(dir: &Path, i: usize) -> Node {
             .current_dir(&node_dir)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-port", &bus.to_string()])
             .args(["--cluster-config-file", "nodes.conf"])
             .args(["--cluster-node-timeout", "2000"])
             .args(["--save", "", "--appendonly", "no"])
