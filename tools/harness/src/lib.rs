@@ -210,7 +210,8 @@ fn listen_range() -> Option<(u16, u16)> {
 }
 
 /// The next of a xorshift sequence seeded by the process id and the time
-/// (processes started together pick different ports).
+/// (processes started together are unlikely to pick the same ports; each
+/// process keeps only its own from repeating, [`HANDED_OUT`]).
 fn next_random() -> u64 {
     let mut state = PORT_RNG.lock().unwrap_or_else(|e| e.into_inner());
     if *state == 0 {
