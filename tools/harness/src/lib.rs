@@ -174,7 +174,7 @@ static PORT_RNG: Mutex<u64> = Mutex::new(0);
 /// handed out before (tests in one binary run in parallel).
 ///
 /// Picked at random below the kernel's ephemeral range when that leaves
-/// room ([`listen_range`]): a port from that range (`bind` to port 0) can
+/// room (`listen_range`): a port from that range (`bind` to port 0) can
 /// be taken, between this call and its server's `bind`, by any outgoing
 /// connection on the machine (an Envoy's to its pods), and the server
 /// then fails to start.
