@@ -895,15 +895,56 @@ impl Envoy {
 }
 
 impl Drop for Envoy {
+    /// Kills Envoy; in a failing test, first prints the filter's non-zero
+    /// stats (as of the worker VMs' last tick) and then the log's tail, so
+    /// a failure seen only in CI's output says what the filter counted.
     fn drop(&mut self) {
+        let failing = thread::panicking();
+        let stats = if failing {
+            self.used_stats_text()
+        } else {
+            None
+        };
         self.proc.kill();
-        if thread::panicking() {
+        if failing {
+            if let Some(stats) = stats {
+                eprintln!(
+                    "--- filter stats, non-zero (admin {}) ---\n{stats}\n--- end of stats ---",
+                    self.admin
+                );
+            }
             eprintln!(
                 "--- envoy log tail ({}) ---\n{}\n--- end of envoy log ---",
                 self.log.display(),
                 tail(&self.log, 60)
             );
         }
+    }
+}
+
+impl Envoy {
+    /// The filter's counters and gauges that are not zero (no
+    /// histograms), one `name: value` line each, or None if the admin does not answer (never
+    /// panics: it runs while a test fails).
+    fn used_stats_text(&self) -> Option<String> {
+        let url = self.admin_url(&format!(
+            "/stats?usedonly&filter={}",
+            percent_encode(r"^wasmcustom\.prefix_router\.")
+        ));
+        let reply = send("GET", &url, &[], None, Duration::from_secs(2)).ok()?;
+        (reply.status == 200).then(|| {
+            reply
+                .body
+                .lines()
+                .filter(|l| {
+                    l.rsplit_once(": ")
+                        .and_then(|(_, v)| v.parse::<i64>().ok())
+                        .is_some_and(|v| v != 0)
+                })
+                .map(|l| l.trim_start_matches("wasmcustom."))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
     }
 }
 
