@@ -815,13 +815,23 @@ impl Envoy {
     /// All counters and gauges whose name matches the admin regex `filter`
     /// (e.g. `^wasmcustom\.`), by full name.
     pub fn stats_matching(&self, filter: &str) -> BTreeMap<String, i64> {
+        self.try_stats_matching(filter)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Envoy::stats_matching`], or why the admin gave none (never
+    /// panics).
+    fn try_stats_matching(&self, filter: &str) -> Result<BTreeMap<String, i64>, String> {
         let url = self.admin_url(&format!(
             "/stats?format=json&filter={}",
             percent_encode(filter)
         ));
-        let reply = get(&url).unwrap_or_else(|e| panic!("GET {url}: {e}"));
-        assert_eq!(reply.status, 200, "GET {url}: {}", reply.body);
-        let json: Value = serde_json::from_str(&reply.body).expect("stats JSON");
+        let reply = get(&url).map_err(|e| format!("GET {url}: {e}"))?;
+        if reply.status != 200 {
+            return Err(format!("GET {url}: {} {}", reply.status, reply.body));
+        }
+        let json: Value =
+            serde_json::from_str(&reply.body).map_err(|e| format!("GET {url}: stats JSON: {e}"))?;
         let mut out = BTreeMap::new();
         for stat in json["stats"].as_array().into_iter().flatten() {
             if let (Some(name), Some(value)) = (stat["name"].as_str(), stat.get("value")) {
@@ -832,7 +842,22 @@ impl Envoy {
                 out.insert(name.to_string(), value);
             }
         }
-        out
+        Ok(out)
+    }
+
+    /// The filter's counters and gauges that are not zero, one `name:
+    /// value` line each, or None if the admin does not answer (never
+    /// panics: it runs while a test fails).
+    fn used_stats_text(&self) -> Option<String> {
+        let stats = self
+            .try_stats_matching(r"^wasmcustom\.prefix_router\.")
+            .ok()?;
+        let lines: Vec<String> = stats
+            .into_iter()
+            .filter(|(_, v)| *v != 0)
+            .map(|(k, v)| format!("{}: {v}", k.trim_start_matches("wasmcustom.")))
+            .collect();
+        Some(lines.join("\n"))
     }
 
     /// The filter's own stats (docs/CONTRACTS.md names), without Envoy's
@@ -919,32 +944,6 @@ impl Drop for Envoy {
                 tail(&self.log, 60)
             );
         }
-    }
-}
-
-impl Envoy {
-    /// The filter's counters and gauges that are not zero (no
-    /// histograms), one `name: value` line each, or None if the admin does not answer (never
-    /// panics: it runs while a test fails).
-    fn used_stats_text(&self) -> Option<String> {
-        let url = self.admin_url(&format!(
-            "/stats?usedonly&filter={}",
-            percent_encode(r"^wasmcustom\.prefix_router\.")
-        ));
-        let reply = send("GET", &url, &[], None, Duration::from_secs(2)).ok()?;
-        (reply.status == 200).then(|| {
-            reply
-                .body
-                .lines()
-                .filter(|l| {
-                    l.rsplit_once(": ")
-                        .and_then(|(_, v)| v.parse::<i64>().ok())
-                        .is_some_and(|v| v != 0)
-                })
-                .map(|l| l.trim_start_matches("wasmcustom."))
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
     }
 }
 
