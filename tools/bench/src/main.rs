@@ -221,6 +221,10 @@ enum Command {
     /// 3 Envoys, with and without sync), sglang-router and vllm-router (1 and
     /// 3 processes).
     Compare(Box<commands::compare::CompareCli>),
+    /// The runs a policy decision rests on: scenarios x pod models (free,
+    /// queueing) x seeds, routers alternating, medians and ranges, and the
+    /// subject's verdicts against stated tolerances.
+    Decide(commands::decide::DecideCli),
     /// Who was best, figure by figure, over saved `compare` runs (their
     /// results JSON files): each router's median and how often it was at
     /// least as good as each of the others.
@@ -375,6 +379,7 @@ fn main() {
             },
         ),
         Command::Compare(c) => commands::compare::main(&rt, *c),
+        Command::Decide(c) => commands::decide::main(&rt, c),
         Command::League { files } => prefix_bench::league::main(&files),
         Command::Real(c) => commands::real::main(&rt, c),
         Command::Iperf(c) => commands::iperf::main(c),

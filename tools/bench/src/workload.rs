@@ -201,12 +201,23 @@ pub struct ChatSessions {
     /// Bytes of each assistant reply written into the history.
     pub assistant_len: usize,
     pub body: BodyOptions,
+    pub order: ChatOrder,
     pub seed: u64,
 }
 
-/// Builds a [`ChatSessions`] workload in turn-major order (turn 1 of every
-/// session, then turn 2, ...), so a turn is sent after the previous one when
-/// the concurrency is at most the number of sessions. Turn `t` resends the
+/// The order a [`ChatSessions`] workload sends its turns in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatOrder {
+    /// Turn 1 of every session, then turn 2, ...: a turn is sent after the
+    /// previous one when the concurrency is at most the number of sessions.
+    TurnMajor,
+    /// Each next request is the next turn of a session drawn at random among
+    /// those with turns left: conversations interleave as real chat traffic
+    /// does, and a session's next turn may arrive while others are in flight.
+    Interleaved,
+}
+
+/// Builds a [`ChatSessions`] workload in `cfg.order`. Turn `t` resends the
 /// system prompt and turns `1..t` with their (made-up) assistant replies.
 pub fn chat_sessions(cfg: &ChatSessions) -> Vec<Request> {
     let mut rng = SplitMix64::new(cfg.seed);
@@ -234,9 +245,26 @@ pub fn chat_sessions(cfg: &ChatSessions) -> Vec<Request> {
         }
         sessions.push(turns);
     }
-    (0..cfg.turns)
-        .flat_map(|t| sessions.iter().map(move |s| s[t].clone()))
-        .collect()
+    match cfg.order {
+        ChatOrder::TurnMajor => (0..cfg.turns)
+            .flat_map(|t| sessions.iter().map(move |s| s[t].clone()))
+            .collect(),
+        ChatOrder::Interleaved => {
+            let mut next = vec![0usize; sessions.len()];
+            let mut open: Vec<usize> = (0..sessions.len()).filter(|_| cfg.turns > 0).collect();
+            let mut out = Vec::with_capacity(sessions.len() * cfg.turns);
+            while !open.is_empty() {
+                let i = rng.below(open.len());
+                let s = open[i];
+                out.push(sessions[s][next[s]].clone());
+                next[s] += 1;
+                if next[s] == cfg.turns {
+                    open.swap_remove(i);
+                }
+            }
+            out
+        }
+    }
 }
 
 /// Many distinct prefixes reused with Zipf-distributed popularity: group
@@ -404,6 +432,7 @@ mod tests {
             user_len: 20,
             assistant_len: 30,
             body: BodyOptions::default(),
+            order: ChatOrder::Interleaved,
             seed: 5,
         };
         assert_eq!(chat_sessions(&chat), chat_sessions(&chat));
@@ -489,6 +518,7 @@ mod tests {
             user_len: 20,
             assistant_len: 30,
             body: BodyOptions::default(),
+            order: ChatOrder::TurnMajor,
             seed: 8,
         };
         let reqs = chat_sessions(&cfg);
@@ -520,6 +550,41 @@ mod tests {
                 assert!(w[1].prompt_len > w[0].prompt_len);
             }
         }
+    }
+
+    #[test]
+    fn interleaved_chat_keeps_each_sessions_turns_in_order_and_mixes_sessions() {
+        let cfg = ChatSessions {
+            sessions: 6,
+            turns: 5,
+            system_len: 40,
+            user_len: 8,
+            assistant_len: 8,
+            body: BodyOptions::default(),
+            order: ChatOrder::Interleaved,
+            seed: 3,
+        };
+        let reqs = chat_sessions(&cfg);
+        assert_eq!(reqs.len(), 30);
+        for s in 0..6 {
+            let members: Vec<usize> = reqs
+                .iter()
+                .filter(|r| r.family == Some(s))
+                .map(|r| r.member)
+                .collect();
+            assert_eq!(members, (0..5).collect::<Vec<_>>(), "session {s}");
+        }
+        let turn_major = ChatSessions {
+            order: ChatOrder::TurnMajor,
+            ..cfg.clone()
+        };
+        let order = |rs: &[Request]| -> Vec<(Option<usize>, usize)> {
+            rs.iter().map(|r| (r.family, r.member)).collect()
+        };
+        assert_ne!(order(&reqs), order(&chat_sessions(&turn_major)));
+        // Some session's next turn comes before another's earlier turn.
+        let firsts: Vec<usize> = reqs.iter().take(6).map(|r| r.member).collect();
+        assert!(firsts.iter().any(|&m| m > 0), "{firsts:?}");
     }
 
     #[test]

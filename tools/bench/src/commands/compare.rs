@@ -56,7 +56,8 @@ use crate::report::{num, results_dir, verdict, Table};
 use crate::runner::{Outcome, Pacing};
 use crate::scenario::{sum_stat, Gateway, GatewayOptions, PodModel, PodSet, Router};
 use crate::workload::{
-    chat_sessions, no_sharing, shared_prefix, zipf_prefix, Api, ApiMix, BodyOptions, ChatSessions,
+    chat_sessions, no_sharing, shared_prefix, zipf_prefix, Api, ApiMix, BodyOptions, ChatOrder,
+    ChatSessions,
     NoSharing, Order, Request, SharedPrefix, Streaming, ZipfPrefix,
 };
 use harness::TestDir;
@@ -80,10 +81,12 @@ pub enum WorkloadKind {
     CachePressure,
     HeteroFleet,
     Tenants,
+    TenantsBurst,
+    SessionsBurst,
 }
 
 impl WorkloadKind {
-    pub const ALL: [WorkloadKind; 9] = [
+    pub const ALL: [WorkloadKind; 11] = [
         WorkloadKind::SharedPrefix,
         WorkloadKind::Concurrency1,
         WorkloadKind::Chat,
@@ -93,6 +96,8 @@ impl WorkloadKind {
         WorkloadKind::CachePressure,
         WorkloadKind::HeteroFleet,
         WorkloadKind::Tenants,
+        WorkloadKind::TenantsBurst,
+        WorkloadKind::SessionsBurst,
     ];
 
     pub fn key(self) -> &'static str {
@@ -106,6 +111,8 @@ impl WorkloadKind {
             WorkloadKind::CachePressure => "cache-pressure",
             WorkloadKind::HeteroFleet => "hetero-fleet",
             WorkloadKind::Tenants => "tenants",
+            WorkloadKind::TenantsBurst => "tenants-burst",
+            WorkloadKind::SessionsBurst => "sessions-burst",
         }
     }
 }
@@ -123,7 +130,7 @@ pub fn parse_workloads(s: &str) -> Result<Vec<WorkloadKind>, String> {
                 .find(|w| w.key() == p.trim())
                 .ok_or_else(|| {
                     format!(
-                        "unknown workload {p:?}; one of: all, shared-prefix, concurrency-1, chat, no-sharing, live-fleet, high-load, cache-pressure, hetero-fleet, tenants"
+                        "unknown workload {p:?}; one of: all, shared-prefix, concurrency-1, chat, no-sharing, live-fleet, high-load, cache-pressure, hetero-fleet, tenants, tenants-burst, sessions-burst"
                     )
                 })
         })
@@ -166,6 +173,8 @@ pub struct CompareArgs {
     pub zipf_exponent: f64,
     /// hetero-fleet: pod-1's time scale relative to the others.
     pub slow_factor: f64,
+    /// The bursts' cache, as a fraction of sessions-burst's working set.
+    pub burst_cache: f64,
     pub pod: PodModel,
     pub sync_period_ms: u64,
     /// Every request on a new connection (no keep-alive).
@@ -218,7 +227,7 @@ impl CompareArgs {
         }
     }
 
-    fn scaled(&self, n: usize) -> usize {
+    pub(crate) fn scaled(&self, n: usize) -> usize {
         ((n as f64 * self.scale).round() as usize).max(1)
     }
 }
@@ -227,7 +236,8 @@ impl CompareArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct CompareCli {
     /// Workloads, comma-separated: shared-prefix, concurrency-1, chat,
-    /// no-sharing, live-fleet, high-load, cache-pressure, hetero-fleet, tenants, or all.
+    /// no-sharing, live-fleet, high-load, cache-pressure, hetero-fleet, tenants,
+    /// tenants-burst, sessions-burst, or all.
     #[arg(long, default_value = "all")]
     pub workloads: String,
     /// Routers, comma-separated: round-robin, filter, filter-aibrix,
@@ -296,6 +306,11 @@ pub struct CompareCli {
     /// hetero-fleet: pod-1 is this many times slower (podsim --time-scale).
     #[arg(long, default_value_t = 3.0)]
     pub slow_factor: f64,
+    /// tenants-burst, sessions-burst: the pods' caches together hold this
+    /// fraction of sessions-burst's working set (0.67: the conversations do
+    /// not all fit, the tenants fit only with each on one pod).
+    #[arg(long, default_value_t = 0.67)]
+    pub burst_cache: f64,
     /// podsim --slots.
     #[arg(long, default_value_t = 4)]
     pub slots: u32,
@@ -386,6 +401,7 @@ impl CompareCli {
             pressure_requests: self.pressure_requests,
             zipf_exponent: self.zipf_exponent,
             slow_factor: self.slow_factor,
+            burst_cache: self.burst_cache,
             pod: PodModel {
                 slots: self.slots,
                 prefill_us_per_token: self.prefill_us,
@@ -487,9 +503,12 @@ pub struct Built {
     pub outage: Option<Outage>,
     /// (pod index, time scale factor): one pod slower than the others.
     pub slow_pod: Option<(usize, f64)>,
+    /// KV blocks per pod where the workload sizes the caches itself
+    /// (the bursts); None = the pod model's.
+    pub kv_blocks: Option<u32>,
 }
 
-fn body(args: &CompareArgs) -> BodyOptions {
+pub(crate) fn body(args: &CompareArgs) -> BodyOptions {
     BodyOptions {
         model: "sim-model".into(),
         max_tokens: args.output_tokens,
@@ -497,7 +516,7 @@ fn body(args: &CompareArgs) -> BodyOptions {
     }
 }
 
-fn mean_tokens(requests: &[Request]) -> f64 {
+pub(crate) fn mean_tokens(requests: &[Request]) -> f64 {
     let total: usize = requests.iter().map(|r| r.prompt_len).sum();
     total as f64 / requests.len().max(1) as f64 / BYTES_PER_TOKEN as f64
 }
@@ -572,6 +591,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
         seed: args.seed,
     };
     match kind {
+        WorkloadKind::TenantsBurst | WorkloadKind::SessionsBurst => super::bursts::build(kind, args),
         WorkloadKind::SharedPrefix => {
             let ppg = args.scaled(args.prompts_per_group);
             let requests = shared_prefix(&gsp(args.groups, ppg, Order::Shuffled));
@@ -588,6 +608,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 pacing,
                 outage: None,
                 slow_pod: None,
+                kv_blocks: None,
             }
         }
         WorkloadKind::HighLoad | WorkloadKind::HeteroFleet => {
@@ -616,6 +637,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 pacing,
                 outage: None,
                 slow_pod: hetero.then_some((0, args.slow_factor)),
+                kv_blocks: None,
             }
         }
         WorkloadKind::CachePressure => {
@@ -641,6 +663,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 pacing,
                 outage: None,
                 slow_pod: None,
+                kv_blocks: None,
             }
         }
         WorkloadKind::Tenants => {
@@ -666,6 +689,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 pacing,
                 outage: None,
                 slow_pod: None,
+                kv_blocks: None,
             }
         }
         WorkloadKind::Concurrency1 => {
@@ -682,6 +706,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 pacing: Pacing::Closed { concurrency: 1 },
                 outage: None,
                 slow_pod: None,
+                kv_blocks: None,
             }
         }
         WorkloadKind::Chat => {
@@ -693,6 +718,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 user_len: 64 * BYTES_PER_TOKEN,
                 assistant_len: 192 * BYTES_PER_TOKEN,
                 body: body(args),
+                order: ChatOrder::TurnMajor,
                 seed: args.seed,
             };
             let requests = chat_sessions(&cfg);
@@ -711,6 +737,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 pacing,
                 outage: None,
                 slow_pod: None,
+                kv_blocks: None,
             }
         }
         WorkloadKind::NoSharing => {
@@ -735,6 +762,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 pacing,
                 outage: None,
                 slow_pod: None,
+                kv_blocks: None,
             }
         }
         WorkloadKind::LiveFleet => {
@@ -786,6 +814,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
                 },
                 outage: Some(outage),
                 slow_pod: None,
+                kv_blocks: None,
             }
         }
     }
@@ -916,7 +945,11 @@ pub fn run_one(
         }
     }
     let dir = TestDir::new(&format!("cmp-{}-{}", built.kind.key(), router.key()));
-    let mut pods = PodSet::start_with_slow(&dir, args.pods, &args.pod_model(), built.slow_pod);
+    let mut model = args.pod_model();
+    if let Some(blocks) = built.kv_blocks {
+        model.kv_capacity_blocks = blocks;
+    }
+    let mut pods = PodSet::start_with_slow(&dir, args.pods, &model, built.slow_pod);
     let gateway = match Gateway::start(router, &pods.ports(), &dir, opts) {
         Ok(g) => g,
         Err(e) => {

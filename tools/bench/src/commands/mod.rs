@@ -1,8 +1,10 @@
 //! One module per subcommand.
 
+pub mod bursts;
 pub mod compare;
 pub mod compat_cost;
 pub mod convergence;
+pub mod decide;
 pub mod demo;
 pub mod iperf;
 pub mod memory;
