@@ -1,7 +1,8 @@
 //! Per-pod stats reach Prometheus with the pod as a label: every shipped
 //! Envoy config tags them (`stats_config.stats_tags`), and a real Envoy's
 //! `/stats/prometheus` shows `prefix_router_inflight{pod="..."}` where the
-//! metric name alone used to carry the pod.
+//! metric name alone used to carry the pod, and the routing and
+//! pass-through counters carry their reason as `reason="..."`.
 
 // Tests fail by panicking.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -12,12 +13,13 @@ use std::time::Duration;
 use harness::{get, repo_root, text, wait_until, Setup};
 use serde_json::json;
 
-/// The tag every shipped config carries, as docs/operations.md gives it.
+/// The tags every shipped config carries, as docs/operations.md gives them.
 const POD_TAG_REGEX: &str =
     r"'^wasmcustom\.prefix_router\.(?:inflight|slowness|match_trust_s)(\.([^.]+))$'";
+const REASON_TAG_REGEX: &str = r"'^wasmcustom\.prefix_router\.(?:routed|passthrough)(\.(\w+))$'";
 
 #[test]
-fn every_shipped_config_tags_per_pod_stats_with_the_pod() {
+fn every_shipped_config_tags_per_pod_stats_and_reasons() {
     let mut checked = Vec::new();
     for entry in fs::read_dir(repo_root().join("envoy")).expect("envoy/ dir") {
         let path = entry.expect("dir entry").path();
@@ -31,8 +33,8 @@ fn every_shipped_config_tags_per_pod_stats_with_the_pod() {
             "{name} has no `pod` stats tag (copy the stats_config block of envoy/single.yaml)"
         );
         assert!(
-            text.contains(POD_TAG_REGEX),
-            "{name}'s pod tag differs from envoy/single.yaml's"
+            text.contains(POD_TAG_REGEX) && text.contains(REASON_TAG_REGEX),
+            "{name}'s tags differ from envoy/single.yaml's"
         );
         checked.push(name);
     }
@@ -78,6 +80,18 @@ fn per_pod_gauges_carry_the_pod_as_a_prometheus_label() {
     assert!(
         slowness.iter().all(|l| l.contains("pod=\"127_0_0_1_")) && !slowness.is_empty(),
         "slowness gauges without a pod label: {slowness:?}"
+    );
+
+    // Routing decisions and pass-throughs carry their reason as a label.
+    let routed = prometheus_lines(admin, "prefix_router_routed");
+    assert!(
+        routed.iter().any(|l| l.contains("reason=\"no_match\"") || l.contains("reason=\"prefix_match\"")),
+        "no prefix_router_routed{{reason=...}}: {routed:?}"
+    );
+    let passthrough = prometheus_lines(admin, "prefix_router_passthrough");
+    assert!(
+        passthrough.iter().all(|l| l.contains("reason=\"")),
+        "pass-throughs without a reason label: {passthrough:?}"
     );
 
     // The pod is no longer part of any metric's name.
