@@ -88,6 +88,13 @@ bench-real: setup build ## real LLM: 2 llama-servers (Gemma 3 270M, CPU) behind 
 	scripts/bench/setup-peers.sh
 	$(BENCH) real
 
+.PHONY: release test-release
+release: ## dist/: the module, its .sha256 and an OCI Wasm image, named by Cargo's version (docs/install.md)
+	scripts/release/release.sh
+
+test-release: setup release ## the release's OCI image through a real registry on 127.0.0.1: push, pull back (skopeo, oras), check digests, route through the pulled module
+	ENVOY_BIN=$(ENVOY_BIN) cargo test --test release -- --ignored --nocapture
+
 FUZZ_ITERS ?= 1000000
 FUZZ_SEED  ?= $(shell date +%s)
 
