@@ -17,6 +17,7 @@ use crate::route::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
 use crate::sync::SyncSettings;
 
 mod fields;
+pub(crate) mod mismatch;
 mod sections;
 use fields::{bad_field, given_fields};
 pub(crate) use sections::{

@@ -7,6 +7,7 @@
 //! pure modules' host traits over the hostcalls.
 
 mod abi;
+mod deployment;
 mod envoy;
 mod filter;
 mod fleet_service;
@@ -69,14 +70,16 @@ fn vm_id() -> String {
 }
 
 /// Reads and validates the plugin configuration; logs why and returns None
-/// when it is refused (the caller returns false from `on_configure`).
-fn load_settings() -> Option<Settings> {
+/// when it is refused (the caller returns false from `on_configure`). The
+/// bytes as given come too: the filter publishes them and the singleton
+/// compares them with its own ([`deployment`]).
+fn load_plugin_config() -> Option<(Settings, Vec<u8>)> {
     let bytes = abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX)
         .ok()
         .flatten()
         .unwrap_or_default();
     match Settings::from_json(&bytes) {
-        Ok(s) => Some(s),
+        Ok(s) => Some((s, bytes)),
         Err(e) => {
             log::error!("prefix_router: {e}");
             None

@@ -9,6 +9,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
+use super::deployment::{self, SingletonWatch};
 use super::envoy::{now_nanos, EnvoyHost};
 use super::filter::PrefixFilter;
 use crate::worker::{Worker, TICK_MS};
@@ -20,6 +21,11 @@ pub struct FilterRoot {
     /// The tick period set last (the worker asks for a faster one while
     /// `hold` may wait for another worker VM's prefill).
     tick_ms: u32,
+    /// The plugin configuration as given, until published for the
+    /// singleton's comparison on the first tick after each configure.
+    unpublished_config: Option<Vec<u8>>,
+    /// Looks for the sync singleton this configuration needs.
+    singleton: Option<SingletonWatch>,
 }
 
 impl FilterRoot {
@@ -28,6 +34,8 @@ impl FilterRoot {
             context_id,
             worker: None,
             tick_ms: TICK_MS,
+            unpublished_config: None,
+            singleton: None,
         }
     }
 }
@@ -55,11 +63,17 @@ impl Context for FilterRoot {
 }
 
 impl RootContext for FilterRoot {
+    fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
+        deployment::announce_build("filter worker VM");
+        true
+    }
+
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         super::follow_log_level();
-        let Some(settings) = super::load_settings() else {
+        let Some((settings, raw)) = super::load_plugin_config() else {
             return false;
         };
+        self.unpublished_config = Some(raw);
         // A worker's tick: how often it refreshes its fleet view (membership,
         // health and cooldowns published by others) and flushes its stats.
         if let Err(status) = hostcalls::set_tick_period(tick(TICK_MS)) {
@@ -78,7 +92,14 @@ impl RootContext for FilterRoot {
 
     fn on_tick(&mut self) {
         super::follow_log_level();
+        if let Some(raw) = self.unpublished_config.take() {
+            deployment::publish_filter_config(&raw);
+        }
         if let Some(worker) = &self.worker {
+            let now_ms = now_nanos() / 1_000_000;
+            self.singleton
+                .get_or_insert_with(|| SingletonWatch::new(now_ms))
+                .on_tick(worker.settings(), &super::vm_id(), now_ms);
             worker.on_tick(&EnvoyHost);
             let want = worker.tick_ms();
             if want != self.tick_ms && hostcalls::set_tick_period(tick(want)).is_ok() {

@@ -19,6 +19,7 @@ use proxy_wasm::traits::{Context, RootContext};
 use proxy_wasm::types::MetricType;
 
 use super::abi;
+use super::deployment::{self, ConfigWatch};
 use super::envoy::EnvoyHost;
 use super::fleet_service::FleetService;
 use super::signal_service::SignalService;
@@ -53,6 +54,8 @@ pub struct SyncRoot {
     view: SharedView,
     /// Pod signals (`signals.enabled`; started on the first tick).
     signals: Option<SignalService>,
+    /// Compares this plugin configuration with the filter's.
+    config_watch: Option<ConfigWatch>,
 }
 
 struct SyncState {
@@ -140,11 +143,17 @@ impl Context for SyncRoot {
 }
 
 impl RootContext for SyncRoot {
+    fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
+        deployment::announce_build("sync singleton");
+        true
+    }
+
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         super::follow_log_level();
-        let Some(settings) = super::load_settings() else {
+        let Some((settings, raw)) = super::load_plugin_config() else {
             return false;
         };
+        self.config_watch = Some(ConfigWatch::new(raw));
         if let Err(status) = hostcalls::set_tick_period(TICK) {
             log::error!(
                 "prefix_router singleton: cannot set the tick ({status:?}): sync will not run"
@@ -164,6 +173,9 @@ impl RootContext for SyncRoot {
 
     fn on_tick(&mut self) {
         super::follow_log_level();
+        if let Some(watch) = self.config_watch.as_mut() {
+            watch.on_tick(&super::vm_id(), now_millis());
+        }
         if self.fleet.is_none() {
             self.fleet = self
                 .settings
