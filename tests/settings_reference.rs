@@ -130,7 +130,10 @@ fn every_setting_in_the_code_has_a_row_and_every_row_a_setting() {
     let code = settings_in_code();
     let reference = settings_in_reference();
     assert!(code.len() > 40, "found only {code:?}");
-    let missing: Vec<&String> = code.iter().filter(|s| !reference.contains_key(*s)).collect();
+    let missing: Vec<&String> = code
+        .iter()
+        .filter(|s| !reference.contains_key(*s))
+        .collect();
     let extra: Vec<&String> = reference.keys().filter(|s| !code.contains(s)).collect();
     assert!(
         missing.is_empty(),
