@@ -55,7 +55,7 @@ validate: build ## envoy --mode validate on every envoy/*.yaml (loads the module
 		fi; \
 	done
 
-test: setup build lint unit-test wasm-test integration-test validate ## everything CI checks
+test: setup build lint unit-test wasm-test integration-test validate test-release ## everything CI checks
 
 run: setup build ## demo: 2 Envoy replicas syncing via Redis, 4 simulated pods, a shared-prefix workload, a summary
 	cargo build --release -p prefix-bench
