@@ -125,13 +125,20 @@ impl SingletonWatch {
         }
     }
 
-    /// Called on the worker's tick; at most one hostcall a second, none
+    /// Called on the worker's tick; at most two hostcalls a second, none
     /// once the singleton was found or when nothing needs it.
-    pub(super) fn on_tick(&mut self, settings: &Settings, vm_id: &str, now_ms: u64) {
+    pub(super) fn on_tick(
+        &mut self,
+        settings: &Settings,
+        vm_id: impl FnOnce() -> String,
+        now_ms: u64,
+    ) {
         if self.found || now_ms.saturating_sub(self.last_check_ms) < CHECK_EVERY_MS {
             return;
         }
         self.last_check_ms = now_ms;
+        let vm_id = vm_id();
+        let vm_id = vm_id.as_str();
         let needs = needs_singleton(settings);
         if needs.is_empty() {
             self.found = true;
@@ -205,7 +212,7 @@ impl ConfigWatch {
 
     /// Called on the singleton's tick; one get a second, a comparison only
     /// when the filter's configuration changed.
-    pub(super) fn on_tick(&mut self, vm_id: &str, now_ms: u64) {
+    pub(super) fn on_tick(&mut self, vm_id: impl FnOnce() -> String, now_ms: u64) {
         if now_ms.saturating_sub(self.last_check_ms) < CHECK_EVERY_MS {
             return;
         }
@@ -227,6 +234,7 @@ impl ConfigWatch {
         if fields.is_empty() || !self.logged.insert(xxhash_rust::xxh64::xxh64(&filter, 0)) {
             return;
         }
+        let vm_id = vm_id();
         log::error!(
             "prefix_router singleton: its plugin configuration differs from the filter's (vm_id {vm_id:?}) in: {}. \
              The singleton syncs, scrapes and publishes by its own copy, so the filter and it disagree on those \

@@ -74,6 +74,8 @@ impl RootContext for FilterRoot {
             return false;
         };
         self.unpublished_config = Some(raw);
+        // What needs the singleton may have changed: look again.
+        self.singleton = None;
         // A worker's tick: how often it refreshes its fleet view (membership,
         // health and cooldowns published by others) and flushes its stats.
         if let Err(status) = hostcalls::set_tick_period(tick(TICK_MS)) {
@@ -99,7 +101,7 @@ impl RootContext for FilterRoot {
             let now_ms = now_nanos() / 1_000_000;
             self.singleton
                 .get_or_insert_with(|| SingletonWatch::new(now_ms))
-                .on_tick(worker.settings(), &super::vm_id(), now_ms);
+                .on_tick(worker.settings(), super::vm_id, now_ms);
             worker.on_tick(&EnvoyHost);
             let want = worker.tick_ms();
             if want != self.tick_ms && hostcalls::set_tick_period(tick(want)).is_ok() {

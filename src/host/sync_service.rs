@@ -174,7 +174,7 @@ impl RootContext for SyncRoot {
     fn on_tick(&mut self) {
         super::follow_log_level();
         if let Some(watch) = self.config_watch.as_mut() {
-            watch.on_tick(&super::vm_id(), now_millis());
+            watch.on_tick(super::vm_id, now_millis());
         }
         if self.fleet.is_none() {
             self.fleet = self
