@@ -84,24 +84,29 @@ fn recipes_pass_their_schemas_and_their_envoy_configs_validate() {
     }
 }
 
-fn run_recipe(recipe: &str) {
-    let dir = TestDir::new(&format!("deploy-{recipe}"));
-    let out_dir = extract(&dir);
+/// Starts `recipe`'s extracted Envoy config, edited by `edit`, with four
+/// pods and Redis.
+fn start_recipe(
+    dir: &TestDir,
+    recipe: &str,
+    edit: impl FnOnce(String) -> String,
+) -> (Envoy, Redis, Vec<Pod>) {
+    let out_dir = extract(dir);
     let ports = Ports::free();
-    let text_in = fs::read_to_string(out_dir.join(format!("{recipe}.yaml"))).unwrap();
+    let text_in = edit(fs::read_to_string(out_dir.join(format!("{recipe}.yaml"))).unwrap());
     let config: PathBuf = dir.join(&format!("{recipe}-run.yaml"));
     fs::write(
         &config,
         with_module_paths(&substitute_ports(&text_in, &ports)),
     )
     .unwrap();
-    let _pods: Vec<Pod> = ports
+    let pods: Vec<Pod> = ports
         .pods
         .iter()
         .enumerate()
-        .map(|(i, &port)| Pod::start(&dir, &format!("pod-{}", i + 1), port))
+        .map(|(i, &port)| Pod::start(dir, &format!("pod-{}", i + 1), port))
         .collect();
-    let redis = Redis::start(&dir, ports.redis, None);
+    let redis = Redis::start(dir, ports.redis, None);
     let envoy = Envoy::start(
         &config,
         &ports,
@@ -109,7 +114,44 @@ fn run_recipe(recipe: &str) {
         &EnvoyOptions::default(),
     )
     .unwrap_or_else(|e| panic!("{recipe}: {e}"));
+    (envoy, redis, pods)
+}
+
+fn run_recipe(recipe: &str) {
+    let dir = TestDir::new(&format!("deploy-{recipe}"));
+    let (envoy, redis, _pods) = start_recipe(&dir, recipe, |t| t);
     check_running(recipe, &envoy, &redis, dir.path());
+}
+
+/// The control of the two runs below: the Envoy Gateway recipe with the
+/// singleton on any other vm_id than the policy's is reported, and requests
+/// pass through as no_endpoints (the filter never learns the pods).
+#[test]
+fn envoy_gateway_recipe_with_another_singleton_vm_id_reports_the_singleton_missing() {
+    let dir = TestDir::new("deploy-eg-wrong-vm-id");
+    let vm_id = "vm_id: envoyextensionpolicy/prefix-router/prefix-router/wasm/0";
+    let (envoy, _redis, _pods) = start_recipe(&dir, "envoy-gateway", |t| {
+        let first = t.find(vm_id).expect("the singleton's vm_id");
+        format!(
+            "{}vm_id: prefix_router{}",
+            &t[..first],
+            &t[first + vm_id.len()..]
+        )
+    });
+    let missing = wait_until(Duration::from_secs(8), || {
+        envoy.router_stat("prefix_router.singleton_missing") == 1
+    });
+    assert!(missing, "not reported: {:?}", envoy.router_stats());
+    // The filter's VMs never get the pods (the singleton publishes them
+    // under its own vm_id): requests pass through.
+    for i in 0..3 {
+        envoy
+            .complete(&json!(text(3000 + i, 2048)))
+            .unwrap()
+            .expect_pod();
+    }
+    let passed = envoy.router_stat_reaching("prefix_router.passthrough.no_endpoints", 3);
+    assert!(passed >= 3, "{:?}", envoy.router_stats());
 }
 
 fn check_running(recipe: &str, envoy: &Envoy, redis: &Redis, _dir: &Path) {
