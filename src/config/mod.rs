@@ -252,9 +252,6 @@ impl Settings {
         if p.slack_abs > 1_000_000 {
             return Err(err("policy.slack_abs", "must be <= 1000000"));
         }
-        if p.match_trust_secs > 86_400 {
-            return Err(err("policy.match_trust_secs", "must be <= 86400 (0 = off)"));
-        }
         let g = &raw.signals;
         if g.enabled {
             if !(50..=60_000).contains(&g.interval_ms) {
@@ -356,7 +353,6 @@ impl Settings {
                 slack_rel: raw.policy.slack_rel,
                 queue_cost_blocks: raw.policy.queue_cost_blocks,
                 kv_high_permille: (raw.policy.kv_high * 1000.0).round() as u16,
-                match_trust_secs: raw.policy.match_trust_secs,
             },
             signals: raw.signals,
             feedback: raw.feedback,

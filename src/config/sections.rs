@@ -39,8 +39,8 @@ impl Default for HoldSettings {
 pub(crate) struct FeedbackSettings {
     /// Read `usage.prompt_tokens_details.cached_tokens` from the answers of
     /// requests routed on a predicted match, and learn per pod from what
-    /// age its matches are evicted: that age replaces
-    /// `policy.match_trust_secs` for the pod (load-aware policy only).
+    /// age its matches are evicted: from that age on, a match on the pod
+    /// buys no queueing (load-aware policy only).
     pub(crate) cached_tokens: bool,
 }
 
@@ -71,10 +71,6 @@ pub(crate) struct PolicySettings {
     /// A pod reporting KV-cache usage at or above this (0..=1) counts
     /// `slack_abs + 1` requests busier (pod signals only).
     pub(crate) kv_high: f64,
-    /// A match whose prefix was last sent to its pod this many seconds ago
-    /// or more buys no queueing (the pod may have evicted it); 0 = off.
-    /// With `feedback.cached_tokens`, a horizon learned for a pod replaces it.
-    pub(crate) match_trust_secs: u32,
 }
 
 impl Default for PolicySettings {
@@ -86,7 +82,6 @@ impl Default for PolicySettings {
             slack_rel: d.slack_rel,
             queue_cost_blocks: d.queue_cost_blocks,
             kv_high: f64::from(d.kv_high_permille) / 1000.0,
-            match_trust_secs: d.match_trust_secs,
         }
     }
 }

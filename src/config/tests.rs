@@ -201,7 +201,7 @@ fn policy_defaults_to_load_aware_and_compat_aibrix_to_aibrix_unless_stated() {
         parse(r#"{"compat":"aibrix","cluster":"pods","policy":{"mode":"load_aware"}}"#).unwrap();
     assert_eq!(s.policy, PolicyMode::LoadAware);
     let s = parse(
-        r#"{"endpoints":["a:1"],"policy":{"mode":"aibrix","slack_abs":3,"slack_rel":1.0,"queue_cost_blocks":2,"kv_high":0.8,"match_trust_secs":3}}"#,
+        r#"{"endpoints":["a:1"],"policy":{"mode":"aibrix","slack_abs":3,"slack_rel":1.0,"queue_cost_blocks":2,"kv_high":0.8}}"#,
     )
     .unwrap();
     assert_eq!(s.policy, PolicyMode::Aibrix);
@@ -212,7 +212,6 @@ fn policy_defaults_to_load_aware_and_compat_aibrix_to_aibrix_unless_stated() {
             slack_rel: 1.0,
             queue_cost_blocks: 2,
             kv_high_permille: 800,
-            match_trust_secs: 3,
         }
     );
 }
@@ -248,8 +247,8 @@ fn bad_policy_and_signal_settings_are_refused_by_field() {
             "policy.kv_high",
         ),
         (
-            r#"{"endpoints":["a:1"],"policy":{"match_trust_secs":86401}}"#,
-            "policy.match_trust_secs",
+            r#"{"endpoints":["a:1"],"policy":{"match_trust_secs":30}}"#,
+            "policy",
         ),
         (
             r#"{"endpoints":["a:1"],"signals":{"enabled":true}}"#,

@@ -323,8 +323,8 @@ impl Meter {
 
     /// Sets a pod's trust gauge, `prefix_router.match_trust_s.<host>_<port>`
     /// (`feedback.cached_tokens` on): whole seconds from which its matches
-    /// buy no queueing, learned from its answers, else
-    /// `policy.match_trust_secs`; 0 = every match trusted.
+    /// buy no queueing, learned from its answers; 0 = none learned, every
+    /// match trusted.
     pub(crate) fn match_trust(&self, sink: &impl MetricSink, address: &str, value: u32) {
         self.pod_gauge(sink, "match_trust_s", address, value);
     }

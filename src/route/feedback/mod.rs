@@ -17,7 +17,7 @@
 //! turns a pod's observations into its *trust horizon*: the age that best
 //! splits its held matches (younger) from its evicted ones (older). The
 //! load-aware policy gives a match that old no queue credit (the learned
-//! horizon replaces `policy.match_trust_secs` for the pod). The table itself
+//! horizon is when a match on the pod stops buying queueing). The table itself
 //! is not changed: the answer reports what `P` held *before* the request,
 //! and `P` has just cached the whole prompt again, so the records are true
 //! once more. Unmatched requests, matches younger than [`MIN_HORIZON_SECS`]

@@ -245,8 +245,7 @@ impl TrustLearner {
     /// past it): fewest holds at or past it plus evictions younger than
     /// it, ties to the older age. None when trusting every match splits
     /// them as well, or fewer than [`MIN_EVICTIONS`] evictions lie past
-    /// the split (every match is trusted, or the fixed
-    /// `match_trust_secs` applies).
+    /// the split (every match is trusted).
     pub(crate) fn horizon(&self, pod: PodSlot) -> Option<u32> {
         let own = self.pods.get(pod.index());
         let other = self.remote.get(pod.index());

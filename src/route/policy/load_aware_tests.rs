@@ -11,7 +11,6 @@ const LA: LoadAwareConfig = LoadAwareConfig {
     slack_rel: 0.5,
     queue_cost_blocks: 4,
     kv_high_permille: 900,
-    match_trust_secs: 0,
 };
 
 fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: usize) -> Choice {
@@ -385,7 +384,6 @@ fn load_aware_never_overflows_on_extreme_loads() {
         slack_rel: 100.0,
         queue_cost_blocks: u32::MAX,
         kv_high_permille: 0,
-        match_trust_secs: u32::MAX,
     };
     let loads = PodLoads {
         queue: &[u32::MAX, 0],

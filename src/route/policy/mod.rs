@@ -39,11 +39,6 @@ pub struct LoadAwareConfig {
     /// KV-cache usage (thousandths) at which a pod counts `slack_abs + 1`
     /// busier.
     pub kv_high_permille: u16,
-    /// A match whose prefix was last sent to its pod this many seconds ago
-    /// or more is not trusted to be cached (see [`PodLoads::untrusted`]);
-    /// 0 trusts every match. A horizon learned from a pod's answers
-    /// (`feedback.cached_tokens`) replaces it for that pod.
-    pub match_trust_secs: u32,
 }
 
 impl Default for LoadAwareConfig {
@@ -53,7 +48,6 @@ impl Default for LoadAwareConfig {
             slack_rel: 1.0,
             queue_cost_blocks: 16,
             kv_high_permille: 950,
-            match_trust_secs: 0,
         }
     }
 }
@@ -106,7 +100,7 @@ pub fn effective_load(
 ///    prefill a match saves less its queue cost; a pod clearly slower
 ///    keeps the prefixes it holds, but misses go to faster pods. A match
 ///    on a pod in `untrusted` (not sent there for its trust horizon,
-///    `match_trust_secs` or learned, so perhaps evicted) saves nothing here: it buys no queueing;
+///    learned from its answers, so perhaps evicted) saves nothing here: it buys no queueing;
 /// 3. the lowest cost wins; ties go to the longer (trusted) match, then the
 ///    lower load, then fewer in flight (`inflight`: fresh, where reports
 ///    lag), then the longer untrusted match (an old match still goes to a
@@ -443,7 +437,7 @@ pub struct PodLoads<'a> {
     pub place_by_count: bool,
     /// Pods whose match is not trusted to be cached any more (no request
     /// with the prefix sent there for the pod's trust horizon, learned or
-    /// `match_trust_secs`): their match buys
+    /// learned from its answers): their match buys
     /// no queueing (they cost as if unmatched) and counts in the ties only
     /// after in-flight counts.
     pub untrusted: &'a [PodSlot],

@@ -136,12 +136,9 @@ impl Router {
     }
 
     /// Whole seconds from which a match on `pod` is not trusted: the
-    /// horizon learned from its answers, else `policy.match_trust_secs`;
-    /// 0 = every match is trusted.
+    /// horizon learned from its answers; 0 (none learned) = every match is
+    /// trusted.
     pub(crate) fn match_trust_secs(&self, pod: PodSlot) -> u32 {
-        self.trust
-            .borrow()
-            .horizon(pod)
-            .unwrap_or(self.settings.load_aware.match_trust_secs)
+        self.trust.borrow().horizon(pod).unwrap_or(0)
     }
 }

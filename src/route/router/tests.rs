@@ -513,46 +513,7 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
 }
 
 #[test]
-fn a_match_nobody_sent_to_its_pod_for_match_trust_secs_buys_no_queueing() {
-    // Touch interval 60 s: only a request's own segment is rewritten, so
-    // the newest access is when the prefix was last sent to its pod.
-    let prefix = "q".repeat(4 * 100);
-    let run = |trust: u32| -> (PodSlot, Vec<Routed>) {
-        let s = MemStore::new();
-        let r = router(&format!(
-            r#","table_idle_expiry_secs":400,"policy":{{"match_trust_secs":{trust}}}"#
-        ));
-        let mut rng = SplitMix64::new(1);
-        // Never released: the holder stays the busiest pod.
-        let routed: Vec<Routed> = [
-            ("aaaa", 1000),
-            ("bbbb", 1002),
-            ("cccc", 1004),
-            ("dddd", 1008),
-        ]
-        .iter()
-        .map(|(tail, t)| {
-            r.route(&s, &req(&format!("{prefix}{tail}")), *t, &mut rng)
-                .unwrap()
-        })
-        .collect();
-        (routed[0].choice.pod, routed)
-    };
-    // Trust 3 s: sent there 2 s apart, the match is trusted and worth more
-    // than the holder's queue; 4 s after the last send, it is not.
-    let (holder, routed) = run(3);
-    assert_eq!(routed[1].choice.pod, holder);
-    assert_eq!(routed[2].choice.pod, holder);
-    assert_ne!(routed[3].choice.pod, holder);
-    assert_eq!(routed[3].choice.reason, Reason::LoadGuard);
-    // Off (the default): every match is trusted.
-    let (holder, routed) = run(0);
-    assert!(routed[1..].iter().all(|r| r.choice.pod == holder));
-    assert_eq!(routed[3].choice.reason, Reason::PrefixMatch);
-}
-
-#[test]
-fn a_horizon_learned_from_a_pods_answers_replaces_match_trust_secs() {
+fn a_match_older_than_the_horizon_learned_from_its_pods_answers_buys_no_queueing() {
     let prefix = "q".repeat(4 * 100);
     // `learn_on(holder)`: the pod the answers were about; trust off in the
     // config.
