@@ -10,7 +10,10 @@
 use std::fs;
 use std::time::Duration;
 
-use harness::{text, wait_until, Envoy, EnvoyOptions, Pod, Ports, Redis, Setup, TestDir};
+use harness::{
+    patch_plugin_json, repo_root, text, wait_until, Envoy, EnvoyOptions, Pod, Ports, Redis, Setup,
+    TestDir,
+};
 use serde_json::json;
 
 const MISSING_LINE: &str = "no sync singleton runs with vm_id";
@@ -229,4 +232,36 @@ fn singleton_config_mismatch_is_named_once_and_counted() {
         "the line does not name block_size alone: {line}"
     );
     let _ = (&run.ports, &run.dir);
+}
+
+/// The static half of the agreement check: every shipped config that runs
+/// the singleton gives it the filter's plugin JSON (the run-time half is
+/// the gauge above, for configs written elsewhere).
+#[test]
+fn every_shipped_singleton_gets_the_filters_plugin_json() {
+    let mut checked = 0;
+    for entry in fs::read_dir(repo_root().join("envoy")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension() != Some(std::ffi::OsStr::new("yaml")) {
+            continue;
+        }
+        let yaml = fs::read_to_string(&path).unwrap();
+        if !yaml.contains("root_id: prefix_router_sync") {
+            continue;
+        }
+        let mut copies = Vec::new();
+        patch_plugin_json(&yaml, &mut |v| copies.push(v.clone()));
+        assert!(
+            !copies.is_empty(),
+            "{}: no plugin JSON found",
+            path.display()
+        );
+        assert!(
+            copies.iter().all(|c| *c == copies[0]),
+            "{}: the filter's and the singleton's plugin JSON differ",
+            path.display()
+        );
+        checked += 1;
+    }
+    assert!(checked >= 6, "only {checked} configs with a singleton");
 }
