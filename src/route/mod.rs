@@ -21,6 +21,7 @@ pub mod meter;
 pub(crate) mod mirror;
 pub(crate) mod policy;
 pub mod prefill;
+pub(crate) mod price;
 pub mod registry;
 pub mod request;
 pub mod router;
