@@ -116,6 +116,9 @@ fn walk(a: &Value, b: &Value, path: &[String], base: &Option<String>, out: &mut 
 
 #[cfg(test)]
 mod tests {
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
     use super::differing_fields;
 
     const FILTER: &str = r#"{"endpoints": ["10.0.0.1:8000", "10.0.0.2:8000"],
