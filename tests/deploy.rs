@@ -64,11 +64,13 @@ fn recipes_pass_their_schemas_and_their_envoy_configs_validate() {
     for recipe in RECIPES {
         let path = out_dir.join(format!("{recipe}.yaml"));
         let rendered = dir.join(&format!("{recipe}-validate.yaml"));
-        fs::write(
-            &rendered,
-            with_module_paths(&fs::read_to_string(&path).unwrap()),
-        )
-        .unwrap();
+        let config = fs::read_to_string(&path).unwrap();
+        // The per-pod gauges' `pod` label (docs/operations.md) comes with every recipe.
+        assert!(
+            config.contains("tag_name: pod"),
+            "{recipe}: no `pod` stats tag"
+        );
+        fs::write(&rendered, with_module_paths(&config)).unwrap();
         let out = Command::new(envoy_bin())
             .current_dir(repo_root())
             .args(["--mode", "validate", "-c"])
