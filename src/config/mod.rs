@@ -246,9 +246,6 @@ impl Settings {
         if !(p.slack_rel.is_finite() && (0.0..=100.0).contains(&p.slack_rel)) {
             return Err(err("policy.slack_rel", "must be a number in 0..=100"));
         }
-        if !(p.kv_high.is_finite() && p.kv_high > 0.0 && p.kv_high <= 1.0) {
-            return Err(err("policy.kv_high", "must be a number in (0, 1]"));
-        }
         if p.slack_abs > 1_000_000 {
             return Err(err("policy.slack_abs", "must be <= 1000000"));
         }
@@ -352,7 +349,6 @@ impl Settings {
                 slack_abs: raw.policy.slack_abs,
                 slack_rel: raw.policy.slack_rel,
                 queue_cost_blocks: raw.policy.queue_cost_blocks,
-                kv_high_permille: (raw.policy.kv_high * 1000.0).round() as u16,
             },
             signals: raw.signals,
             feedback: raw.feedback,

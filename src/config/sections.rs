@@ -68,9 +68,6 @@ pub(crate) struct PolicySettings {
     /// taken to cost: a match must save more blocks than its pod's extra
     /// load costs.
     pub(crate) queue_cost_blocks: u32,
-    /// A pod reporting KV-cache usage at or above this (0..=1) counts
-    /// `slack_abs + 1` requests busier (pod signals only).
-    pub(crate) kv_high: f64,
 }
 
 impl Default for PolicySettings {
@@ -81,7 +78,6 @@ impl Default for PolicySettings {
             slack_abs: d.slack_abs,
             slack_rel: d.slack_rel,
             queue_cost_blocks: d.queue_cost_blocks,
-            kv_high: f64::from(d.kv_high_permille) / 1000.0,
         }
     }
 }

@@ -201,7 +201,7 @@ fn policy_defaults_to_load_aware_and_compat_aibrix_to_aibrix_unless_stated() {
         parse(r#"{"compat":"aibrix","cluster":"pods","policy":{"mode":"load_aware"}}"#).unwrap();
     assert_eq!(s.policy, PolicyMode::LoadAware);
     let s = parse(
-        r#"{"endpoints":["a:1"],"policy":{"mode":"aibrix","slack_abs":3,"slack_rel":1.0,"queue_cost_blocks":2,"kv_high":0.8}}"#,
+        r#"{"endpoints":["a:1"],"policy":{"mode":"aibrix","slack_abs":3,"slack_rel":1.0,"queue_cost_blocks":2}}"#,
     )
     .unwrap();
     assert_eq!(s.policy, PolicyMode::Aibrix);
@@ -211,7 +211,6 @@ fn policy_defaults_to_load_aware_and_compat_aibrix_to_aibrix_unless_stated() {
             slack_abs: 3,
             slack_rel: 1.0,
             queue_cost_blocks: 2,
-            kv_high_permille: 800,
         }
     );
 }
@@ -239,12 +238,8 @@ fn bad_policy_and_signal_settings_are_refused_by_field() {
             "policy.slack_rel",
         ),
         (
-            r#"{"endpoints":["a:1"],"policy":{"kv_high":0}}"#,
-            "policy.kv_high",
-        ),
-        (
-            r#"{"endpoints":["a:1"],"policy":{"kv_high":1.5}}"#,
-            "policy.kv_high",
+            r#"{"endpoints":["a:1"],"policy":{"kv_high":0.9}}"#,
+            "policy",
         ),
         (
             r#"{"endpoints":["a:1"],"policy":{"match_trust_secs":30}}"#,

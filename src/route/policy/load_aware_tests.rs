@@ -10,7 +10,6 @@ const LA: LoadAwareConfig = LoadAwareConfig {
     slack_abs: 2,
     slack_rel: 0.5,
     queue_cost_blocks: 4,
-    kv_high_permille: 900,
 };
 
 fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: usize) -> Choice {
@@ -383,7 +382,6 @@ fn load_aware_never_overflows_on_extreme_loads() {
         slack_abs: u32::MAX,
         slack_rel: 100.0,
         queue_cost_blocks: u32::MAX,
-        kv_high_permille: 0,
     };
     let loads = PodLoads {
         queue: &[u32::MAX, 0],
@@ -411,7 +409,7 @@ fn load_aware_never_overflows_on_extreme_loads() {
 fn effective_load_is_the_queue_beyond_what_the_pod_runs_at_once() {
     // No report: every in-flight request this VM knows of counts (the
     // other replicas' too), capacity unknown.
-    assert_eq!(effective_load(1, 3, None, 4, &LA), 3);
+    assert_eq!(effective_load(1, 3, None, 4), 3);
     let seen = |waiting, running, kv, foreign| Seen {
         signals: PodSignals {
             waiting,
@@ -423,28 +421,21 @@ fn effective_load_is_the_queue_beyond_what_the_pod_runs_at_once() {
     };
     // Someone else's requests show in the report: 4 run, 2 wait, 5 of
     // them not this replica's.
-    assert_eq!(effective_load(1, 1, Some(seen(2, 4, None, 5)), 4, &LA), 2);
+    assert_eq!(effective_load(1, 1, Some(seen(2, 4, None, 5)), 4), 2);
     // Requests sent since the report show in the in-flight count.
     assert_eq!(
-        effective_load(7, 7, Some(seen(0, 2, Some(100), 0)), 4, &LA),
+        effective_load(7, 7, Some(seen(0, 2, Some(100), 0)), 4),
         3
     );
     // This replica's requests that ended since the report do not count:
     // the pod reported 6, all ours, and we have 1 left.
-    assert_eq!(effective_load(1, 1, Some(seen(2, 4, None, 0)), 4, &LA), 0);
+    assert_eq!(effective_load(1, 1, Some(seen(2, 4, None, 0)), 4), 0);
     // The report replaces the other replicas' synced counts (fleet).
-    assert_eq!(effective_load(2, 9, Some(seen(0, 3, None, 1)), 4, &LA), 0);
+    assert_eq!(effective_load(2, 9, Some(seen(0, 3, None, 1)), 4), 0);
     // Under its capacity a pod queues nothing.
-    assert_eq!(effective_load(3, 3, Some(seen(0, 3, None, 0)), 4, &LA), 0);
-    // KV at kv_high: slack_abs + 1 more, so it leaves the slack.
-    assert_eq!(
-        effective_load(1, 1, Some(seen(0, 1, Some(900), 0)), 4, &LA),
-        3
-    );
-    assert_eq!(
-        effective_load(1, 1, Some(seen(0, 1, Some(899), 0)), 4, &LA),
-        0
-    );
+    assert_eq!(effective_load(3, 3, Some(seen(0, 3, None, 0)), 4), 0);
+    // A full KV cache adds nothing: only the queue counts.
+    assert_eq!(effective_load(1, 1, Some(seen(0, 1, Some(1000), 0)), 4), 0);
 }
 
 #[test]

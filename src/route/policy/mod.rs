@@ -38,9 +38,6 @@ pub struct LoadAwareConfig {
     /// Prefill blocks one request of load above `min` costs in queueing;
     /// 0 = priced per pod from its answers ([`PodLoads::prices`]).
     pub queue_cost_blocks: u32,
-    /// KV-cache usage (thousandths) at which a pod counts `slack_abs + 1`
-    /// busier.
-    pub kv_high_permille: u16,
 }
 
 impl Default for LoadAwareConfig {
@@ -48,8 +45,7 @@ impl Default for LoadAwareConfig {
         Self {
             slack_abs: 8,
             slack_rel: 1.0,
-            queue_cost_blocks: 0,
-            kv_high_permille: 950,
+            queue_cost_blocks: 16,
         }
     }
 }
@@ -64,31 +60,12 @@ impl Default for LoadAwareConfig {
 /// as they were up to an interval and a tick ago: a pod that has just
 /// finished a burst would look busy, and one that has just been sent one
 /// idle.) The estimate is `E` less `capacity`, the most requests the pod
-/// was seen running at once. A pod whose KV cache is at or above
-/// `kv_high` counts `slack_abs + 1` more.
-pub fn effective_load(
-    replica: u32,
-    fleet: u32,
-    seen: Option<Seen>,
-    capacity: u32,
-    cfg: &LoadAwareConfig,
-) -> u32 {
+/// was seen running at once.
+pub fn effective_load(replica: u32, fleet: u32, seen: Option<Seen>, capacity: u32) -> u32 {
     let Some(seen) = seen else {
         return fleet;
     };
-    let hot = seen
-        .signals
-        .kv_permille
-        .is_some_and(|kv| kv >= cfg.kv_high_permille);
-    let penalty = if hot {
-        cfg.slack_abs.saturating_add(1)
-    } else {
-        0
-    };
-    replica
-        .saturating_add(seen.foreign)
-        .saturating_sub(capacity)
-        .saturating_add(penalty)
+    replica.saturating_add(seen.foreign).saturating_sub(capacity)
 }
 
 /// The load-aware rule. Over the pool's loads (`load[pod]`, missing = 0),

@@ -462,7 +462,7 @@ impl Router {
                         if seen.is_some() {
                             ties[i] = replica;
                         }
-                        *q = effective_load(mine, *q, seen, signals.capacity(pod), cfg);
+                        *q = effective_load(mine, *q, seen, signals.capacity(pod));
                     }
                 }
                 known_load.clone_from(&ties);
