@@ -376,8 +376,7 @@ impl Worker {
     /// worker VMs are live, the pods their prefill timing reads slow are
     /// exchanged with them (one get; one set when this VM's reading is
     /// new). Every
-    /// [`TICK_MS`]: ages this VM's bucket copies (see
-    /// [`crate::route::mirror`]), refreshes the fleet view, exchanges in-flight
+    /// [`TICK_MS`]: refreshes the fleet view, exchanges in-flight
     /// counts with the other VMs (and sets the in-flight gauges), flushes
     /// the stats; with sync on, reports the singleton's liveness once a
     /// second.
@@ -405,7 +404,6 @@ impl Worker {
         self.full_tick_nanos.set(now_nanos);
         let tick = self.ticks.get();
         self.ticks.set(tick.wrapping_add(1));
-        self.router.tick_copies();
         self.refresh_fleet(host, tick, secs(now_nanos));
         self.exchange_load(host, now_nanos / 1_000_000);
         if self.settings().signals.enabled {

@@ -10,8 +10,8 @@
 //! longest match per pod is found by galloping then binary search over the
 //! sampled positions. One bucket read answers every position of a segment
 //! (see [`crate::route::table::Layout`]), so a probe reads at most one
-//! bucket per segment it visits (from the VM's copies where it has them,
-//! see [`crate::route::mirror`]), capped at [`MAX_PROBES`]. Limits: a
+//! bucket per segment it visits, once per request (see
+//! [`crate::route::reads`]), capped at [`MAX_PROBES`]. Limits: a
 //! match is known to the sampled position just below its true end (within
 //! 1/8 of its length past the dense prefix), and an eviction hole inside a
 //! chain can make the search stop early.
@@ -27,12 +27,12 @@ use crate::route::feedback::{Plan, TrustLearner, MIN_HORIZON_SECS};
 use crate::route::hashing::BlockHasher;
 use crate::route::latency::PodLatency;
 use crate::route::load::{Ticket, VmLoad};
-use crate::route::mirror::{Mirror, Mirrored};
 use crate::route::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode, Reason,
 };
 use crate::route::prefill::PrefillTiming;
 use crate::route::price::{PodPrices, Price};
+use crate::route::reads::RequestReads;
 use crate::route::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
 use crate::route::request::PromptRequest;
 use crate::route::store::{SharedStore, StoreError};
@@ -145,8 +145,6 @@ pub struct Router {
     /// (model, first block) -> sampled index where the longest match ended
     /// last time: the probe starts there (see [`longest_matches`]).
     hints: RefCell<HashMap<(u16, u64), u32>>,
-    /// This VM's copies of the buckets it used (see [`crate::route::mirror`]).
-    mirror: RefCell<Mirror>,
     /// Per pod, from which age its matches are not trusted, learned from
     /// its answers (`feedback.cached_tokens`; see [`crate::route::feedback`]).
     trust: RefCell<TrustLearner>,
@@ -176,7 +174,6 @@ impl Router {
             demand: RefCell::new(Demand::default()),
             latency: RefCell::new(PodLatency::default()),
             hints: RefCell::new(HashMap::new()),
-            mirror: RefCell::new(Mirror::default()),
             trust: RefCell::new(TrustLearner::default()),
             prefill: RefCell::new(PrefillTiming::default()),
             prices: RefCell::new(PodPrices::default()),
@@ -387,9 +384,8 @@ impl Router {
             .iter()
             .map(|&i| anchor_of(hashes[self.layout.anchor_position(i, dense)]))
             .collect();
-        // Reads come from this VM's copies where they can; the write after
-        // the probe reuses its reads of the same buckets.
-        let mirrored = Mirrored::new(&self.mirror, store, self.table, now_secs);
+        // The write after the probe reuses its reads of the same buckets.
+        let reads = RequestReads::new(store, self.table, now_secs);
         let mut share = None;
         let (matches, probes) = match model {
             Some(m) => {
@@ -400,7 +396,7 @@ impl Router {
                 }
                 let hint = self.hints.borrow().get(&key).copied();
                 let found = longest_matches(
-                    &mirrored,
+                    &reads,
                     &Probe {
                         hashes: &hashes,
                         positions: &positions,
@@ -561,7 +557,7 @@ impl Router {
         };
         let write = match model {
             Some(m) => {
-                PrefixTable::new(&mirrored, self.table).record(&recorded, m, choice.pod, now_secs)
+                PrefixTable::new(&reads, self.table).record(&recorded, m, choice.pod, now_secs)
             }
             None => WriteOutcome::default(),
         };
@@ -618,17 +614,6 @@ impl Router {
             hashes,
             feedback,
         }))
-    }
-
-    /// The worker's tick for this VM's bucket copies (they age out).
-    pub fn tick_copies(&self) {
-        self.mirror.borrow_mut().tick();
-    }
-
-    /// Copies this VM keeps.
-    #[cfg(test)]
-    pub(crate) fn copies(&self) -> usize {
-        self.mirror.borrow().len()
     }
 
     /// Releases one in-flight request, `ticket` (its [`Routed::ticket`];

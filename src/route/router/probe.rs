@@ -1,10 +1,8 @@
 //! The probe: how far each pod's cached prefix reaches, found by galloping
 //! then bisecting over the sampled positions, one table read per segment
-//! (see the module docs of [`super`]). Segments come from the VM's copies
-//! when it has them; a copy's "not held" is confirmed by a read of shared
-//! data before it counts (see [`crate::route::mirror`]).
+//! (see the module docs of [`super`]).
 
-use crate::route::mirror::Mirrored;
+use crate::route::reads::RequestReads;
 use crate::route::registry::PodSlot;
 use crate::route::store::{SharedStore, StoreError};
 use crate::route::table::Record;
@@ -65,16 +63,9 @@ pub(super) struct Probe<'a> {
 /// For each pod of `pool` holding the first sampled block, how many leading
 /// blocks it holds, by galloping then bisecting over the sampled positions
 /// (from the hint when there is one). Returns the matches and the number of
-/// segment reads made (from copies or shared data).
-///
-/// Segments come from the VM's copies where it has them. A copy's "not
-/// held" is confirmed by a read of shared data where it decides the route:
-/// when no pod holds the first block (the prefix may be new to this VM
-/// only), and where the longest match ends (another VM may have recorded
-/// more of the prompt on that pod since). The other pods' shorter matches
-/// are taken from the copies as they are.
+/// segment reads made.
 pub(super) fn longest_matches<S: SharedStore + ?Sized>(
-    table: &Mirrored<'_, S>,
+    table: &RequestReads<'_, S>,
     p: &Probe<'_>,
 ) -> Result<(Vec<PodMatch>, usize), StoreError> {
     if p.positions.is_empty() {
@@ -89,13 +80,8 @@ pub(super) fn longest_matches<S: SharedStore + ?Sized>(
         memo: vec![None; p.positions.len()],
         segments: Vec::new(),
         probes: 0,
-        confirming: false,
     };
-    let mut first = probe.pool_pods_at(0, p.pool)?;
-    if first.is_empty() && probe.confirm(0)? {
-        first = probe.pool_pods_at(0, p.pool)?;
-    }
-    let n = p.positions.len();
+    let first = probe.pool_pods_at(0, p.pool)?;
     let mut matches = Vec::with_capacity(first.len());
     for (pod, first_seen) in first {
         let (lo, oldest, newest) = probe.search(pod, 0, first_seen, p.hint)?;
@@ -106,21 +92,6 @@ pub(super) fn longest_matches<S: SharedStore + ?Sized>(
             newest_access: newest.max(first_seen),
             last_index: lo,
         });
-    }
-    // Where the longest match ends, a copy's "no" is read again; if the
-    // pod holds more, the search goes on from there, reading what it needs.
-    let best = matches.iter().map(|m| m.last_index).max();
-    if let Some(best) = best.filter(|&b| b + 1 < n) {
-        if probe.confirm(best + 1)? {
-            probe.confirming = true;
-            for m in matches.iter_mut().filter(|m| m.last_index == best) {
-                let (lo, oldest, newest) = probe.search(m.pod, best, m.oldest_access, None)?;
-                m.blocks = (p.positions[lo] + 1) as u32;
-                m.oldest_access = oldest;
-                m.newest_access = m.newest_access.max(newest);
-                m.last_index = lo;
-            }
-        }
     }
     Ok((matches, probe.probes))
 }
@@ -139,18 +110,15 @@ enum Held {
 /// Memoized table reads: one read per anchor (segment) answers every
 /// sampled position in it; reads are capped at [`MAX_PROBES`].
 struct Prober<'a, 't, S: SharedStore + ?Sized> {
-    table: &'a Mirrored<'t, S>,
+    table: &'a RequestReads<'t, S>,
     hashes: &'a [u64],
     positions: &'a [usize],
     anchors: &'a [u32],
     model: u16,
     memo: Vec<Option<Vec<(PodSlot, u32)>>>,
-    /// The model's live records per anchor read so far, and whether they
-    /// were read from shared data during this request (else a copy).
-    segments: Vec<(u32, Vec<Record>, bool)>,
+    /// The model's live records per anchor read so far.
+    segments: Vec<(u32, Vec<Record>)>,
     probes: usize,
-    /// Whether a copy's "not held" is confirmed by a read as it is met.
-    confirming: bool,
 }
 
 impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
@@ -220,15 +188,15 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
     fn pods_at(&mut self, idx: usize) -> Result<Option<&[(PodSlot, u32)]>, StoreError> {
         if self.memo[idx].is_none() {
             let anchor = self.anchors[idx];
-            let seg = match self.segments.iter().position(|(a, _, _)| *a == anchor) {
+            let seg = match self.segments.iter().position(|(a, _)| *a == anchor) {
                 Some(seg) => seg,
                 None => {
                     if self.probes >= MAX_PROBES {
                         return Ok(None);
                     }
                     self.probes += 1;
-                    let (records, current) = self.table.segment(anchor, self.model, true)?;
-                    self.segments.push((anchor, records, current));
+                    let records = self.table.segment(anchor, self.model)?;
+                    self.segments.push((anchor, records));
                     self.segments.len() - 1
                 }
             };
@@ -262,44 +230,14 @@ impl<S: SharedStore + ?Sized> Prober<'_, '_, S> {
             .unwrap_or_default())
     }
 
-    /// Reads the segment of sampled index `idx` from shared data when what
-    /// the probe has of it came from a copy; true when it did (the answers
-    /// of that segment are recomputed), false when they were current
-    /// already or the budget is spent.
-    fn confirm(&mut self, idx: usize) -> Result<bool, StoreError> {
-        let anchor = self.anchors[idx];
-        let Some(seg) = self.segments.iter().position(|(a, _, _)| *a == anchor) else {
-            return Ok(false);
-        };
-        if self.segments[seg].2 || self.probes >= MAX_PROBES {
-            return Ok(false);
-        }
-        self.probes += 1;
-        let (records, _) = self.table.segment(anchor, self.model, false)?;
-        self.segments[seg] = (anchor, records, true);
-        for (i, a) in self.anchors.iter().enumerate() {
-            if *a == anchor {
-                self.memo[i] = None;
-            }
-        }
-        Ok(true)
-    }
-
     /// Whether `pod` holds the block at sampled index `idx`, and since when.
-    /// While `confirming`, a copy's "no" is confirmed by a read of shared
-    /// data.
     fn held_since(&mut self, idx: usize, pod: PodSlot) -> Result<Held, StoreError> {
-        let held = |p: Option<&[(PodSlot, u32)]>| match p {
+        Ok(match self.pods_at(idx)? {
             None => Held::OutOfBudget,
             Some(p) => match p.iter().find(|(q, _)| *q == pod) {
                 Some(&(_, t)) => Held::Since(t),
                 None => Held::No,
             },
-        };
-        let first = held(self.pods_at(idx)?);
-        if first == Held::No && self.confirming && self.confirm(idx)? {
-            return Ok(held(self.pods_at(idx)?));
-        }
-        Ok(first)
+        })
     }
 }

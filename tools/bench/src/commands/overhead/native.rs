@@ -24,9 +24,6 @@ pub struct Native {
     pub store_ops: f64,
 }
 
-/// Requests between two worker ticks in the native pass.
-const REQUESTS_PER_TICK: usize = 128;
-
 /// Mean time of parse, hash and route (+ release) per request over
 /// `measured` in order on a store that has seen `primed` first, and
 /// shared-data gets + sets per route + release.
@@ -54,7 +51,7 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
     }
     let mut n = Native::default();
     let mut ops = 0u64;
-    for (i, r) in measured.iter().enumerate() {
+    for r in measured.iter() {
         let t = Instant::now();
         let req = parse_body(kind(r), r.body.as_bytes()).expect("parse body");
         n.parse_us += t.elapsed().as_secs_f64();
@@ -64,12 +61,6 @@ fn native_pass(settings: &Settings, primed: &[Request], measured: &[Request]) ->
         let (g0, s0) = store.op_counts();
         let t = Instant::now();
         route_and_release(&req, &mut rng);
-        // The worker's tick ages the VM's bucket copies (Envoy ticks
-        // every 250 ms; this bench's side serves about this many requests
-        // in one).
-        if (i + 1) % REQUESTS_PER_TICK == 0 {
-            router.tick_copies();
-        }
         n.route_us += t.elapsed().as_secs_f64();
         let (g1, s1) = store.op_counts();
         ops += (g1 - g0) + (s1 - s0);

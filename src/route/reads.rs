@@ -1,0 +1,72 @@
+//! One routing decision's reads of the prefix table ([`RequestReads`]): a
+//! bucket is read from shared data at most once per request, and the
+//! write that follows the probe reuses that read (and its cas), so a
+//! request costs one get per bucket it touches and one set per bucket it
+//! writes. Nothing is kept between requests: every request sees the table
+//! as shared data holds it. (A per-VM copy of the buckets across requests
+//! was measured and removed: docs/decisions/051-bucket-copies.md.)
+
+use std::cell::RefCell;
+
+use crate::route::store::{SharedStore, StoreError, Versioned};
+use crate::route::table::{bucket_key, bucket_of_key, Record, TableConfig};
+
+/// A request's view of the table over `store`.
+pub(crate) struct RequestReads<'a, S: SharedStore + ?Sized> {
+    store: &'a S,
+    cfg: TableConfig,
+    now: u32,
+    /// Buckets read during this request: (bucket, value, cas).
+    read: RefCell<Vec<(u32, Vec<u8>, Option<u32>)>>,
+}
+
+impl<'a, S: SharedStore + ?Sized> RequestReads<'a, S> {
+    pub(crate) fn new(store: &'a S, cfg: TableConfig, now: u32) -> Self {
+        Self {
+            store,
+            cfg,
+            now,
+            read: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Live records of `anchor` for `model`.
+    pub(crate) fn segment(&self, anchor: u32, model: u16) -> Result<Vec<Record>, StoreError> {
+        let bucket = self.cfg.bucket_of(anchor);
+        let (value, _) = self.read_bucket(bucket, &bucket_key(bucket))?;
+        Ok(self
+            .cfg
+            .segment_in(value.as_deref().unwrap_or(&[]), anchor, model, self.now))
+    }
+
+    /// `bucket` (shared-data key `key`) as read during this request, or
+    /// read now.
+    fn read_bucket(&self, bucket: u32, key: &str) -> Result<Versioned, StoreError> {
+        if let Some((_, v, cas)) = self.read.borrow().iter().find(|(b, _, _)| *b == bucket) {
+            return Ok((Some(v.clone()), *cas));
+        }
+        let (value, cas) = self.store.get(key)?;
+        self.read
+            .borrow_mut()
+            .push((bucket, value.clone().unwrap_or_default(), cas));
+        Ok((value, cas))
+    }
+}
+
+impl<S: SharedStore + ?Sized> SharedStore for RequestReads<'_, S> {
+    fn get(&self, key: &str) -> Result<Versioned, StoreError> {
+        match bucket_of_key(key) {
+            Some(bucket) => self.read_bucket(bucket, key),
+            None => self.store.get(key),
+        }
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        if let Some(bucket) = bucket_of_key(key) {
+            // The next read in this request goes to shared data: on success
+            // the cas is unknown, on failure the read is old.
+            self.read.borrow_mut().retain(|(b, _, _)| *b != bucket);
+        }
+        self.store.set(key, value, cas)
+    }
+}
