@@ -423,10 +423,7 @@ fn effective_load_is_the_queue_beyond_what_the_pod_runs_at_once() {
     // them not this replica's.
     assert_eq!(effective_load(1, 1, Some(seen(2, 4, None, 5)), 4), 2);
     // Requests sent since the report show in the in-flight count.
-    assert_eq!(
-        effective_load(7, 7, Some(seen(0, 2, Some(100), 0)), 4),
-        3
-    );
+    assert_eq!(effective_load(7, 7, Some(seen(0, 2, Some(100), 0)), 4), 3);
     // This replica's requests that ended since the report do not count:
     // the pod reported 6, all ours, and we have 1 left.
     assert_eq!(effective_load(1, 1, Some(seen(2, 4, None, 0)), 4), 0);

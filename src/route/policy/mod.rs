@@ -65,7 +65,9 @@ pub fn effective_load(replica: u32, fleet: u32, seen: Option<Seen>, capacity: u3
     let Some(seen) = seen else {
         return fleet;
     };
-    replica.saturating_add(seen.foreign).saturating_sub(capacity)
+    replica
+        .saturating_add(seen.foreign)
+        .saturating_sub(capacity)
 }
 
 /// The load-aware rule. Over the pool's loads (`load[pod]`, missing = 0),

@@ -122,7 +122,10 @@ mod tests {
         assert!(fleet * 3 >= sessions * 2 - 3 * args.pods * 16);
         // Every tenant fits once, not twice.
         let tenants = TENANTS * (TENANT_TOKENS + QUESTION_TOKENS);
-        assert!(fleet > tenants && fleet < 2 * tenants, "{fleet} vs {tenants}");
+        assert!(
+            fleet > tenants && fleet < 2 * tenants,
+            "{fleet} vs {tenants}"
+        );
     }
 
     #[test]

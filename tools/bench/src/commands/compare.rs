@@ -57,8 +57,7 @@ use crate::runner::{Outcome, Pacing};
 use crate::scenario::{sum_stat, Gateway, GatewayOptions, PodModel, PodSet, Router};
 use crate::workload::{
     chat_sessions, no_sharing, shared_prefix, zipf_prefix, Api, ApiMix, BodyOptions, ChatOrder,
-    ChatSessions,
-    NoSharing, Order, Request, SharedPrefix, Streaming, ZipfPrefix,
+    ChatSessions, NoSharing, Order, Request, SharedPrefix, Streaming, ZipfPrefix,
 };
 use harness::TestDir;
 
@@ -591,7 +590,9 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
         seed: args.seed,
     };
     match kind {
-        WorkloadKind::TenantsBurst | WorkloadKind::SessionsBurst => super::bursts::build(kind, args),
+        WorkloadKind::TenantsBurst | WorkloadKind::SessionsBurst => {
+            super::bursts::build(kind, args)
+        }
         WorkloadKind::SharedPrefix => {
             let ppg = args.scaled(args.prompts_per_group);
             let requests = shared_prefix(&gsp(args.groups, ppg, Order::Shuffled));

@@ -67,10 +67,10 @@ pub struct DecideCli {
 
 /// One router setup: a compare router, or the filter with a patch.
 #[derive(Clone, Debug)]
-struct Setup {
-    name: String,
-    router: Router,
-    patch: Option<serde_json::Value>,
+pub struct Setup {
+    pub name: String,
+    pub router: Router,
+    pub patch: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -103,13 +103,63 @@ impl Scenario {
 
 /// One run's figures.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
-struct Figures {
-    hit: f64,
-    p50: f64,
-    p90: f64,
+pub struct Figures {
+    pub hit: f64,
+    pub p50: f64,
+    pub p90: f64,
     /// Requests per pod, max/min (0 when a pod got none).
-    spread: f64,
-    errors: usize,
+    pub spread: f64,
+    pub errors: usize,
+}
+
+impl Figures {
+    /// A run's figures from its statistics.
+    pub fn of(st: &crate::metrics::Stats) -> Figures {
+        Figures {
+            hit: st.hit_rate.unwrap_or(f64::NAN),
+            p50: st.ttft_ms.map_or(f64::NAN, |t| t.p50),
+            p90: st.ttft_ms.map_or(f64::NAN, |t| t.p90),
+            spread: st.spread.unwrap_or(0.0),
+            errors: st.errors,
+        }
+    }
+}
+
+/// Each setup's median [range] over its runs.
+pub fn summary_table(
+    title: &str,
+    setups: &[Setup],
+    runs: &BTreeMap<String, Vec<Figures>>,
+) -> Table {
+    let mut t = Table::new(
+        title,
+        &[
+            "router",
+            "runs",
+            "hit rate",
+            "TTFT p50 ms",
+            "TTFT p90 ms",
+            "max/min",
+            "errors",
+        ],
+    );
+    for s in setups {
+        let Some(r) = runs.get(&s.name) else { continue };
+        let col = |f: fn(&Figures) -> f64, d: usize| {
+            let v: Vec<f64> = r.iter().map(f).collect();
+            format!("{} [{}]", num(median(&v), d), range(&v, d))
+        };
+        t.row(&[
+            s.name.clone(),
+            r.len().to_string(),
+            col(|x| x.hit, 3),
+            col(|x| x.p50, 1),
+            col(|x| x.p90, 1),
+            col(|x| x.spread, 2),
+            r.iter().map(|x| x.errors).sum::<usize>().to_string(),
+        ]);
+    }
+    t
 }
 
 fn is_burst(w: WorkloadKind) -> bool {
@@ -125,7 +175,20 @@ fn list<T>(s: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec
 }
 
 fn setups(cli: &DecideCli) -> Result<Vec<Setup>, String> {
-    let mut out: Vec<Setup> = crate::scenario::parse_routers(&cli.routers)?
+    let out = parse_setups(&cli.routers, &cli.variant)?;
+    if !out.iter().any(|s| s.name == cli.subject) {
+        return Err(format!(
+            "--subject {:?} is not among the setups",
+            cli.subject
+        ));
+    }
+    Ok(out)
+}
+
+/// Routers (`compare`'s names, comma-separated) and `name=JSON` filter
+/// variants.
+pub fn parse_setups(routers: &str, variants: &[String]) -> Result<Vec<Setup>, String> {
+    let mut out: Vec<Setup> = crate::scenario::parse_routers(routers)?
         .into_iter()
         .map(|router| Setup {
             name: router.key().to_string(),
@@ -133,7 +196,7 @@ fn setups(cli: &DecideCli) -> Result<Vec<Setup>, String> {
             patch: None,
         })
         .collect();
-    for v in &cli.variant {
+    for v in variants {
         let (name, patch) = v
             .split_once('=')
             .ok_or_else(|| format!("--variant {v:?}: want name=JSON"))?;
@@ -144,9 +207,6 @@ fn setups(cli: &DecideCli) -> Result<Vec<Setup>, String> {
             router: Router::Filter,
             patch: Some(patch),
         });
-    }
-    if !out.iter().any(|s| s.name == cli.subject) {
-        return Err(format!("--subject {:?} is not among the setups", cli.subject));
     }
     Ok(out)
 }
@@ -247,7 +307,10 @@ fn verdicts(
     ] {
         let (s, b) = (med(subject, f), best(f, true));
         out.push((
-            format!("{}: {subject} {what} <= {TTFT_TOLERANCE} x best", sc.label()),
+            format!(
+                "{}: {subject} {what} <= {TTFT_TOLERANCE} x best",
+                sc.label()
+            ),
             format!("{} vs {} ms ({}x)", num(s, 1), num(b, 1), num(s / b, 3)),
             s <= b * TTFT_TOLERANCE,
         ));
@@ -307,13 +370,7 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: DecideCli) {
                     ..GatewayOptions::default()
                 };
                 let r = run_one(rt, &built, s.router, &args, &opts);
-                let fig = r.stats.as_ref().map(|st| Figures {
-                    hit: st.hit_rate.unwrap_or(f64::NAN),
-                    p50: st.ttft_ms.map_or(f64::NAN, |t| t.p50),
-                    p90: st.ttft_ms.map_or(f64::NAN, |t| t.p90),
-                    spread: st.spread.unwrap_or(0.0),
-                    errors: st.errors,
-                });
+                let fig = r.stats.as_ref().map(Figures::of);
                 match (fig, &r.skipped) {
                     (Some(f), _) => {
                         eprintln!(
@@ -341,7 +398,10 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: DecideCli) {
         cli.seeds
     );
     let mut checks = Table::new(
-        &format!("Targets of {} (tolerances stated before the runs)", cli.subject),
+        &format!(
+            "Targets of {} (tolerances stated before the runs)",
+            cli.subject
+        ),
         &["target", "measured (medians)", "verdict"],
     );
     let (mut met, mut total) = (0, 0);
@@ -349,27 +409,7 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: DecideCli) {
         let Some(runs) = all.get(&sc.label()) else {
             continue;
         };
-        let mut t = Table::new(
-            &sc.label(),
-            &["router", "runs", "hit rate", "TTFT p50 ms", "TTFT p90 ms", "max/min", "errors"],
-        );
-        for s in &setups {
-            let Some(r) = runs.get(&s.name) else { continue };
-            let col = |f: fn(&Figures) -> f64, d: usize| {
-                let v: Vec<f64> = r.iter().map(f).collect();
-                format!("{} [{}]", num(median(&v), d), range(&v, d))
-            };
-            t.row(&[
-                s.name.clone(),
-                r.len().to_string(),
-                col(|x| x.hit, 3),
-                col(|x| x.p50, 1),
-                col(|x| x.p90, 1),
-                col(|x| x.spread, 2),
-                r.iter().map(|x| x.errors).sum::<usize>().to_string(),
-            ]);
-        }
-        text.push_str(&t.render());
+        text.push_str(&summary_table(&sc.label(), &setups, runs).render());
         if runs.contains_key(&cli.subject) {
             for (name, detail, ok) in verdicts(sc, runs, &cli.subject) {
                 total += 1;
@@ -417,11 +457,19 @@ mod tests {
         // medians 0.905 / 50 / 100: p50 is 1.04x (met), hit 0.005 below (met).
         runs.insert(
             "filter".to_string(),
-            vec![fig(0.90, 52.0, 100.0), fig(0.2, 500.0, 90.0), fig(0.95, 40.0, 130.0)],
+            vec![
+                fig(0.90, 52.0, 100.0),
+                fig(0.2, 500.0, 90.0),
+                fig(0.95, 40.0, 130.0),
+            ],
         );
         runs.insert(
             "sglang".to_string(),
-            vec![fig(0.905, 50.0, 100.0), fig(0.9, 50.0, 100.0), fig(0.91, 49.0, 99.0)],
+            vec![
+                fig(0.905, 50.0, 100.0),
+                fig(0.9, 50.0, 100.0),
+                fig(0.91, 49.0, 99.0),
+            ],
         );
         let v = verdicts(&sc, &runs, "filter");
         assert_eq!(v.len(), 3);

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::json;
 
+use super::decide::{parse_setups, summary_table, Figures, Setup};
 use crate::commands::compare::{
     self, table, targets, targets_table, write_outputs, RunResult, WorkloadKind, WorkloadResult,
 };
@@ -29,9 +30,12 @@ use crate::metrics::Stats;
 use crate::peer::{bench_dir, peers_installed};
 use crate::procstat::LoadMeter;
 use crate::runner::Pacing;
-use crate::scenario::{parse_routers, Gateway, GatewayOptions, Router};
+use crate::scenario::{Gateway, GatewayOptions, Router};
 use crate::tagproxy::TagProxy;
-use crate::workload::{shared_prefix, ApiMix, BodyOptions, Order, SharedPrefix, Streaming};
+use crate::workload::{
+    chat_sessions, shared_prefix, zipf_prefix, ApiMix, BodyOptions, ChatOrder, ChatSessions, Order,
+    SharedPrefix, Streaming, ZipfPrefix,
+};
 use harness::{self, Service, TestDir};
 
 /// Gemma's tokenizer on the harness's filler text: ~4.5 bytes per token.
@@ -69,6 +73,20 @@ pub struct RealCli {
     pub cache_ram_mib: u32,
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// More seeds, comma-separated: the whole run once per seed, setups
+    /// alternating (order rotated per seed); ends with medians and ranges.
+    #[arg(long)]
+    pub seeds: Option<String>,
+    /// shared-prefix (groups x prompts, shuffled), tenants (each request a
+    /// question to one of `groups` system prompts drawn uniformly) or
+    /// sessions (`groups` chat conversations of `prompts-per-group` turns,
+    /// interleaved at random).
+    #[arg(long, default_value = "shared-prefix")]
+    pub workload: String,
+    /// More one-Envoy filter setups, `name=JSON` (merged into the plugin
+    /// configuration).
+    #[arg(long)]
+    pub variant: Vec<String>,
     /// Output directory (default results/).
     #[arg(long)]
     pub results_dir: Option<PathBuf>,
@@ -132,32 +150,142 @@ struct ServerMetrics {
 }
 
 pub fn main(rt: &tokio::runtime::Runtime, cli: RealCli) {
-    let routers = match parse_routers(&cli.routers) {
-        Ok(r) => r,
+    if !llama_installed() {
+        eprintln!("prefix-bench real: llama-server or the model is missing: run scripts/bench/setup-real-llm.sh");
+        std::process::exit(1);
+    }
+    let setups = match parse_setups(&cli.routers, &cli.variant) {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("prefix-bench real: {e}");
             std::process::exit(2);
         }
     };
-    if !llama_installed() {
-        eprintln!("prefix-bench real: llama-server or the model is missing: run scripts/bench/setup-real-llm.sh");
-        std::process::exit(1);
-    }
-    let wall = Instant::now();
-    let requests = shared_prefix(&SharedPrefix {
-        groups: cli.groups,
-        prompts_per_group: cli.prompts_per_group,
-        system_prompt_len: (cli.system_tokens as f64 * BYTES_PER_GEMMA_TOKEN) as usize,
-        question_len: (cli.question_tokens as f64 * BYTES_PER_GEMMA_TOKEN) as usize,
-        api: ApiMix::Only(crate::workload::Api::Completions),
-        order: Order::Shuffled,
-        body: BodyOptions {
-            model: "gemma-270m".into(),
-            max_tokens: cli.output_tokens,
-            streaming: Streaming::Always,
+    let seeds: Vec<u64> = match &cli.seeds {
+        None => vec![cli.seed],
+        Some(s) => match s.split(',').map(|x| x.trim().parse::<u64>()).collect() {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("prefix-bench real: --seeds: {e}");
+                std::process::exit(2);
+            }
         },
-        seed: cli.seed,
-    });
+    };
+    if !["shared-prefix", "tenants", "sessions"].contains(&cli.workload.as_str()) {
+        eprintln!("prefix-bench real: --workload: one of shared-prefix, tenants, sessions");
+        std::process::exit(2);
+    }
+    let mut all: std::collections::BTreeMap<String, Vec<Figures>> = Default::default();
+    for (i, &seed) in seeds.iter().enumerate() {
+        let mut order = setups.clone();
+        let n = order.len().max(1);
+        order.rotate_left(i % n);
+        run_seed(rt, &cli, &order, seed, &mut all);
+    }
+    if seeds.len() > 1 {
+        let t = summary_table(
+            &format!(
+                "real, {}: median [range] over seeds {:?}",
+                cli.workload, seeds
+            ),
+            &setups,
+            &all,
+        );
+        print!("{}", t.render());
+        let json = json!({"command": "real --seeds", "workload": cli.workload, "seeds": seeds, "runs": all});
+        write_outputs(
+            cli.results_dir.as_ref(),
+            "real-seeds",
+            &json,
+            None,
+            &t.render(),
+        )
+        .print(0.0);
+    }
+}
+
+/// The requests of `cli.workload` for `seed`.
+fn real_requests(cli: &RealCli, seed: u64) -> (Vec<crate::workload::Request>, String) {
+    let tokens = |t: usize| (t as f64 * BYTES_PER_GEMMA_TOKEN) as usize;
+    let body = BodyOptions {
+        model: "gemma-270m".into(),
+        max_tokens: cli.output_tokens,
+        streaming: Streaming::Always,
+    };
+    match cli.workload.as_str() {
+        "tenants" => {
+            let count = cli.groups * cli.prompts_per_group;
+            let r = zipf_prefix(&ZipfPrefix {
+                groups: cli.groups,
+                requests: count,
+                exponent: 0.0,
+                system_prompt_len: tokens(cli.system_tokens),
+                question_len: tokens(cli.question_tokens),
+                api: ApiMix::Only(crate::workload::Api::Completions),
+                body,
+                seed,
+            });
+            let d = format!(
+                "{count} requests, {} tenants drawn uniformly, ~{}-token system prompt + ~{}-token \
+                 question (Gemma tokens), {} output tokens, streaming completions",
+                cli.groups, cli.system_tokens, cli.question_tokens, cli.output_tokens
+            );
+            (r, d)
+        }
+        "sessions" => {
+            let r = chat_sessions(&ChatSessions {
+                sessions: cli.groups,
+                turns: cli.prompts_per_group,
+                system_len: tokens(cli.system_tokens / 2),
+                user_len: tokens(cli.question_tokens),
+                assistant_len: tokens(cli.question_tokens * 2),
+                body,
+                order: ChatOrder::Interleaved,
+                seed,
+            });
+            let d = format!(
+                "{} chat conversations x {} turns interleaved at random, ~{}-token system prompt, \
+                 ~{}-token user turns, ~{}-token replies in the history, {} output tokens, streaming",
+                cli.groups,
+                cli.prompts_per_group,
+                cli.system_tokens / 2,
+                cli.question_tokens,
+                cli.question_tokens * 2,
+                cli.output_tokens
+            );
+            (r, d)
+        }
+        _ => {
+            let r = shared_prefix(&SharedPrefix {
+                groups: cli.groups,
+                prompts_per_group: cli.prompts_per_group,
+                system_prompt_len: tokens(cli.system_tokens),
+                question_len: tokens(cli.question_tokens),
+                api: ApiMix::Only(crate::workload::Api::Completions),
+                order: Order::Shuffled,
+                body,
+                seed,
+            });
+            let d = format!(
+                "{} groups x {} prompts, ~{}-token system prompt + ~{}-token question (Gemma tokens), {} output \
+                 tokens, shuffled, streaming completions",
+                cli.groups, cli.prompts_per_group, cli.system_tokens, cli.question_tokens, cli.output_tokens
+            );
+            (r, d)
+        }
+    }
+}
+
+/// One seed: every setup in `setups`' order over fresh servers.
+fn run_seed(
+    rt: &tokio::runtime::Runtime,
+    cli: &RealCli,
+    setups: &[Setup],
+    seed: u64,
+    all: &mut std::collections::BTreeMap<String, Vec<Figures>>,
+) {
+    let wall = Instant::now();
+    let (requests, what) = real_requests(cli, seed);
     let (pacing, how) = match cli.rate {
         Some(rate) => (
             Pacing::Poisson {
@@ -173,11 +301,7 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: RealCli) {
             format!("closed loop, {} in flight", cli.concurrency),
         ),
     };
-    let description = format!(
-        "{} groups x {} prompts, ~{}-token system prompt + ~{}-token question (Gemma tokens), {} output \
-         tokens, shuffled, streaming completions; {how}",
-        cli.groups, cli.prompts_per_group, cli.system_tokens, cli.question_tokens, cli.output_tokens
-    );
+    let description = format!("{what}; {how}; seed {seed}");
     let mut text = String::from("prefix-bench real\n");
     let _ = writeln!(
         text,
@@ -188,7 +312,7 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: RealCli) {
     let _ = writeln!(text, "  workload: {description}");
     print!("{text}");
     let names: Vec<String> = (1..=cli.servers).map(|i| format!("llama-{i}")).collect();
-    let opts = GatewayOptions::default();
+    let base = GatewayOptions::default();
     let mut w = WorkloadResult {
         workload: WorkloadKind::SharedPrefix,
         description: description.clone(),
@@ -197,11 +321,16 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: RealCli) {
         results: Vec::new(),
     };
     let mut server_metrics: Vec<(Router, Vec<ServerMetrics>)> = Vec::new();
-    for router in routers {
+    for setup in setups {
+        let router = setup.router;
+        let opts = GatewayOptions {
+            filter_patch: setup.patch.clone(),
+            ..base.clone()
+        };
         let started = Instant::now();
         let mut result = RunResult {
             router,
-            description: router.describe(opts.sync_period_ms),
+            description: format!("{}: {}", setup.name, router.describe(opts.sync_period_ms)),
             skipped: None,
             stats: None,
             filter: None,
@@ -282,7 +411,14 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: RealCli) {
         drop(gateway);
         drop(proxies);
         drop(servers);
-        result.stats = Some(Stats::of(&outcomes, &names));
+        let stats = Stats::of(&outcomes, &names);
+        let f = Figures::of(&stats);
+        eprintln!(
+            "  real {} seed {seed} {:<12} hit {:.3} p50 {:.0} p90 {:.0} ms",
+            cli.workload, setup.name, f.hit, f.p50, f.p90
+        );
+        all.entry(setup.name.clone()).or_default().push(f);
+        result.stats = Some(stats);
         result.outcomes = outcomes;
         result.wall_s = started.elapsed().as_secs_f64();
         w.results.push(result);
