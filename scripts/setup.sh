@@ -8,7 +8,9 @@
 #                  release checks' Python packages (kubernetes-validate, jsonschema, pyyaml, oras)
 #   redis-server   Debian's package, for the sync tests (apt-get, only if missing)
 #   skopeo, docker-registry  Debian's packages, for `make test-release` (a real OCI registry)
-#   .tools/bin/    wasm-bindgen-test-runner, same version as wasm-bindgen in Cargo.lock
+#   .tools/bin/    wasm-bindgen-test-runner, same version as wasm-bindgen in Cargo.lock;
+#                  promtool, taken out of Debian's prometheus package (downloaded, not
+#                  installed: no server runs), for the alert rules' checks (tests/labels.rs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +31,7 @@ wasm_bindgen_version() {
 
 WB_VERSION="$(wasm_bindgen_version)"
 KEY="envoy=${ENVOY_VERSION} wasm-bindgen=${WB_VERSION:-none} redis=$(command -v redis-server || echo missing) redis-cli=$(command -v redis-cli || echo missing) openssl=$(command -v openssl || echo missing) pydeps=${PY_DEPS// /,} skopeo=$(command -v skopeo || echo missing) registry=$(command -v docker-registry || echo missing)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] \
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$KEY" ] && [ -x .tools/bin/promtool ] \
     && [ -x .venv/bin/envoy ] && { [ -z "$WB_VERSION" ] || [ -x .tools/bin/wasm-bindgen-test-runner ]; }; then
     exit 0
 fi
@@ -85,6 +87,22 @@ if [ -n "$WB_VERSION" ]; then
         args=(install wasm-bindgen-cli --version "=${WB_VERSION}" --root .tools --no-default-features --force)
         cargo "${args[@]}" --locked || cargo "${args[@]}"
     fi
+fi
+
+# promtool: the binary out of Debian's prometheus package, nothing installed.
+if ! .tools/bin/promtool --version >/dev/null 2>&1; then
+    log "taking promtool out of Debian's prometheus package into .tools/bin"
+    tmp="$(mktemp -d)"
+    (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1) || {
+        SUDO=""
+        [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+        $SUDO apt-get update -qq
+        (cd "$tmp" && apt-get download -qq prometheus >/dev/null)
+    }
+    dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"
+    mkdir -p .tools/bin
+    cp "$tmp/x/usr/bin/promtool" .tools/bin/promtool
+    rm -rf "$tmp"
 fi
 
 mkdir -p .tools
