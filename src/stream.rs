@@ -118,8 +118,6 @@ pub(crate) struct Stream {
     /// Its prefill is timed until its first answer bytes
     /// ([`crate::route::prefill`]).
     prefill_timed: bool,
-    /// Timed for its pod's learned prices until its first answer bytes.
-    price_timed: bool,
     /// A new prompt waiting for Redis to place it (`sync.place_new`).
     placing: Option<Box<Placing>>,
     /// Its member in Redis once placed there, released at the end.
@@ -241,13 +239,9 @@ impl Stream {
         // Only a 200's first bytes end a prefill: an error answer's come
         // at once, and would read as the fastest pod (one property read,
         // only for a timed prefill).
-        if (self.prefill_timed || self.price_timed) && !w.answer_ok(host) {
-            if std::mem::take(&mut self.prefill_timed) {
-                w.prefill_ended(self.id);
-            }
-            if std::mem::take(&mut self.price_timed) {
-                w.router.price_ended(self.id);
-            }
+        if self.prefill_timed && !w.answer_ok(host) {
+            self.prefill_timed = false;
+            w.prefill_ended(self.id);
         }
     }
 
@@ -268,15 +262,9 @@ impl Stream {
             self.computing = false;
             w.answered(host, self.id);
         }
-        if (self.prefill_timed || self.price_timed) && body_size > 0 {
-            // One clock read for both.
-            let now_ms = host.now_nanos() / 1_000_000;
-            if std::mem::take(&mut self.prefill_timed) {
-                w.router.prefill_answered(self.id, now_ms);
-            }
-            if std::mem::take(&mut self.price_timed) {
-                w.router.price_answered(self.id, now_ms);
-            }
+        if self.prefill_timed && body_size > 0 {
+            self.prefill_timed = false;
+            w.prefill_answered(host, self.id);
         }
         let Some(check) = self.feedback.as_mut() else {
             return;
@@ -321,9 +309,6 @@ impl Stream {
         }
         if std::mem::take(&mut self.prefill_timed) {
             w.prefill_ended(self.id);
-        }
-        if std::mem::take(&mut self.price_timed) {
-            w.router.price_ended(self.id);
         }
         if let Some(p) = self.placing.take() {
             // Ended while Redis placed it: Redis may count it.
@@ -656,17 +641,8 @@ impl Stream {
             // Its wait for another's prefill is not its pod's speed.
             w.router.untime_hit(pod);
         }
-        // A held request's wait is another's prefill: neither its pod's
-        // prefill time nor its price. One clock read for both.
-        let long = |b: u32| b >= crate::route::prefill::MIN_BLOCKS;
-        if !hold.held && (routed.prefill_blocks.is_some_and(long) || routed.priced.is_some()) {
-            let now_ms = host.now_nanos() / 1_000_000;
-            if let Some(blocks) = routed.prefill_blocks {
-                self.prefill_timed = w.prefill_started(self.id, pod, blocks, now_ms);
-            }
-            if let Some(priced) = routed.priced {
-                self.price_timed = w.router.price_started(self.id, pod, priced, now_ms);
-            }
+        if let (Some(blocks), false) = (routed.prefill_blocks, hold.held) {
+            self.prefill_timed = w.prefill_started(host, self.id, pod, blocks);
         }
         if let Some(plan) = routed.feedback {
             // A streamed answer without a usage chunk has nothing to read.

@@ -20,7 +20,6 @@ pub mod load;
 pub mod meter;
 pub(crate) mod policy;
 pub mod prefill;
-pub(crate) mod price;
 pub(crate) mod reads;
 pub mod registry;
 pub mod request;

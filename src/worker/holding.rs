@@ -155,16 +155,26 @@ impl Worker {
     }
 
     /// Times stream `stream`'s prefill of `blocks` uncached blocks on `pod`
-    /// from `now_ms`, when it is long enough to be timed (see
-    /// [`crate::route::prefill`]). Whether it is timed.
-    pub(crate) fn prefill_started(
+    /// from now (one clock read, only when it is long enough to be timed;
+    /// see [`crate::route::prefill`]). Whether it is timed.
+    pub(crate) fn prefill_started<H: Host>(
         &self,
+        host: &H,
         stream: u32,
         pod: PodSlot,
         blocks: u32,
-        now_ms: u64,
     ) -> bool {
-        blocks >= prefill::MIN_BLOCKS && self.router.prefill_started(stream, pod, blocks, now_ms)
+        if blocks < prefill::MIN_BLOCKS {
+            return false;
+        }
+        let now_ms = host.now_nanos() / 1_000_000;
+        self.router.prefill_started(stream, pod, blocks, now_ms)
+    }
+
+    /// A timed prefill's first answer bytes (one clock read).
+    pub(crate) fn prefill_answered<H: Host>(&self, host: &H, stream: u32) {
+        self.router
+            .prefill_answered(stream, host.now_nanos() / 1_000_000);
     }
 
     /// Whether the pod answered 200 (`response.code`, one property read).

@@ -13,7 +13,6 @@
 use serde::Deserialize;
 
 use crate::rng::SplitMix64;
-use crate::route::price::Price;
 use crate::route::registry::PodSlot;
 use crate::signals::Seen;
 
@@ -35,8 +34,7 @@ pub struct LoadAwareConfig {
     /// `slack_rel` x `min`) is never chosen.
     pub slack_abs: u32,
     pub slack_rel: f64,
-    /// Prefill blocks one request of load above `min` costs in queueing;
-    /// 0 = priced per pod from its answers ([`PodLoads::prices`]).
+    /// Prefill blocks one request of load above `min` costs in queueing.
     pub queue_cost_blocks: u32,
 }
 
@@ -215,89 +213,6 @@ struct Weigh<'a> {
     /// The pool's least load, and the bound of rule 1.
     min: u32,
     bound: u32,
-    /// The learned prices, when they set the cost.
-    priced: Option<Priced<'a>>,
-}
-
-/// Rule 2's cost from each pod's learned prices, in blocks of the pool's
-/// reference prefill (the lower median of the pods' per-block prices):
-/// the uncached blocks at the pod's per-block price (the reference's
-/// within 1.5x of it: that close, a difference is noise) plus the requests
-/// in flight above the pool's least at its per-request price.
-#[derive(Clone, Copy)]
-struct Priced<'a> {
-    prices: &'a [Price],
-    load: &'a [u32],
-    min_load: u32,
-    reference_us: f64,
-}
-
-impl Priced<'_> {
-    fn new<'a>(pool: &[PodSlot], prices: &'a [Price], load: &'a [u32]) -> Option<Priced<'a>> {
-        let price = |p: PodSlot| prices.get(p.index()).copied();
-        let mut per_block: Vec<f64> = pool
-            .iter()
-            .filter_map(|&p| price(p).map(|x| x.per_block_us))
-            .filter(|b| *b > 0.0)
-            .collect();
-        if per_block.is_empty() {
-            return None;
-        }
-        per_block.sort_by(f64::total_cmp);
-        let reference_us = per_block[(per_block.len() - 1) / 2];
-        let min_load = pool
-            .iter()
-            .map(|p| load.get(p.index()).copied().unwrap_or(0))
-            .min()?;
-        Some(Priced {
-            prices,
-            load,
-            min_load,
-            reference_us,
-        })
-    }
-
-    fn price(&self, pod: PodSlot) -> Price {
-        self.prices.get(pod.index()).copied().unwrap_or(Price {
-            per_block_us: self.reference_us,
-            per_request_us: crate::route::price::PRIOR_BLOCKS_PER_REQUEST * self.reference_us,
-        })
-    }
-
-    fn blocks(&self, us: f64) -> i64 {
-        (us / self.reference_us).round().clamp(0.0, i64::MAX as f64) as i64
-    }
-
-    fn per_request_blocks(&self, pod: PodSlot) -> i64 {
-        self.blocks(self.price(pod).per_request_us)
-    }
-
-    /// The requests in flight above the pool's least, priced.
-    fn queue(&self, pod: PodSlot) -> i64 {
-        let extra = self
-            .load
-            .get(pod.index())
-            .copied()
-            .unwrap_or(0)
-            .saturating_sub(self.min_load);
-        self.blocks(f64::from(extra) * self.price(pod).per_request_us)
-    }
-
-    /// `slowness`: the pod's measured slowness (thousandths, 0 = none),
-    /// which reads a slow pod before its own answers do (an overdue
-    /// prefill, its token latency).
-    fn cost(&self, pod: PodSlot, uncached: u32, slowness: i128) -> i64 {
-        let reference = self.reference_us;
-        let measured = if slowness >= SLOW_PREFILL {
-            reference * slowness as f64 / 1000.0
-        } else {
-            0.0
-        };
-        let b = self.price(pod).per_block_us.max(measured);
-        let b = if b >= reference * 1.5 { b } else { reference };
-        self.blocks(f64::from(uncached) * b)
-            .saturating_add(self.queue(pod))
-    }
 }
 
 impl<'a> Weigh<'a> {
@@ -312,11 +227,6 @@ impl<'a> Weigh<'a> {
         let at = |pod: PodSlot| loads.queue.get(pod.index()).copied().unwrap_or(0);
         let min = pool.iter().map(|&p| at(p)).min()?;
         let bound = load_bound(cfg, pool, loads.queue)?;
-        let priced = if cfg.queue_cost_blocks == 0 {
-            Priced::new(pool, loads.prices, loads.priced_load)
-        } else {
-            None
-        };
         Some(Self {
             cfg,
             loads,
@@ -324,7 +234,6 @@ impl<'a> Weigh<'a> {
             total_blocks,
             min,
             bound,
-            priced,
         })
     }
 
@@ -372,9 +281,6 @@ impl<'a> Weigh<'a> {
     /// The time to the first token, in a fast pod's prefill blocks: the
     /// uncached blocks' prefill plus the queue above the pool's least.
     fn cost(&self, pod: PodSlot) -> i64 {
-        if let Some(p) = self.priced {
-            return p.cost(pod, self.uncached(pod), self.slow(pod));
-        }
         let extra = i128::from(self.load(pod) - self.min);
         let queue = extra * i128::from(self.step_unit()) * self.slow(pod);
         let cost = (self.prefill_permille(pod) + queue) / 1000;
@@ -386,17 +292,7 @@ impl<'a> Weigh<'a> {
         (self.prefill_permille(pod) / 1000).min(i128::from(i64::MAX)) as i64
     }
 
-    fn uncached(&self, pod: PodSlot) -> u32 {
-        (self.total_blocks as u64)
-            .saturating_sub(u64::from(self.trusted(pod)))
-            .min(u64::from(u32::MAX)) as u32
-    }
-
     fn prefill_permille(&self, pod: PodSlot) -> i128 {
-        if let Some(p) = self.priced {
-            let cost = p.cost(pod, self.uncached(pod), self.slow(pod));
-            return i128::from(cost - p.queue(pod)) * 1000;
-        }
         let slow = self.slow(pod);
         // Pods within 1.5x of the fastest prefill alike: that close,
         // measured slowness is mostly queueing and noise, and weighing a
@@ -407,17 +303,11 @@ impl<'a> Weigh<'a> {
     }
 
     fn step_unit(&self) -> u32 {
-        match self.cfg.queue_cost_blocks {
-            0 => crate::route::price::PRIOR_BLOCKS_PER_REQUEST as u32,
-            fixed => fixed,
-        }
+        self.cfg.queue_cost_blocks
     }
 
     /// What one more request queued on `pod` adds to its cost (at least 1).
     fn step(&self, pod: PodSlot) -> i64 {
-        if let Some(p) = self.priced {
-            return p.per_request_blocks(pod).max(1);
-        }
         let step = i128::from(self.step_unit()) * self.slow(pod) / 1000;
         step.clamp(1, i128::from(i64::MAX)) as i64
     }
@@ -537,12 +427,6 @@ pub struct PodLoads<'a> {
     /// are live, else this VM's own counted in requests it routed since
     /// (see [`crate::route::load::VmLoad::age`]).
     pub age: &'a [u64],
-    /// With `queue_cost_blocks` 0: each pod's learned prices
-    /// ([`crate::route::price`]), and the requests in flight they were
-    /// learned against (this VM's knowledge), by slot. Empty = the fixed
-    /// price.
-    pub prices: &'a [Price],
-    pub priced_load: &'a [u32],
 }
 
 /// The policy's two knobs (AIBrix ships 16 and 2).

@@ -20,33 +20,6 @@ impl Router {
             .borrow_mut()
             .tick(self.load.borrow().own(), now_ms);
         self.prefill.borrow_mut().tick(now_ms);
-        self.prices.borrow_mut().tick(now_ms);
-    }
-
-    /// Times stream `stream` on `pod` from `now_ms` for the pod's learned
-    /// prices (see [`crate::route::price`]): `inflight` requests were there
-    /// before it, `uncached` blocks not predicted held. Whether it is timed.
-    pub(crate) fn price_started(
-        &self,
-        stream: u32,
-        pod: PodSlot,
-        (inflight, uncached): (u32, u32),
-        now_ms: u64,
-    ) -> bool {
-        self.prices
-            .borrow_mut()
-            .start(stream, pod, inflight, uncached, now_ms)
-    }
-
-    /// A priced stream's first answer bytes.
-    pub(crate) fn price_answered(&self, stream: u32, now_ms: u64) {
-        self.prices.borrow_mut().answered(stream, now_ms);
-    }
-
-    /// A priced stream ended before its first answer bytes, or its answer
-    /// is not a 200.
-    pub(crate) fn price_ended(&self, stream: u32) {
-        self.prices.borrow_mut().ended(stream);
     }
 
     /// Times stream `stream`'s prefill of `blocks` uncached blocks on

@@ -31,7 +31,6 @@ use crate::route::policy::{
     choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode, Reason,
 };
 use crate::route::prefill::PrefillTiming;
-use crate::route::price::{PodPrices, Price};
 use crate::route::reads::RequestReads;
 use crate::route::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
 use crate::route::request::PromptRequest;
@@ -105,10 +104,6 @@ pub struct Routed {
     /// the table: its blocks, for [`Router::prefill_started`] (which times
     /// it if long enough).
     pub(crate) prefill_blocks: Option<u32>,
-    /// With learned prices: the requests in flight on the chosen pod as
-    /// this VM knew them before this one, and the blocks it was not
-    /// predicted to hold, for [`Router::price_started`].
-    pub(crate) priced: Option<(u32, u32)>,
 }
 
 impl Routed {
@@ -150,9 +145,6 @@ pub struct Router {
     trust: RefCell<TrustLearner>,
     /// How fast each pod prefills, timed by this VM (load-aware slowness).
     prefill: RefCell<PrefillTiming>,
-    /// What a request in flight and an uncached block cost each pod, learned
-    /// from this VM's streamed requests (load-aware, `queue_cost_blocks` 0).
-    prices: RefCell<PodPrices>,
 }
 
 impl Router {
@@ -176,7 +168,6 @@ impl Router {
             hints: RefCell::new(HashMap::new()),
             trust: RefCell::new(TrustLearner::default()),
             prefill: RefCell::new(PrefillTiming::default()),
-            prices: RefCell::new(PodPrices::default()),
             settings,
         }
     }
@@ -426,9 +417,6 @@ impl Router {
         // Each VM starts its rotation at a random pod, so workers and
         // replicas do not all begin with the first one.
         let turn = self.turn.get().unwrap_or_else(|| rng.next_u64() as usize);
-        // The requests in flight per pod the learned prices are read and
-        // priced against (load-aware: fresh where a pod reported).
-        let mut known_load = load.clone();
         let choice = match self.settings.policy {
             PolicyMode::Aibrix => {
                 let choice = choose(&self.policy, pool, &load, &lengths, hashes.len(), turn, rng);
@@ -461,7 +449,6 @@ impl Router {
                         *q = effective_load(mine, *q, seen, signals.capacity(pod));
                     }
                 }
-                known_load.clone_from(&ties);
                 // The replica's sent and placed counts, and the ages of its
                 // requests (see VmLoad: with 2+ workers, exchanged per request).
                 let bound = self.fleet.borrow().bound();
@@ -481,14 +468,6 @@ impl Router {
                     })
                     .map(|m| m.pod)
                     .collect();
-                let prices: Vec<Price> = if cfg.queue_cost_blocks == 0 {
-                    let learned = self.prices.borrow();
-                    (0..load.len())
-                        .map(|i| learned.price(PodSlot::new(i as u16)))
-                        .collect()
-                } else {
-                    Vec::new()
-                };
                 let loads = PodLoads {
                     queue: &queue,
                     inflight: &ties,
@@ -498,8 +477,6 @@ impl Router {
                     place_by_count: reported_slow,
                     untrusted: &untrusted,
                     age: &age,
-                    prices: &prices,
-                    priced_load: &ties,
                 };
                 let share = share.unwrap_or(0.0);
                 let mut choice =
@@ -522,10 +499,6 @@ impl Router {
         }
         .ok_or(RouteError::NoEndpoints)?;
         // Before it is counted in flight there.
-        let priced = (req.stream
-            && self.settings.policy == PolicyMode::LoadAware
-            && self.settings.load_aware.queue_cost_blocks == 0)
-            .then(|| known_load.get(choice.pod.index()).copied().unwrap_or(0));
         let timeable = req.stream
             && self.settings.policy == PolicyMode::LoadAware
             && self.had_free_slot(choice.pod, &load);
@@ -597,10 +570,7 @@ impl Router {
         // past it, and read as a slow pod.
         let prefill_blocks =
             (timeable && predicted == 0).then(|| u32::try_from(hashes.len()).unwrap_or(u32::MAX));
-        let uncached =
-            u32::try_from(hashes.len().saturating_sub(predicted as usize)).unwrap_or(u32::MAX);
         Ok(Outcome::Routed(Routed {
-            priced: priced.map(|inflight| (inflight, uncached)),
             ticket,
             prefill_blocks,
             choice,
