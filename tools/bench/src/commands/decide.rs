@@ -277,11 +277,14 @@ fn range(v: &[f64], decimals: usize) -> String {
     format!("{}-{}", num(lo, decimals), num(hi, decimals))
 }
 
-/// The verdicts of `subject` in one scenario, from each setup's runs.
+/// The verdicts of `subject` in one scenario, from each setup's runs,
+/// against the best of `set` (the comparison set: the routers, not the
+/// filter variants being tried) and the subject itself.
 fn verdicts(
     sc: &Scenario,
     runs: &BTreeMap<String, Vec<Figures>>,
     subject: &str,
+    set: &[&str],
 ) -> Vec<(String, String, bool)> {
     let med = |name: &str, f: fn(&Figures) -> f64| {
         runs.get(name)
@@ -290,6 +293,7 @@ fn verdicts(
     };
     let best = |f: fn(&Figures) -> f64, lower: bool| {
         runs.keys()
+            .filter(|n| n.as_str() == subject || set.contains(&n.as_str()))
             .map(|n| med(n, f))
             .filter(|x| x.is_finite())
             .fold(if lower { f64::INFINITY } else { 0.0 }, |a, b| {
@@ -411,7 +415,12 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: DecideCli) {
         };
         text.push_str(&summary_table(&sc.label(), &setups, runs).render());
         if runs.contains_key(&cli.subject) {
-            for (name, detail, ok) in verdicts(sc, runs, &cli.subject) {
+            let set: Vec<&str> = setups
+                .iter()
+                .filter(|s| s.patch.is_none())
+                .map(|s| s.name.as_str())
+                .collect();
+            for (name, detail, ok) in verdicts(sc, runs, &cli.subject, &set) {
                 total += 1;
                 met += usize::from(ok);
                 checks.row(&[name, detail, verdict(ok).to_string()]);
@@ -471,19 +480,25 @@ mod tests {
                 fig(0.91, 49.0, 99.0),
             ],
         );
-        let v = verdicts(&sc, &runs, "filter");
+        let v = verdicts(&sc, &runs, "filter", &["sglang"]);
         assert_eq!(v.len(), 3);
         assert!(v.iter().all(|(_, _, ok)| *ok), "{v:?}");
         // 1.06x misses.
         runs.get_mut("filter").unwrap()[0].p50 = 53.1;
-        let v = verdicts(&sc, &runs, "filter");
+        let v = verdicts(&sc, &runs, "filter", &["sglang"]);
         assert!(!v[0].2, "{v:?}");
         // No hit target where load queues.
         let q = Scenario {
             pods: PodModelKind::Queueing,
             ..sc
         };
-        assert_eq!(verdicts(&q, &runs, "filter").len(), 2);
+        assert_eq!(verdicts(&q, &runs, "filter", &["sglang"]).len(), 2);
+        // A variant being tried is not in the comparison set.
+        runs.insert("faster".to_string(), vec![fig(0.95, 1.0, 1.0)]);
+        runs.get_mut("filter").unwrap()[0].p50 = 52.0;
+        assert!(verdicts(&sc, &runs, "filter", &["sglang"])
+            .iter()
+            .all(|(_, _, ok)| *ok));
     }
 
     #[test]
