@@ -11,13 +11,20 @@ use std::cell::RefCell;
 use crate::route::store::{SharedStore, StoreError, Versioned};
 use crate::route::table::{bucket_key, bucket_of_key, Record, TableConfig};
 
+/// A bucket as read during a request.
+struct Read {
+    bucket: u32,
+    value: Vec<u8>,
+    cas: Option<u32>,
+}
+
 /// A request's view of the table over `store`.
 pub(crate) struct RequestReads<'a, S: SharedStore + ?Sized> {
     store: &'a S,
     cfg: TableConfig,
     now: u32,
-    /// Buckets read during this request: (bucket, value, cas).
-    read: RefCell<Vec<(u32, Vec<u8>, Option<u32>)>>,
+    /// Buckets read during this request.
+    read: RefCell<Vec<Read>>,
 }
 
 impl<'a, S: SharedStore + ?Sized> RequestReads<'a, S> {
@@ -42,13 +49,15 @@ impl<'a, S: SharedStore + ?Sized> RequestReads<'a, S> {
     /// `bucket` (shared-data key `key`) as read during this request, or
     /// read now.
     fn read_bucket(&self, bucket: u32, key: &str) -> Result<Versioned, StoreError> {
-        if let Some((_, v, cas)) = self.read.borrow().iter().find(|(b, _, _)| *b == bucket) {
-            return Ok((Some(v.clone()), *cas));
+        if let Some(r) = self.read.borrow().iter().find(|r| r.bucket == bucket) {
+            return Ok((Some(r.value.clone()), r.cas));
         }
         let (value, cas) = self.store.get(key)?;
-        self.read
-            .borrow_mut()
-            .push((bucket, value.clone().unwrap_or_default(), cas));
+        self.read.borrow_mut().push(Read {
+            bucket,
+            value: value.clone().unwrap_or_default(),
+            cas,
+        });
         Ok((value, cas))
     }
 }
@@ -65,7 +74,7 @@ impl<S: SharedStore + ?Sized> SharedStore for RequestReads<'_, S> {
         if let Some(bucket) = bucket_of_key(key) {
             // The next read in this request goes to shared data: on success
             // the cas is unknown, on failure the read is old.
-            self.read.borrow_mut().retain(|(b, _, _)| *b != bucket);
+            self.read.borrow_mut().retain(|r| r.bucket != bucket);
         }
         self.store.set(key, value, cas)
     }
