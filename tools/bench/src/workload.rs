@@ -12,6 +12,9 @@
 //! seeded from one SplitMix64 stream per workload.
 
 use envoy_prefix_router::rng::SplitMix64;
+
+/// podsim's tokenizer: 4 bytes of text per token.
+pub const BYTES_PER_TOKEN: usize = 4;
 use serde::Serialize;
 use serde_json::{json, Value};
 

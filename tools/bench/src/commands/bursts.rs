@@ -16,9 +16,40 @@
 //! (`--slots` at or above the pods' count: load costs nothing; `--slots 1`:
 //! requests queue) is the caller's choice.
 
-use super::compare::{body, mean_tokens, Built, CompareArgs, WorkloadKind, BYTES_PER_TOKEN};
-use crate::runner::Pacing;
-use crate::workload::{chat_sessions, zipf_prefix, ApiMix, ChatOrder, ChatSessions, ZipfPrefix};
+use crate::workload::{
+    chat_sessions, zipf_prefix, ApiMix, BodyOptions, ChatOrder, ChatSessions, Request, ZipfPrefix,
+    BYTES_PER_TOKEN,
+};
+
+/// What a burst is built from (`compare`'s flags).
+#[derive(Clone, Debug)]
+pub struct BurstSpec {
+    /// `sessions-burst` (else `tenants-burst`).
+    pub sessions: bool,
+    /// Multiplies request counts (`--scale`).
+    pub scale: f64,
+    pub pods: usize,
+    /// The pods' caches together, as a fraction of the conversations'
+    /// working set (`--burst-cache`).
+    pub cache: f64,
+    /// Tokens per KV block of the pods.
+    pub kv_block_tokens: u32,
+    pub body: BodyOptions,
+    pub seed: u64,
+}
+
+/// A burst ready to send: its requests, a line saying what they are, the
+/// requests kept in flight, and the pods' KV blocks.
+pub struct Burst {
+    pub requests: Vec<Request>,
+    pub description: String,
+    pub concurrency: usize,
+    pub kv_blocks: u32,
+}
+
+fn scaled(spec: &BurstSpec, n: usize) -> usize {
+    ((n as f64 * spec.scale).round() as usize).max(1)
+}
 
 /// Tenants of `tenants-burst`, their system prompts and questions (tokens),
 /// and its requests (before `--scale`).
@@ -42,34 +73,34 @@ pub const fn session_tokens() -> usize {
 
 /// KV blocks per pod for a burst: `fraction` of the conversations' working
 /// set, spread over the pods.
-pub fn kv_blocks(args: &CompareArgs) -> u32 {
-    let working_set = (args.scaled(SESSIONS) * session_tokens()) as f64;
-    let per_pod = args.burst_cache.max(0.0) * working_set / args.pods.max(1) as f64;
-    let block = f64::from(args.pod.kv_block_tokens.max(1));
+pub fn kv_blocks(spec: &BurstSpec) -> u32 {
+    let working_set = (scaled(spec, SESSIONS) * session_tokens()) as f64;
+    let per_pod = spec.cache.max(0.0) * working_set / spec.pods.max(1) as f64;
+    let block = f64::from(spec.kv_block_tokens.max(1));
     ((per_pod / block).ceil() as u32).max(1)
 }
 
-/// Builds `kind`, one of the bursts.
-pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
-    let concurrency = args.pods.max(1);
-    let blocks = kv_blocks(args);
+/// Builds the burst `spec` names.
+pub fn build(spec: &BurstSpec) -> Burst {
+    let concurrency = spec.pods.max(1);
+    let blocks = kv_blocks(spec);
     let cache = format!(
         "closed loop, {concurrency} in flight (= pods); caches {} tokens per pod ({:.2} of the \
          conversations' working set)",
-        blocks * args.pod.kv_block_tokens,
-        args.burst_cache
+        blocks * spec.kv_block_tokens,
+        spec.cache
     );
-    let (requests, what) = if kind == WorkloadKind::SessionsBurst {
-        let sessions = args.scaled(SESSIONS);
+    let (requests, what) = if spec.sessions {
+        let sessions = scaled(spec, SESSIONS);
         let cfg = ChatSessions {
             sessions,
             turns: TURNS,
             system_len: SESSION_SYSTEM_TOKENS * BYTES_PER_TOKEN,
             user_len: USER_TOKENS * BYTES_PER_TOKEN,
             assistant_len: ASSISTANT_TOKENS * BYTES_PER_TOKEN,
-            body: body(args),
+            body: spec.body.clone(),
             order: ChatOrder::Interleaved,
-            seed: args.seed,
+            seed: spec.seed,
         };
         let what = format!(
             "{sessions} conversations x {TURNS} turns interleaved at random, each its own \
@@ -79,7 +110,7 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
         );
         (chat_sessions(&cfg), what)
     } else {
-        let count = args.scaled(TENANT_REQUESTS);
+        let count = scaled(spec, TENANT_REQUESTS);
         let cfg = ZipfPrefix {
             groups: TENANTS,
             requests: count,
@@ -87,8 +118,8 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
             system_prompt_len: TENANT_TOKENS * BYTES_PER_TOKEN,
             question_len: QUESTION_TOKENS * BYTES_PER_TOKEN,
             api: ApiMix::Alternate,
-            body: body(args),
-            seed: args.seed,
+            body: spec.body.clone(),
+            seed: spec.seed,
         };
         let what = format!(
             "{count} requests, {TENANTS} tenants drawn uniformly, each a {TENANT_TOKENS}-token \
@@ -96,26 +127,36 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
         );
         (zipf_prefix(&cfg), what)
     };
-    Built {
-        kind,
-        description: format!("{what}; {cache}"),
-        mean_prompt_tokens: mean_tokens(&requests),
+    Burst {
         requests,
-        pacing: Pacing::Closed { concurrency },
-        outage: None,
-        slow_pod: None,
-        kv_blocks: Some(blocks),
+        description: format!("{what}; {cache}"),
+        concurrency,
+        kv_blocks: blocks,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::compare::{build as build_workload, CompareArgs, WorkloadKind};
+    use crate::runner::Pacing;
+
+    fn spec(args: &CompareArgs) -> BurstSpec {
+        BurstSpec {
+            sessions: false,
+            scale: args.scale,
+            pods: args.pods,
+            cache: args.burst_cache,
+            kv_block_tokens: args.pod.kv_block_tokens,
+            body: BodyOptions::default(),
+            seed: args.seed,
+        }
+    }
 
     #[test]
     fn default_cache_holds_two_thirds_of_the_conversations_and_every_tenant_once() {
         let args = CompareArgs::defaults();
-        let per_pod = (kv_blocks(&args) * args.pod.kv_block_tokens) as usize;
+        let per_pod = (kv_blocks(&spec(&args)) * args.pod.kv_block_tokens) as usize;
         let fleet = per_pod * args.pods;
         let sessions = SESSIONS * session_tokens();
         assert!(fleet < sessions, "{fleet} vs {sessions}");
@@ -132,14 +173,14 @@ mod tests {
     fn bursts_run_closed_loop_at_the_pods_count() {
         let args = CompareArgs::defaults();
         for kind in [WorkloadKind::TenantsBurst, WorkloadKind::SessionsBurst] {
-            let b = build(kind, &args);
+            let b = build_workload(kind, &args);
             assert_eq!(
                 b.pacing,
                 Pacing::Closed {
                     concurrency: args.pods
                 }
             );
-            assert_eq!(b.kv_blocks, Some(kv_blocks(&args)));
+            assert_eq!(b.kv_blocks, Some(kv_blocks(&spec(&args))));
             assert!(b.requests.len() >= 160, "{}", b.requests.len());
         }
     }

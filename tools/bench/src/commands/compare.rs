@@ -61,8 +61,7 @@ use crate::workload::{
 };
 use harness::TestDir;
 
-/// podsim's tokenizer: 4 bytes of text per token.
-pub const BYTES_PER_TOKEN: usize = 4;
+pub use crate::workload::BYTES_PER_TOKEN;
 /// Tenants of the `tenants` workload, and its requests (before `--scale`).
 const TENANTS: usize = 16;
 const TENANT_REQUESTS: usize = 512;
@@ -507,7 +506,7 @@ pub struct Built {
     pub kv_blocks: Option<u32>,
 }
 
-pub(crate) fn body(args: &CompareArgs) -> BodyOptions {
+fn body(args: &CompareArgs) -> BodyOptions {
     BodyOptions {
         model: "sim-model".into(),
         max_tokens: args.output_tokens,
@@ -515,7 +514,7 @@ pub(crate) fn body(args: &CompareArgs) -> BodyOptions {
     }
 }
 
-pub(crate) fn mean_tokens(requests: &[Request]) -> f64 {
+fn mean_tokens(requests: &[Request]) -> f64 {
     let total: usize = requests.iter().map(|r| r.prompt_len).sum();
     total as f64 / requests.len().max(1) as f64 / BYTES_PER_TOKEN as f64
 }
@@ -591,7 +590,27 @@ pub fn build(kind: WorkloadKind, args: &CompareArgs) -> Built {
     };
     match kind {
         WorkloadKind::TenantsBurst | WorkloadKind::SessionsBurst => {
-            super::bursts::build(kind, args)
+            let b = super::bursts::build(&super::bursts::BurstSpec {
+                sessions: kind == WorkloadKind::SessionsBurst,
+                scale: args.scale,
+                pods: args.pods,
+                cache: args.burst_cache,
+                kv_block_tokens: args.pod.kv_block_tokens,
+                body: body(args),
+                seed: args.seed,
+            });
+            Built {
+                kind,
+                description: b.description,
+                mean_prompt_tokens: mean_tokens(&b.requests),
+                requests: b.requests,
+                pacing: Pacing::Closed {
+                    concurrency: b.concurrency,
+                },
+                outage: None,
+                slow_pod: None,
+                kv_blocks: Some(b.kv_blocks),
+            }
         }
         WorkloadKind::SharedPrefix => {
             let ppg = args.scaled(args.prompts_per_group);
