@@ -11,10 +11,10 @@ use std::cell::RefCell;
 use crate::route::store::{SharedStore, StoreError, Versioned};
 use crate::route::table::{bucket_key, bucket_of_key, Record, TableConfig};
 
-/// A bucket as read during a request.
+/// A bucket as shared data returned it during a request.
 struct Read {
     bucket: u32,
-    value: Vec<u8>,
+    value: Option<Vec<u8>>,
     cas: Option<u32>,
 }
 
@@ -40,32 +40,34 @@ impl<'a, S: SharedStore + ?Sized> RequestReads<'a, S> {
     /// Live records of `anchor` for `model`.
     pub(crate) fn segment(&self, anchor: u32, model: u16) -> Result<Vec<Record>, StoreError> {
         let bucket = self.cfg.bucket_of(anchor);
-        let (value, _) = self.read_bucket(bucket, &bucket_key(bucket))?;
-        Ok(self
-            .cfg
-            .segment_in(value.as_deref().unwrap_or(&[]), anchor, model, self.now))
+        self.with_bucket(bucket, &bucket_key(bucket), |value, _| {
+            self.cfg
+                .segment_in(value.unwrap_or(&[]), anchor, model, self.now)
+        })
     }
 
-    /// `bucket` (shared-data key `key`) as read during this request, or
-    /// read now.
-    fn read_bucket(&self, bucket: u32, key: &str) -> Result<Versioned, StoreError> {
+    /// `f` over `bucket` (shared-data key `key`) as read during this
+    /// request, or as read now (then kept for the rest of the request).
+    fn with_bucket<T>(
+        &self,
+        bucket: u32,
+        key: &str,
+        f: impl FnOnce(Option<&[u8]>, Option<u32>) -> T,
+    ) -> Result<T, StoreError> {
         if let Some(r) = self.read.borrow().iter().find(|r| r.bucket == bucket) {
-            return Ok((Some(r.value.clone()), r.cas));
+            return Ok(f(r.value.as_deref(), r.cas));
         }
         let (value, cas) = self.store.get(key)?;
-        self.read.borrow_mut().push(Read {
-            bucket,
-            value: value.clone().unwrap_or_default(),
-            cas,
-        });
-        Ok((value, cas))
+        let out = f(value.as_deref(), cas);
+        self.read.borrow_mut().push(Read { bucket, value, cas });
+        Ok(out)
     }
 }
 
 impl<S: SharedStore + ?Sized> SharedStore for RequestReads<'_, S> {
     fn get(&self, key: &str) -> Result<Versioned, StoreError> {
         match bucket_of_key(key) {
-            Some(bucket) => self.read_bucket(bucket, key),
+            Some(bucket) => self.with_bucket(bucket, key, |v, cas| (v.map(<[u8]>::to_vec), cas)),
             None => self.store.get(key),
         }
     }
@@ -79,3 +81,6 @@ impl<S: SharedStore + ?Sized> SharedStore for RequestReads<'_, S> {
         self.store.set(key, value, cas)
     }
 }
+
+#[cfg(test)]
+mod tests;
