@@ -166,7 +166,9 @@ fn is_burst(w: WorkloadKind) -> bool {
     matches!(w, WorkloadKind::TenantsBurst | WorkloadKind::SessionsBurst)
 }
 
-fn list<T>(s: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
+/// A comma-separated list, each item parsed by `parse` (`what` names an
+/// item in the error).
+pub fn list<T>(s: &str, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {
     s.split(',')
         .map(str::trim)
         .filter(|p| !p.is_empty())

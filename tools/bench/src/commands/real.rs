@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::json;
 
-use super::decide::{parse_setups, summary_table, Figures, Setup};
+use super::decide::{list, parse_setups, summary_table, Figures, Setup};
 use crate::commands::compare::{
     self, table, targets, targets_table, write_outputs, RunResult, WorkloadKind, WorkloadResult,
 };
@@ -71,12 +71,11 @@ pub struct RealCli {
     /// LLAMA_CACHE_RAM for start-llama.sh (MiB of host-RAM prompt cache; 0 = off).
     #[arg(long, default_value_t = 0)]
     pub cache_ram_mib: u32,
-    #[arg(long, default_value_t = 7)]
-    pub seed: u64,
-    /// More seeds, comma-separated: the whole run once per seed, setups
-    /// alternating (order rotated per seed); ends with medians and ranges.
-    #[arg(long)]
-    pub seeds: Option<String>,
+    /// Seeds, comma-separated: the whole run once per seed, setups
+    /// alternating (order rotated per seed); with more than one, it ends
+    /// with medians and ranges.
+    #[arg(long, default_value = "7")]
+    pub seeds: String,
     /// shared-prefix (groups x prompts, shuffled), tenants (each request a
     /// question to one of `groups` system prompts drawn uniformly) or
     /// sessions (`groups` chat conversations of `prompts-per-group` turns,
@@ -161,15 +160,16 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: RealCli) {
             std::process::exit(2);
         }
     };
-    let seeds: Vec<u64> = match &cli.seeds {
-        None => vec![cli.seed],
-        Some(s) => match s.split(',').map(|x| x.trim().parse::<u64>()).collect() {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("prefix-bench real: --seeds: {e}");
-                std::process::exit(2);
-            }
-        },
+    let seeds = match list(&cli.seeds, "seed", |p| p.parse::<u64>().ok()) {
+        Ok(v) if !v.is_empty() => v,
+        Ok(_) => {
+            eprintln!("prefix-bench real: --seeds: none given");
+            std::process::exit(2);
+        }
+        Err(e) => {
+            eprintln!("prefix-bench real: --seeds: {e}");
+            std::process::exit(2);
+        }
     };
     if !["shared-prefix", "tenants", "sessions"].contains(&cli.workload.as_str()) {
         eprintln!("prefix-bench real: --workload: one of shared-prefix, tenants, sessions");
@@ -290,7 +290,7 @@ fn run_seed(
         Some(rate) => (
             Pacing::Poisson {
                 rate_per_sec: rate,
-                seed: cli.seed,
+                seed,
             },
             format!("Poisson {rate} req/s"),
         ),
@@ -460,7 +460,7 @@ fn run_seed(
         "command": "real",
         "servers": cli.servers,
         "cache_ram_mib": cli.cache_ram_mib,
-        "seed": cli.seed,
+        "seed": seed,
         "workload": w,
         "targets": checks,
         "server_metrics": server_metrics
