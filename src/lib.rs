@@ -6,6 +6,8 @@
 //! never names `proxy_wasm`; it builds and tests on the host and on
 //! `wasm32-unknown-unknown`.
 //!
+//! - [`shared`]: the foundations: VM shared data behind the `SharedStore`
+//!   trait, and the registries that name pods and models by slots in it.
 //! - [`route`]: the request path. A body becomes prompt bytes, then chained
 //!   block hashes; the prefix table in shared data answers which pods hold
 //!   how much of the chain; the policy picks a pod under the load guard; the
@@ -17,7 +19,7 @@
 //!   [`signals`]: what the pods report of their own load (their `/metrics`),
 //!   and [`config`]: the plugin configuration.
 //! - `stream` (one HTTP stream's callbacks) and `worker` (one worker VM's
-//!   shared state and tick): the filter over the `worker::Host` trait, so
+//!   shared state and tick): the filter over the `hostcalls::Host` trait, so
 //!   all of it runs under a host double in unit tests.
 //! - `host` (compiled only for `wasm32-wasip1`, Envoy's target): the thin
 //!   layer that talks to Envoy, forwarding its callbacks to `stream` and
@@ -34,9 +36,11 @@
 
 pub mod config;
 pub mod fleet;
+pub(crate) mod hostcalls;
 pub(crate) mod placer;
 pub mod rng;
 pub mod route;
+pub mod shared;
 pub mod signals;
 pub(crate) mod stream;
 pub mod sync;

@@ -13,9 +13,9 @@
 
 use std::cell::{Cell, RefCell};
 
+use crate::hostcalls::Host;
 use crate::route::meter::{Count, Meter};
 use crate::sync::place;
-use crate::worker::Host;
 
 /// Requests of one VM waiting for a placement at once (each keeps its
 /// prompt meanwhile: 64 MiB at most with 1 MiB bodies).

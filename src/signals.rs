@@ -23,7 +23,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
-use crate::route::registry::{PodSlot, MAX_SLOTS};
+use crate::shared::registry::{PodSlot, MAX_SLOTS};
 
 pub mod buckets;
 pub mod share;

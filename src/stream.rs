@@ -8,17 +8,18 @@
 //!
 //! Every failure passes the request on untouched and is counted by reason.
 
+use crate::hostcalls::Host;
 use crate::route::feedback::{
     streams_without_usage, Plan, UsageScanner, MAX_CHUNK_READS, MAX_SCAN_BYTES,
 };
 use crate::route::load::Ticket;
 use crate::route::meter::{Count, SAMPLE_EVERY};
-use crate::route::registry::PodSlot;
 use crate::route::request::PromptRequest;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
 use crate::route::router::{Family, Outcome, Place, RouteError, Routed};
+use crate::shared::registry::PodSlot;
 use crate::sync::place::{self, Candidate, Followed, PlaceError};
-use crate::worker::{Host, Worker};
+use crate::worker::Worker;
 
 /// Header read by Envoy's `override_host` LB policy (Gateway API Inference
 /// Extension endpoint-picker protocol).

@@ -9,18 +9,19 @@ use std::cell::{Cell, RefCell};
 
 use crate::config::Settings;
 use crate::fleet::{self, Members};
+use crate::hostcalls::Host;
 use crate::placer::Placer;
 use crate::rng::SplitMix64;
 use crate::route::feedback::{clearly_less, learned_blocks, Plan};
 use crate::route::hold::{self, Holds, Owner, Remembered, SharedEntry};
 use crate::route::load::Ticket;
-use crate::route::meter::{Count, Meter, MetricSink};
+use crate::route::meter::{Count, Meter};
 use crate::route::policy::PolicyMode;
 use crate::route::prefill;
-use crate::route::registry::PodSlot;
 use crate::route::request::PromptRequest;
 use crate::route::router::{Outcome, Place, RouteError, Routed, Router};
-use crate::route::store::{SharedStore, StoreError};
+use crate::shared::registry::PodSlot;
+use crate::shared::store::{SharedStore, StoreError};
 use crate::sync::handoff::{self, Touched};
 use crate::sync::liveness::{self, Heartbeat};
 
@@ -37,49 +38,6 @@ const STATIC_REFRESH_TICKS: u64 = 40;
 /// Ticks between liveness reports (one a second at a 250 ms tick).
 const LIVENESS_TICKS: u64 = 4;
 
-/// What the request path asks of Envoy, besides shared data and stats.
-/// Every method is one hostcall; none fails a request: a failure reads as
-/// absent, empty or `false`.
-pub(crate) trait Host: SharedStore + MetricSink {
-    /// Wall clock, unix nanoseconds (0 if unreadable).
-    fn now_nanos(&self) -> u64;
-    /// Every request header, in the proxy-wasm map encoding (see
-    /// [`crate::stream::RequestHead::decode`]); None if unreadable.
-    fn request_headers(&self) -> Option<Vec<u8>>;
-    /// Sets a request header; false if the host refused.
-    fn set_request_header(&self, name: &str, value: &str) -> bool;
-    fn remove_request_header(&self, name: &str);
-    fn set_response_header(&self, name: &str, value: &str);
-    /// The buffered request body, up to `max` bytes: `Some(empty)` when
-    /// there is none, None when the host failed.
-    fn request_body(&self, max: usize) -> Option<Vec<u8>>;
-    /// The response body chunk passing now, up to `max` bytes (the filter
-    /// never buffers an answer); None when the host failed.
-    fn response_body(&self, max: usize) -> Option<Vec<u8>>;
-    /// A stream property (`["upstream", "address"]`) as bytes.
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
-    /// The id of a shared queue another VM registered.
-    fn resolve_queue(&self, vm_id: &str, name: &str) -> Option<u32>;
-    /// Enqueues a message; false if the queue is gone or refused it.
-    fn enqueue(&self, queue: u32, message: &[u8]) -> bool;
-    /// Resumes the held request of stream `stream` (Envoy continues it
-    /// after the current callback), then makes `current`, the context of
-    /// the callback running now, the one hostcalls act on again. False if
-    /// the stream is gone.
-    fn resume_request(&self, stream: u32, current: u32) -> bool;
-    /// POSTs `body` (a Redis pipeline) to the bridge of `sync`, to Redis
-    /// Cluster master `node` when named (in `sync.node_header`), answered
-    /// to the current context within `timeout_ms`; the call's token, None
-    /// if Envoy refused it.
-    fn call_bridge(
-        &self,
-        sync: &crate::sync::SyncSettings,
-        node: Option<&str>,
-        body: &[u8],
-        timeout_ms: u64,
-    ) -> Option<u32>;
-}
-
 mod holding;
 
 /// Key of the VM counter ([`vm_number`]).
@@ -89,7 +47,7 @@ const VM_COUNTER_KEY: &str = "vm/next";
 /// shared data, incremented under CAS. None if the store fails.
 pub(crate) fn vm_number<S: SharedStore + ?Sized>(store: &S) -> Option<u64> {
     let mut got = None;
-    crate::route::store::cas_update(store, VM_COUNTER_KEY, 64, |cur| {
+    crate::shared::store::cas_update(store, VM_COUNTER_KEY, 64, |cur| {
         let n = cur
             .and_then(|b| <[u8; 8]>::try_from(b).ok())
             .map_or(0, u64::from_le_bytes)

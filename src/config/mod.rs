@@ -13,7 +13,7 @@ use serde::Deserialize;
 use crate::fleet::membership::PodNaming;
 use crate::fleet::DEFAULT_POOL;
 use crate::route::policy::{LoadAwareConfig, PolicyMode};
-use crate::route::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
+use crate::shared::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
 use crate::sync::SyncSettings;
 
 mod fields;

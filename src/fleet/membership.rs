@@ -142,7 +142,7 @@ pub fn parse_clusters(
             let name = match naming {
                 PodNaming::Hostname
                     if !h.hostname.is_empty()
-                        && h.hostname.len() <= crate::route::registry::MAX_NAME =>
+                        && h.hostname.len() <= crate::shared::registry::MAX_NAME =>
                 {
                     h.hostname
                 }

@@ -1,7 +1,7 @@
 //! The live fleet: which pods exist, by a stable name, which may take
 //! traffic now, and the small slot each is known by in shared data.
 //!
-//! - [`crate::route::registry`]: stable pod name <-> [`PodSlot`], shared by every VM
+//! - [`crate::shared::registry`]: stable pod name <-> [`PodSlot`], shared by every VM
 //!   and surviving config updates, so nothing learned about pod X is ever
 //!   read as pod Y.
 //! - [`membership`]: the hosts and health of an Envoy upstream cluster, from
@@ -21,8 +21,8 @@ use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::route::registry::{NameRegistry, PodSlot};
-use crate::route::store::{cas_update, SharedStore, StoreError};
+use crate::shared::registry::{NameRegistry, PodSlot};
+use crate::shared::store::{cas_update, SharedStore, StoreError};
 
 /// Shared-data key of the published members (written by the singleton).
 pub(crate) const MEMBERS_KEY: &str = "fleet/members";
@@ -284,7 +284,7 @@ pub(crate) fn cluster_members<S: SharedStore + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::store::MemStore;
+    use crate::shared::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -18,7 +18,7 @@ use proxy_wasm::types::MetricType;
 use super::envoy::EnvoyHost;
 use crate::config::mismatch::differing_fields;
 use crate::config::{PoolSource, Settings};
-use crate::route::store::{cas_update, SharedStore};
+use crate::shared::store::{cas_update, SharedStore};
 use crate::sync::handoff;
 
 /// Cargo's version of this build.

@@ -3,15 +3,16 @@
 //! [`StoreError`]s, `None` or `false` here, at the adapter boundary; nothing
 //! here traps (the getters go through [`super::abi`]).
 
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 
 use super::abi;
+use crate::hostcalls::Host;
 use crate::route::meter::{MetricKind, MetricSink};
-use crate::route::store::{SharedStore, StoreError, Versioned};
-use crate::worker::Host;
+use crate::shared::store::{SharedStore, StoreError, Versioned};
+use crate::sync::SyncSettings;
 
 /// Envoy, through this VM's hostcalls (shared data is one map per `vm_id`,
 /// shared by every worker and the singleton).
@@ -120,18 +121,7 @@ impl Host for EnvoyHost {
         body: &[u8],
         timeout_ms: u64,
     ) -> Option<u32> {
-        let mut headers = super::sync_service::bridge_headers(sync);
-        if let Some(node) = node {
-            headers.push((sync.node_header.as_str(), node));
-        }
-        hostcalls::dispatch_http_call(
-            &sync.bridge_cluster,
-            headers,
-            Some(body),
-            vec![],
-            std::time::Duration::from_millis(timeout_ms),
-        )
-        .ok()
+        dispatch_bridge(sync, node, body, Duration::from_millis(timeout_ms)).ok()
     }
 }
 
@@ -142,4 +132,26 @@ pub fn now_nanos() -> u64 {
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+/// POSTs a raw RESP pipeline to the Redis bridge of `sync`. In cluster mode
+/// `node` names the master to reach: it goes in `sync.node_header`, and the
+/// bridge's ORIGINAL_DST upstream connects to it. The call's token, or the
+/// status Envoy refused it with.
+pub(super) fn dispatch_bridge(
+    sync: &SyncSettings,
+    node: Option<&str>,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<u32, Status> {
+    let mut headers = vec![
+        (":method", "POST"),
+        (":path", sync.bridge_path.as_str()),
+        (":authority", sync.bridge_authority.as_str()),
+        ("content-type", "application/octet-stream"),
+    ];
+    if let Some(node) = node {
+        headers.push((sync.node_header.as_str(), node));
+    }
+    hostcalls::dispatch_http_call(&sync.bridge_cluster, headers, Some(body), vec![], timeout)
 }

@@ -17,7 +17,7 @@ use proxy_wasm::types::{BufferType, MetricType};
 use super::abi;
 use crate::config::{PoolSource, Settings};
 use crate::fleet::SharedView;
-use crate::route::registry::PodSlot;
+use crate::shared::registry::PodSlot;
 use crate::signals::share::{Share, SharedRecord};
 use crate::signals::{self, Outcome, Record, Scraper, Target};
 use crate::sync::CallFailed;
@@ -192,15 +192,8 @@ impl SignalService {
             .as_deref()
             .map(|pw| (sync.auth_username.as_deref(), pw));
         let body = share.request(&own, now_ms, auth);
-        let headers = super::sync_service::bridge_headers(sync);
         let timeout = Duration::from_millis(timeout_ms);
-        match hostcalls::dispatch_http_call(
-            &sync.bridge_cluster,
-            headers,
-            Some(&body),
-            vec![],
-            timeout,
-        ) {
+        match super::envoy::dispatch_bridge(sync, None, &body, timeout) {
             Ok(token) => self.share_token = Some(token),
             Err(status) => {
                 let why = format!("cannot call cluster {} ({status:?})", sync.bridge_cluster);
@@ -316,7 +309,7 @@ impl SignalService {
             }
             Outcome::Fallback(why) => {
                 let _ = hostcalls::increment_metric(self.fallbacks, 1);
-                if self.failing.len() < crate::route::registry::MAX_SLOTS
+                if self.failing.len() < crate::shared::registry::MAX_SLOTS
                     && self.failing.insert(slot)
                 {
                     log::warn!(

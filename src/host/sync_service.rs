@@ -20,7 +20,7 @@ use proxy_wasm::types::MetricType;
 
 use super::abi;
 use super::deployment::{self, ConfigWatch};
-use super::envoy::EnvoyHost;
+use super::envoy::{dispatch_bridge, EnvoyHost};
 use super::fleet_service::FleetService;
 use super::signal_service::SignalService;
 use super::{now_millis, now_nanos, now_secs};
@@ -342,11 +342,8 @@ impl SyncState {
         self.last_probe_ms = now;
         let s = &self.settings.sync;
         let (body, expected) = probe::body(s);
-        let headers = bridge_headers(s);
         let timeout = Duration::from_millis(PROBE_FAILING_MS);
-        if let Ok(token) =
-            hostcalls::dispatch_http_call(&s.bridge_cluster, headers, Some(&body), vec![], timeout)
-        {
+        if let Ok(token) = dispatch_bridge(s, None, &body, timeout) {
             self.probe = Some(Probe { token, expected });
             let _ = hostcalls::increment_metric(self.probes, 1);
         }
@@ -390,19 +387,7 @@ impl SyncState {
         // abandons a whole cycle after op_timeout_ms.
         let timeout = Duration::from_millis(s.op_timeout_ms.clamp(1, CALL_TIMEOUT_MS));
         while let Some(call) = pending.pop() {
-            let mut headers = bridge_headers(s);
-            // Cluster mode: the bridge's ORIGINAL_DST upstream connects to
-            // the node named here.
-            if let Some(node) = call.node.as_deref() {
-                headers.push((s.node_header.as_str(), node));
-            }
-            match hostcalls::dispatch_http_call(
-                &s.bridge_cluster,
-                headers,
-                Some(&call.body),
-                vec![],
-                timeout,
-            ) {
+            match dispatch_bridge(s, call.node.as_deref(), &call.body, timeout) {
                 Ok(token) => {
                     self.calls.insert(token, call.id);
                 }
@@ -568,15 +553,4 @@ impl SyncMetrics {
             let _ = hostcalls::record_metric(self.rtt_ms, *rtt);
         }
     }
-}
-
-/// Headers of a call to the Redis bridge (a POST of a raw RESP pipeline);
-/// cluster mode adds the node header.
-pub(super) fn bridge_headers(s: &crate::sync::SyncSettings) -> Vec<(&str, &str)> {
-    vec![
-        (":method", "POST"),
-        (":path", s.bridge_path.as_str()),
-        (":authority", s.bridge_authority.as_str()),
-        ("content-type", "application/octet-stream"),
-    ]
 }

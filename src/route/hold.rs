@@ -54,8 +54,8 @@
 //! `hold.max_waiting` requests wait at once per VM (a request past that
 //! goes on at once, counted).
 
-use crate::route::registry::PodSlot;
-use crate::route::store::{cas_update, SharedStore, StoreError};
+use crate::shared::registry::PodSlot;
+use crate::shared::store::{cas_update, SharedStore, StoreError};
 
 /// Most prefixes in prefill one VM remembers.
 pub(crate) const MAX_COMPUTING: usize = 64;
@@ -447,7 +447,7 @@ pub(crate) fn find_shared(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::store::MemStore;
+    use crate::shared::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -1,7 +1,7 @@
 //! How long this VM's requests take per pod ([`PodLatency`]): what the
 //! load-aware policy's slowness is measured from.
 
-use crate::route::registry::{PodSlot, MAX_SLOTS};
+use crate::shared::registry::{PodSlot, MAX_SLOTS};
 
 /// How long this VM's requests take per pod, by Little's law: the time
 /// its requests spent in flight (sampled on the tick) over the requests

@@ -19,8 +19,8 @@ use std::collections::HashMap;
 
 use crate::config::Settings;
 use crate::route::policy::Reason;
-use crate::route::registry::MAX_SLOTS;
 use crate::route::request::PassReason;
+use crate::shared::registry::MAX_SLOTS;
 
 /// One routed request in this many is timed for `route_time_us`.
 pub const SAMPLE_EVERY: u32 = 8;

@@ -8,8 +8,8 @@
 //! [`router`] ties the steps together; [`feedback`] learns from the pods'
 //! answers (`cached_tokens`) how long each keeps a prefix, and [`hold`] keeps a request whose
 //! matched prefix its pod is still computing until that prefill answers. All of it runs over the
-//! [`store::SharedStore`] trait; [`registry`] names pods and models by small
-//! slots in that store, and [`meter`] keeps the path's stats in VM memory
+//! [`crate::shared::store::SharedStore`] trait, naming pods and models by the
+//! slots of [`crate::shared::registry`], and [`meter`] keeps the path's stats in VM memory
 //! until the worker's tick flushes them.
 
 pub mod feedback;
@@ -21,8 +21,6 @@ pub mod meter;
 pub(crate) mod policy;
 pub mod prefill;
 pub(crate) mod reads;
-pub mod registry;
 pub mod request;
 pub mod router;
-pub mod store;
 pub mod table;

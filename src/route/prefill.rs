@@ -7,8 +7,8 @@
 //! token latency needs (see [`crate::route::router`]'s `slowness`).
 
 use crate::route::policy::SLOW_PREFILL;
-use crate::route::registry::{PodSlot, MAX_SLOTS};
-use crate::route::store::{cas_update, SharedStore, StoreError};
+use crate::shared::registry::{PodSlot, MAX_SLOTS};
+use crate::shared::store::{cas_update, SharedStore, StoreError};
 
 /// Shared-data key where the worker VMs of a replica publish the pods
 /// their prefill timing reads slow (see [`PrefillTiming::share`]).
@@ -424,7 +424,7 @@ mod tests {
 
     #[test]
     fn worker_vms_share_what_their_timing_reads() {
-        use crate::route::store::MemStore;
+        use crate::shared::store::MemStore;
         let store = MemStore::default();
         let mut a = reading_pod_2_slow();
         let mut b = PrefillTiming::default();
@@ -457,7 +457,7 @@ mod tests {
 
     #[test]
     fn a_lost_race_or_a_hostile_value_changes_nothing_and_never_panics() {
-        use crate::route::store::MemStore;
+        use crate::shared::store::MemStore;
         let mut a = reading_pod_2_slow();
         // Values of another version, torn, too long, naming slots out of
         // range or absurd slowness.
@@ -510,10 +510,10 @@ mod tests {
 
     /// A store whose every CAS write loses.
     #[derive(Default)]
-    struct Racing(crate::route::store::MemStore);
+    struct Racing(crate::shared::store::MemStore);
 
     impl SharedStore for Racing {
-        fn get(&self, key: &str) -> Result<crate::route::store::Versioned, StoreError> {
+        fn get(&self, key: &str) -> Result<crate::shared::store::Versioned, StoreError> {
             self.0.get(key)
         }
         fn set(&self, _: &str, _: &[u8], _: Option<u32>) -> Result<(), StoreError> {

@@ -8,8 +8,8 @@
 
 use std::cell::RefCell;
 
-use crate::route::store::{SharedStore, StoreError, Versioned};
 use crate::route::table::{bucket_key, bucket_of_key, Record, TableConfig};
+use crate::shared::store::{SharedStore, StoreError, Versioned};
 
 /// A bucket as shared data returned it during a request.
 struct Read {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::config::Settings;
 use crate::route::meter::{MetricKind, MetricSink};
-use crate::route::store::{MemStore, SharedStore, StoreError, Versioned};
+use crate::shared::store::{MemStore, SharedStore, StoreError, Versioned};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -616,7 +616,7 @@ fn passive_health_reads_the_address_only_after_a_retry_or_when_sampled() {
     for ((code, attempts, same, check), (cooled, reads)) in cases {
         let host = TestHost::default();
         let w = worker_on(&host, "");
-        let pod = crate::route::registry::PodSlot::new(0);
+        let pod = crate::shared::registry::PodSlot::new(0);
         let chosen = w.router.fleet().address(pod).unwrap().to_string();
         let other = PODS.iter().find(|p| **p != chosen).unwrap().to_string();
         let mut props = host.properties.borrow_mut();
@@ -711,7 +711,7 @@ fn pod_signals_add_no_hostcall_to_a_request_and_one_read_per_tick() {
         let host = TestHost::default();
         let w = worker_on(&host, extra);
         let record = crate::signals::Record {
-            slot: crate::route::registry::PodSlot::new(0),
+            slot: crate::shared::registry::PodSlot::new(0),
             at_ms: host.now.get() / 1_000_000,
             signals: crate::signals::PodSignals {
                 waiting: 1,
@@ -760,7 +760,7 @@ fn slowness_gauges_follow_the_reported_token_latency() {
     let records: Vec<crate::signals::Record> = [(0, 3_000), (1, 9_000)]
         .iter()
         .map(|&(slot, us)| crate::signals::Record {
-            slot: crate::route::registry::PodSlot::new(slot),
+            slot: crate::shared::registry::PodSlot::new(slot),
             at_ms: host.now.get() / 1_000_000,
             signals: crate::signals::PodSignals {
                 waiting: 0,

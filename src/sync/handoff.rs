@@ -7,7 +7,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use crate::route::registry::PodSlot;
+use crate::shared::registry::PodSlot;
 
 /// Name of the shared queue (registered by the singleton, resolved by workers).
 pub(crate) const QUEUE_NAME: &str = "prefix_router.dirty";

@@ -44,7 +44,7 @@
 //! leave the sets, so a dead replica's load ages out. Every key expires
 //! [`KEY_TTL_SECS`] after its last write.
 
-use crate::route::store::SharedStore;
+use crate::shared::store::SharedStore;
 use crate::sync::cmd;
 use crate::sync::resp::{parse_pipeline_reply, Frame, Pipeline};
 use crate::sync::SyncSettings;

@@ -31,7 +31,7 @@ pub(crate) mod trust;
 
 pub(crate) use trust::{TrustLearner, MIN_HORIZON_SECS};
 
-use crate::route::registry::PodSlot;
+use crate::shared::registry::PodSlot;
 
 /// Most body chunks read per answer (one hostcall each); past it the answer
 /// is not checked. A non-streamed answer is one or two chunks; a streamed

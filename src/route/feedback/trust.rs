@@ -3,8 +3,8 @@
 //! a replica's worker VMs (`feedback/trust`) and, with sync, between replicas
 //! (their `podload` reports, summed into `feedback/remote`).
 
-use crate::route::registry::{PodSlot, MAX_SLOTS};
-use crate::route::store::{cas_update, SharedStore, StoreError};
+use crate::shared::registry::{PodSlot, MAX_SLOTS};
+use crate::shared::store::{cas_update, SharedStore, StoreError};
 
 /// Ages told apart, in whole seconds (0 to 14; the last counts 15 and more).
 const AGES: usize = 16;
@@ -392,7 +392,7 @@ pub(crate) fn publish_remote<'a, S: SharedStore + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::store::MemStore;
+    use crate::shared::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -32,14 +32,14 @@
 //!
 //! A published value is `token u64 | at_ms u64 | version u8 (1)`, then for
 //! `n` pod slots (index = the pod's registry slot, see
-//! [`crate::route::registry`]) `n` in-flight counts `u32`, `n` sent counts
+//! [`crate::shared::registry`]) `n` in-flight counts `u32`, `n` sent counts
 //! `u32`, `n` placed counts `u32` and `n` send-time sums `u64` (ms), little
 //! endian (see [`value`]). A value of another version counts nothing but
 //! keeps its key taken while live, so VMs of two builds never claim one
 //! key.
 
-use crate::route::registry::{PodSlot, MAX_SLOTS};
-use crate::route::store::{SharedStore, StoreError};
+use crate::shared::registry::{PodSlot, MAX_SLOTS};
+use crate::shared::store::{SharedStore, StoreError};
 
 mod value;
 

@@ -1,6 +1,6 @@
 use super::value::{HEADER, VERSION};
 use super::*;
-use crate::route::store::MemStore;
+use crate::shared::store::MemStore;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 

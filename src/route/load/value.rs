@@ -2,7 +2,7 @@
 //! header, then per pod slot what the VM has in flight and has sent, each
 //! field for every slot in turn so that each reads as one run.
 
-use crate::route::registry::MAX_SLOTS;
+use crate::shared::registry::MAX_SLOTS;
 
 /// A VM's counts stop counting this long after its last publish (20 ticks).
 pub const VM_STALE_MS: u64 = 5_000;

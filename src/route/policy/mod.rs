@@ -13,7 +13,7 @@
 use serde::Deserialize;
 
 use crate::rng::SplitMix64;
-use crate::route::registry::PodSlot;
+use crate::shared::registry::PodSlot;
 use crate::signals::Seen;
 
 /// Which rules choose the pod.

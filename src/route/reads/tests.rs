@@ -1,6 +1,6 @@
 use super::*;
-use crate::route::store::{cas_update, MemStore};
 use crate::route::table::Layout;
+use crate::shared::store::{cas_update, MemStore};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -13,7 +13,7 @@ use std::fmt::Write;
 
 use crate::fleet::FleetView;
 use crate::route::policy::{Choice, PodLoads, Reason};
-use crate::route::registry::PodSlot;
+use crate::shared::registry::PodSlot;
 
 /// Most pods one line names.
 pub(crate) const MAX_LISTED: usize = 12;
@@ -204,7 +204,7 @@ pub(crate) fn line(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::registry::PodSlot;
+    use crate::shared::registry::PodSlot;
 
     fn pod(name: &str, matched: u32, queue: u32) -> PodFacts<'_> {
         PodFacts {

@@ -5,8 +5,8 @@
 //! ([`crate::route::feedback::TrustLearner`]). The worker's tick and the
 //! stream's callbacks feed it; [`Router::route`] reads it.
 
-use crate::route::registry::PodSlot;
-use crate::route::store::{SharedStore, StoreError};
+use crate::shared::registry::PodSlot;
+use crate::shared::store::{SharedStore, StoreError};
 
 use super::speed::slowness;
 use super::Router;

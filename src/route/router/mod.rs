@@ -32,10 +32,10 @@ use crate::route::policy::{
 };
 use crate::route::prefill::PrefillTiming;
 use crate::route::reads::RequestReads;
-use crate::route::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
 use crate::route::request::PromptRequest;
-use crate::route::store::{SharedStore, StoreError};
 use crate::route::table::{anchor_of, Layout, PrefixTable, TableConfig, WriteOutcome};
+use crate::shared::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
+use crate::shared::store::{SharedStore, StoreError};
 use crate::signals::SignalView;
 
 /// Most table reads one routing decision may do.
@@ -293,7 +293,7 @@ impl Router {
         match id {
             Some(id) => {
                 // Bounded like the registry itself.
-                if cache.len() >= crate::route::registry::MAX_SLOTS {
+                if cache.len() >= crate::shared::registry::MAX_SLOTS {
                     cache.clear();
                 }
                 cache.insert(model.to_string(), (id, now_secs));

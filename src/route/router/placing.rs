@@ -3,7 +3,7 @@
 //! policy's choice (see [`crate::sync::place`] for Redis's side).
 
 use crate::route::policy::{placement_candidates, Choice, LoadAwareConfig, PodLoads, Reason};
-use crate::route::registry::PodSlot;
+use crate::shared::registry::PodSlot;
 
 use super::Routed;
 

@@ -3,9 +3,9 @@
 //! (see the module docs of [`super`]).
 
 use crate::route::reads::RequestReads;
-use crate::route::registry::PodSlot;
-use crate::route::store::{SharedStore, StoreError};
 use crate::route::table::Record;
+use crate::shared::registry::PodSlot;
+use crate::shared::store::{SharedStore, StoreError};
 
 use super::MAX_PROBES;
 

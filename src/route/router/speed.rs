@@ -5,7 +5,7 @@
 
 use crate::route::latency::PodLatency;
 use crate::route::policy::SLOW_PREFILL;
-use crate::route::registry::PodSlot;
+use crate::shared::registry::PodSlot;
 use crate::signals::SignalView;
 
 /// Most a pod's queue cost is scaled by its slowness (thousandths).

@@ -3,7 +3,7 @@
 use super::*;
 use crate::route::policy::Reason;
 use crate::route::request::PromptRequest;
-use crate::route::store::MemStore;
+use crate::shared::store::MemStore;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -247,7 +247,7 @@ fn cluster_pools_route_over_published_members_before_the_first_tick() {
 fn store_failure_is_an_error_not_a_panic() {
     struct Broken;
     impl SharedStore for Broken {
-        fn get(&self, key: &str) -> Result<crate::route::store::Versioned, StoreError> {
+        fn get(&self, key: &str) -> Result<crate::shared::store::Versioned, StoreError> {
             Err(StoreError::Host {
                 key: key.into(),
                 status: "down".into(),

@@ -10,7 +10,7 @@
 //! `anchor % buckets`. A full bucket reuses its expired or least recently
 //! used slot, so memory stays flat however many distinct prompts arrive.
 //! Writes are read-modify-write under CAS with bounded retries (see
-//! [`crate::route::store::cas_update`]).
+//! [`crate::shared::store::cas_update`]).
 //!
 //! The anchor chooses the bucket ([`Layout`]). In the per-block layout it is
 //! the block's own hash, so any writer that knows only a block hash (an
@@ -23,11 +23,11 @@
 //! block hash names its whole prefix, hence its position and its segment.
 //!
 //! A record names its model and pod by slots (`u16`, [`PodSlot`]) of the model and pod
-//! registries ([`crate::route::registry`]): stable names, bounded, reused only long
+//! registries ([`crate::shared::registry`]): stable names, bounded, reused only long
 //! after a name was last seen.
 
-use crate::route::registry::PodSlot;
-use crate::route::store::{cas_update, SharedStore, StoreError};
+use crate::shared::registry::PodSlot;
+use crate::shared::store::{cas_update, SharedStore, StoreError};
 
 /// Most records one bucket value holds (the segment layout's).
 pub const MAX_SLOTS_PER_BUCKET: usize = 64;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::route::store::MemStore;
+use crate::shared::store::MemStore;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -10,7 +10,7 @@
 //!
 //! Pods travel by their stable name, never by slot. Remote facts are applied
 //! to routing only for pods that are members here now (a slot is given to
-//! another pod only long after its pod left, see [`crate::route::registry`]), and
+//! another pod only long after its pod left, see [`crate::shared::registry`]), and
 //! their times are clamped to now, so a hostile or skewed writer cannot pin a
 //! fact beyond its idle expiry. Facts for other pods (another gateway's, e.g.
 //! an AIBrix gateway's) are kept, bounded, as [`ForeignFacts`](crate::sync::foreign::ForeignFacts) and carried in
@@ -40,7 +40,7 @@ mod testutil {
     use super::Clock;
     use crate::config::Settings;
     use crate::fleet::SharedView;
-    use crate::route::store::MemStore;
+    use crate::shared::store::MemStore;
     use std::rc::Rc;
 
     pub(crate) fn settings() -> Rc<Settings> {

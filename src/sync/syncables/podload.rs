@@ -11,8 +11,8 @@ use crate::fleet::SharedView;
 use crate::route::feedback::trust as feedback;
 use crate::route::load;
 use crate::route::policy::PolicyMode;
-use crate::route::registry::PodSlot;
-use crate::route::store::SharedStore;
+use crate::shared::registry::PodSlot;
+use crate::shared::store::SharedStore;
 use crate::sync::{Capabilities, Rejected, Syncable};
 
 /// One replica's load report.
@@ -182,7 +182,7 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
 mod tests {
     use super::super::testutil::{settings, view};
     use super::*;
-    use crate::route::store::MemStore;
+    use crate::shared::store::MemStore;
     use std::cell::Cell;
     use std::rc::Rc;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]

@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 use super::{Clock, NANOS};
 use crate::config::Settings;
 use crate::fleet::SharedView;
-use crate::route::registry::{NameRegistry, MAX_SLOTS};
-use crate::route::store::SharedStore;
 use crate::route::table::{anchor_of, Layout, PrefixTable, Record, TableConfig};
+use crate::shared::registry::{NameRegistry, MAX_SLOTS};
+use crate::shared::store::SharedStore;
 use crate::sync::foreign::ForeignFacts;
 use crate::sync::handoff::{DirtySet, Touched};
 use crate::sync::{Capabilities, Delta, Rejected, Syncable};
@@ -320,8 +320,8 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
 mod tests {
     use super::super::testutil::{clock, settings, view};
     use super::*;
-    use crate::route::registry::PodSlot;
-    use crate::route::store::MemStore;
+    use crate::shared::registry::PodSlot;
+    use crate::shared::store::MemStore;
     use std::cell::Cell;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;

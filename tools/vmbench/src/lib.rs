@@ -20,7 +20,7 @@ use envoy_prefix_router::rng::SplitMix64;
 use envoy_prefix_router::route::hashing::BlockHasher;
 use envoy_prefix_router::route::request::{parse_body, ApiKind};
 use envoy_prefix_router::route::router::Router;
-use envoy_prefix_router::route::store::MemStore;
+use envoy_prefix_router::shared::store::MemStore;
 
 /// `envoy/single.yaml`'s plugin configuration.
 const CONFIG: &str = r#"{

@@ -8,7 +8,7 @@ use envoy_prefix_router::config::Settings;
 use envoy_prefix_router::rng::SplitMix64;
 use envoy_prefix_router::route::request::{parse_body, ApiKind, PromptRequest};
 use envoy_prefix_router::route::router::Router;
-use envoy_prefix_router::route::store::MemStore;
+use envoy_prefix_router::shared::store::MemStore;
 use serde_json::Value;
 
 use crate::workload::{Api, Request};

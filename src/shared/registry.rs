@@ -22,7 +22,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::route::store::{cas_update, SharedStore, StoreError};
+use crate::shared::store::{cas_update, SharedStore, StoreError};
 
 /// A pod's slot in the pod registry: how table records, in-flight counters,
 /// load reports, signals and cooldowns name a pod. On the wire (records,
@@ -306,7 +306,7 @@ impl<'s, S: SharedStore + ?Sized> NameRegistry<'s, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::store::MemStore;
+    use crate::shared::store::MemStore;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

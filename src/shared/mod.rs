@@ -1,0 +1,8 @@
+//! Foundations every layer stands on: the VM shared data seen through the
+//! [`store::SharedStore`] trait, and the [`registry`] that names pods and
+//! models by small, stable slots in it. Nothing here knows about requests,
+//! sync or the fleet; `route`, `fleet`, `signals` and `sync` import it
+//! downward.
+
+pub mod registry;
+pub mod store;
