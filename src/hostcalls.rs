@@ -21,9 +21,6 @@ pub(crate) trait Host: SharedStore + MetricSink {
     /// The buffered request body, up to `max` bytes: `Some(empty)` when
     /// there is none, None when the host failed.
     fn request_body(&self, max: usize) -> Option<Vec<u8>>;
-    /// The response body chunk passing now, up to `max` bytes (the filter
-    /// never buffers an answer); None when the host failed.
-    fn response_body(&self, max: usize) -> Option<Vec<u8>>;
     /// A stream property (`["upstream", "address"]`) as bytes.
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
     /// The id of a shared queue another VM registered.

@@ -9,14 +9,10 @@
 //! Every failure passes the request on untouched and is counted by reason.
 
 use crate::hostcalls::Host;
-use crate::route::feedback::{
-    streams_without_usage, Plan, UsageScanner, MAX_CHUNK_READS, MAX_SCAN_BYTES,
-};
 use crate::route::load::Ticket;
 use crate::route::meter::{Count, SAMPLE_EVERY};
-use crate::route::request::PromptRequest;
 use crate::route::request::{classify, parse_body_as, ApiKind, PassReason};
-use crate::route::router::{Family, Outcome, Place, RouteError, Routed};
+use crate::route::router::{Family, Outcome, Pending, Place, RouteError, Routed};
 use crate::shared::registry::PodSlot;
 use crate::sync::place::{self, Candidate, Followed, PlaceError};
 use crate::worker::Worker;
@@ -90,39 +86,64 @@ impl RequestHead {
     }
 }
 
-/// One stream's state.
+/// One stream's state, grouped by the feature that owns it.
 #[derive(Debug, Default)]
 pub(crate) struct Stream {
     /// Envoy's context id of this stream (what a resume names).
     id: u32,
-    /// Others may wait for this stream's first answer bytes (`hold`).
-    computing: bool,
-    /// This stream waits for another's prefill (`hold`).
-    held: bool,
     /// Set while a body is awaited.
     kind: Option<ApiKind>,
+    /// Where the request went, once routed.
+    sent: Sent,
+    /// `hold`: whether others wait for this stream's prefill, or it for another's.
+    hold: Holding,
+    /// `sync.place_new`: the placement this stream waits for, or got.
+    placement: Placement,
+    /// What of this request is timed for the pods' speed.
+    timing: Timing,
+}
+
+/// Where a routed request went.
+#[derive(Debug, Default)]
+struct Sent {
     /// The request as counted in flight on its pod
     /// ([`crate::route::router::Routed::ticket`]), released exactly once.
     inflight: Option<Ticket>,
-    /// Where the request was sent, for the passive health check at the end,
-    /// and whether that check reads the upstream address even without a
-    /// retry (1 request in [`SAMPLE_EVERY`], not the timed one).
-    sent_to: Option<(PodSlot, String, bool)>,
+    /// Its pod and address, for the passive health check at the end, and
+    /// whether that check reads the upstream address even without a retry
+    /// (1 request in [`SAMPLE_EVERY`], not the timed one).
+    to: Option<(PodSlot, String, bool)>,
+    /// The share of the prompt its pod was predicted to hold (match header).
     match_percent: Option<u8>,
-    /// Timed as a hit to its end ([`crate::route::router::Routed::is_hit`] and not
-    /// held).
-    timed_hit: bool,
-    /// With `feedback.cached_tokens`, a request routed on a predicted match
-    /// at least 2 s old: its answer is scanned for `cached_tokens` as it
-    /// passes.
-    feedback: Option<Box<Check>>,
+}
+
+/// The stream's side of `hold` ([`crate::route::hold`]).
+#[derive(Debug, Default)]
+struct Holding {
+    /// Others may wait for this stream's first answer bytes.
+    computing: bool,
+    /// This stream waits for another's prefill.
+    held: bool,
+}
+
+/// The stream's side of a fleet-wide placement (`sync.place_new`).
+#[derive(Debug, Default)]
+struct Placement {
+    /// A new prompt waiting for Redis to place it.
+    waiting: Option<Box<Placing>>,
+    /// Its member in Redis once placed there, released at the end.
+    member: Option<String>,
+}
+
+/// What of the request is timed for the pods' speed.
+#[derive(Debug, Default)]
+struct Timing {
+    /// Timed as a hit to its end ([`crate::route::router::Routed::is_hit`]
+    /// and not held).
+    hit: bool,
     /// Its prefill is timed until its first answer bytes
     /// ([`crate::route::prefill`]).
-    prefill_timed: bool,
-    /// A new prompt waiting for Redis to place it (`sync.place_new`).
-    placing: Option<Box<Placing>>,
-    /// Its member in Redis once placed there, released at the end.
-    placed_member: Option<String>,
+    prefill: bool,
 }
 
 /// A request waiting for its placement.
@@ -135,20 +156,22 @@ struct Placing {
     /// The pods asked about, and their addresses as sent.
     pods: Vec<PodSlot>,
     candidates: Vec<Candidate>,
-    req: PromptRequest,
-    no_usage: bool,
-    check_address: bool,
+    /// The decision Redis's answer finishes (the prompt is not kept).
+    pending: Pending,
+    facts: RouteFacts,
     /// When the call was made (ns), for `place.wait_us`.
     asked_nanos: u64,
 }
 
-/// One answer being checked against its routing prediction.
-#[derive(Debug)]
-struct Check {
-    plan: Plan,
-    scanner: UsageScanner,
-    reads: u32,
-    scanned: usize,
+/// How a request was routed, for what follows its routing.
+#[derive(Debug, Clone, Copy)]
+struct RouteFacts {
+    /// The answer streams (hold and prefill timing read it).
+    stream: bool,
+    /// Passive health reads the upstream address even without a retry.
+    check_address: bool,
+    /// When routing started (ns), for the timed request of a cycle.
+    timed_from: Option<u64>,
 }
 
 impl Stream {
@@ -234,84 +257,49 @@ impl Stream {
     }
 
     pub(crate) fn on_response_headers<H: Host>(&mut self, w: &Worker, host: &H) {
-        if let (Some(name), Some(pct)) = (&w.settings().match_header, self.match_percent) {
+        if let (Some(name), Some(pct)) = (&w.settings().match_header, self.sent.match_percent) {
             host.set_response_header(name, &pct.to_string());
         }
         // Only a 200's first bytes end a prefill: an error answer's come
         // at once, and would read as the fastest pod (one property read,
         // only for a timed prefill).
-        if self.prefill_timed && !w.answer_ok(host) {
-            self.prefill_timed = false;
+        if self.timing.prefill && !w.answer_ok(host) {
+            self.timing.prefill = false;
             w.prefill_ended(self.id);
         }
     }
 
-    /// A chunk of the answer passes (never held). Only a request routed on
-    /// a predicted match at least 2 s old with `feedback.cached_tokens` on
-    /// (and the load-aware policy) reads it (one
-    /// hostcall per chunk until `cached_tokens` is found, bounded by
-    /// [`MAX_CHUNK_READS`]); every other stream returns here at once.
-    pub(crate) fn on_response_body<H: Host>(
-        &mut self,
-        w: &Worker,
-        host: &H,
-        body_size: usize,
-        end_of_stream: bool,
-    ) {
-        if self.computing && body_size > 0 {
+    /// A chunk of the answer passes (never held, never read): its first
+    /// bytes end this stream's prefill, for those waiting on it and for the
+    /// prefill timing.
+    pub(crate) fn on_response_body<H: Host>(&mut self, w: &Worker, host: &H, body_size: usize) {
+        if body_size == 0 {
+            return;
+        }
+        if self.hold.computing {
             // Its prefill is done: the prefix is cached on its pod.
-            self.computing = false;
+            self.hold.computing = false;
             w.answered(host, self.id);
         }
-        if self.prefill_timed && body_size > 0 {
-            self.prefill_timed = false;
+        if self.timing.prefill {
+            self.timing.prefill = false;
             w.prefill_answered(host, self.id);
-        }
-        let Some(check) = self.feedback.as_mut() else {
-            return;
-        };
-        if body_size > 0 {
-            let over = check.reads >= MAX_CHUNK_READS
-                || check.scanned.saturating_add(body_size) > MAX_SCAN_BYTES;
-            let chunk = if over {
-                None
-            } else {
-                check.reads += 1;
-                check.scanned += body_size;
-                host.response_body(body_size)
-            };
-            let Some(chunk) = chunk else {
-                self.feedback = None;
-                w.meter.inc(Count::FeedbackUnchecked);
-                return;
-            };
-            check.scanner.feed(&chunk);
-            if let Some((prompt, cached)) = check.scanner.found() {
-                if let Some(check) = self.feedback.take() {
-                    w.learn(&check.plan, prompt, cached);
-                }
-                return;
-            }
-        }
-        if end_of_stream {
-            self.feedback = None;
-            w.meter.inc(Count::FeedbackUnchecked);
         }
     }
 
     /// The stream is done (Envoy calls this before the access log).
     pub(crate) fn on_done<H: Host>(&mut self, w: &Worker, host: &H) {
-        if std::mem::take(&mut self.computing) {
+        if std::mem::take(&mut self.hold.computing) {
             // Ended before any answer bytes: whoever waits goes on.
             w.answered(host, self.id);
         }
-        if std::mem::take(&mut self.held) {
+        if std::mem::take(&mut self.hold.held) {
             w.left_hold(self.id);
         }
-        if std::mem::take(&mut self.prefill_timed) {
+        if std::mem::take(&mut self.timing.prefill) {
             w.prefill_ended(self.id);
         }
-        if let Some(p) = self.placing.take() {
+        if let Some(p) = self.placement.waiting.take() {
             // Ended while Redis placed it: Redis may count it.
             w.meter.inc(Count::PlaceAbandoned);
             w.placer.abandoned();
@@ -324,21 +312,17 @@ impl Stream {
     pub(crate) fn on_log<H: Host>(&mut self, w: &Worker, host: &H) {
         self.release(w, host);
         // Passive health: did the pod fail this request?
-        if let Some((pod, address, check_address)) = self.sent_to.take() {
+        if let Some((pod, address, check_address)) = self.sent.to.take() {
             w.observe_outcome(host, pod, &address, check_address);
         }
     }
 
     fn release<H: Host>(&mut self, w: &Worker, host: &H) {
-        if let Some(ticket) = self.inflight.take() {
-            w.release(host, ticket, std::mem::take(&mut self.timed_hit));
+        if let Some(ticket) = self.sent.inflight.take() {
+            w.release(host, ticket, std::mem::take(&mut self.timing.hit));
         }
-        if let Some(member) = self.placed_member.take() {
+        if let Some(member) = self.placement.member.take() {
             w.placer.release(member, true, &w.meter);
-        }
-        // An answer cut short or never read to its usage.
-        if self.feedback.take().is_some() {
-            w.meter.inc(Count::FeedbackUnchecked);
         }
     }
 
@@ -365,9 +349,20 @@ impl Stream {
     }
 
     /// Routes a complete body, or passes the request through counting why.
-    /// Pause: the request waits for an earlier prefill of its prefix.
+    /// Pause: the request waits for an earlier prefill of its prefix, or
+    /// for its placement.
     fn finish<H: Host>(&mut self, w: &Worker, host: &H, kind: ApiKind, body: &[u8]) -> Verdict {
-        match self.route_body(w, host, kind, body) {
+        let result = self.route_body(w, host, kind, body);
+        self.verdict(w, host, result)
+    }
+
+    fn verdict<H: Host>(
+        &mut self,
+        w: &Worker,
+        host: &H,
+        result: Result<bool, PassReason>,
+    ) -> Verdict {
+        match result {
             Ok(true) => Verdict::Pause,
             Ok(false) => Verdict::Continue,
             Err(reason) => {
@@ -388,72 +383,58 @@ impl Stream {
         // again at the end.
         let turn = w.meter.next_turn();
         let timed = turn == 0;
-        // Passive health reads the upstream address without a retry on
-        // another request in the cycle than the timed one, so no request
-        // pays both (the hostcall budgets hold for each request).
-        let check_address = turn == SAMPLE_EVERY / 2;
         let started = if timed {
             host.now_nanos()
         } else {
             w.clock_nanos(host)
         };
         let req = parse_body_as(kind, body, w.settings().render())?;
+        let mut facts = RouteFacts {
+            stream: req.stream,
+            // Passive health reads the upstream address without a retry on
+            // another request in the cycle than the timed one, so no
+            // request pays both (the hostcall budgets hold for each).
+            check_address: turn == SAMPLE_EVERY / 2,
+            timed_from: timed.then_some(started),
+        };
         let place = if w.settings().sync.places_new() && w.placer.may_ask(started / 1_000_000) {
             Place::Ask
         } else {
             Place::Local
         };
-        let routed = match w
+        let outcome = w
             .route_placed(host, &req, started, place)
-            .map_err(route_error)?
-        {
+            .map_err(route_error)?;
+        let routed = match outcome {
             Outcome::Routed(r) => r,
-            Outcome::Ask { pods, family } => {
-                // Read now: the body is not kept while Redis answers.
-                let no_usage = streams_without_usage(req.stream, body);
-                let asked = (pods, family);
-                let Some(req) = self.ask(w, host, req, asked, no_usage, check_address) else {
-                    return Ok(true);
-                };
-                let routed = routed(w.route_placed(host, &req, started, Place::Answered(None)))?;
-                return self.apply(
-                    w,
-                    host,
-                    routed,
-                    req.stream,
-                    || no_usage,
-                    check_address,
-                    None,
-                    None,
-                );
+            Outcome::Ask {
+                pods,
+                family,
+                pending,
+            } => {
+                // Only the direct route is timed.
+                facts.timed_from = None;
+                match self.ask(w, host, (pods, family), *pending, facts) {
+                    None => return Ok(true),
+                    Some(pending) => w.resume(host, pending, None, started),
+                }
             }
         };
-        let timed_from = timed.then_some(started);
-        self.apply(
-            w,
-            host,
-            routed,
-            req.stream,
-            // Scanned only for a request whose answer is checked.
-            || streams_without_usage(req.stream, body),
-            check_address,
-            timed_from,
-            None,
-        )
+        self.apply(w, host, routed, facts, None)
     }
 
     /// Asks Redis to place a new prompt of `family` on one of `pods` (the
-    /// worker's pick first); the request then waits for [`Self::on_place_reply`]. Gives
-    /// `req` back when it could not ask (no candidates, the call refused).
+    /// worker's pick first); the request then waits for
+    /// [`Self::on_place_reply`]. Gives the decision back when it could not
+    /// ask (no candidates, the call refused).
     fn ask<H: Host>(
         &mut self,
         w: &Worker,
         host: &H,
-        req: PromptRequest,
         (pods, family): (Vec<(PodSlot, i64, i64)>, Option<Family>),
-        no_usage: bool,
-        check_address: bool,
-    ) -> Option<PromptRequest> {
+        pending: Pending,
+        facts: RouteFacts,
+    ) -> Option<Pending> {
         let fleet = w.router.fleet();
         let (pods, candidates): (Vec<PodSlot>, Vec<Candidate>) = pods
             .iter()
@@ -472,14 +453,14 @@ impl Stream {
             .unzip();
         drop(fleet);
         if candidates.is_empty() {
-            return Some(req);
+            return Some(pending);
         }
         let sync = &w.settings().sync;
         // Cluster mode: the master the singleton named (none yet: not sent,
         // and nothing built for it).
         let Ok(node) = place::node(sync, host) else {
             w.meter.inc(Count::PlaceSkipped);
-            return Some(req);
+            return Some(pending);
         };
         let member = w.placer.next_member();
         let now_ms = w.clock_nanos(host) / 1_000_000;
@@ -495,26 +476,25 @@ impl Stream {
             may_wait,
             &candidates,
         ) else {
-            return Some(req);
+            return Some(pending);
         };
         let Some(token) = host.call_bridge(sync, node.as_deref(), &body, sync.place_timeout_ms)
         else {
             w.meter.inc(Count::PlaceSkipped);
-            return Some(req);
+            return Some(pending);
         };
         w.meter.inc(Count::PlaceAsked);
         w.placer.wait_started();
         // The host's clock, not the tick's: the wait is well under a tick.
         let asked_nanos = host.now_nanos();
-        self.placing = Some(Box::new(Placing {
+        self.placement.waiting = Some(Box::new(Placing {
             token,
             expected,
             member,
             pods,
             candidates,
-            req,
-            no_usage,
-            check_address,
+            pending,
+            facts,
             asked_nanos,
         }));
         None
@@ -532,10 +512,11 @@ impl Stream {
         token: u32,
         reply: Option<&[u8]>,
     ) -> Option<Verdict> {
-        if !self.placing.as_ref().is_some_and(|p| p.token == token) {
+        let waiting = self.placement.waiting.as_ref();
+        if !waiting.is_some_and(|p| p.token == token) {
             return None;
         }
-        let p = self.placing.take()?;
+        let p = self.placement.waiting.take()?;
         w.meter
             .place_wait(host.now_nanos().saturating_sub(p.asked_nanos) / 1_000);
         let now_nanos = w.clock_nanos(host);
@@ -560,56 +541,32 @@ impl Stream {
                 log::debug!("prefix_router: placement failed ({pick:?}), the worker's own pick");
             }
         }
-        let place = Place::Answered(forced);
-        let result = routed(w.route_placed(host, &p.req, now_nanos, place));
-        match (&result, forced) {
-            (Ok(r), Some(pod)) if r.choice.pod == pod => {
-                w.placer.placed();
-                self.placed_member = Some(p.member);
-            }
+        let routed = w.resume(host, p.pending, forced, now_nanos);
+        let placed = forced == Some(routed.choice.pod);
+        if placed {
+            w.placer.placed();
+            self.placement.member = Some(p.member);
+        } else {
             // Not routed where Redis may count it (a failure, a late or
             // hostile reply, a pod gone meanwhile): released at once.
-            _ => w.placer.release(p.member, false, &w.meter),
+            w.placer.release(p.member, false, &w.meter);
         }
-        let result = result.and_then(|r| {
-            let no_usage = p.no_usage;
-            // A claim's follower may wait for the prefill that set it.
-            let followed = followed.filter(|_| forced == Some(r.choice.pod));
-            self.apply(
-                w,
-                host,
-                r,
-                p.req.stream,
-                || no_usage,
-                p.check_address,
-                None,
-                followed.as_ref(),
-            )
-        });
-        Some(match result {
-            Ok(true) => Verdict::Pause,
-            Ok(false) => Verdict::Continue,
-            Err(reason) => {
-                self.count_pass(w, host, reason);
-                Verdict::Continue
-            }
-        })
+        // A claim's follower may wait for the prefill that set it.
+        let followed = followed.filter(|_| placed);
+        let result = self.apply(w, host, routed, p.facts, followed.as_ref());
+        Some(self.verdict(w, host, result))
     }
 
     /// Names the pod `routed` chose, and keeps what the rest of the stream
-    /// needs (in-flight ticket, hold, prefill timing, feedback). True when
-    /// the request waits for an earlier prefill of its prefix (`followed`:
-    /// the family claim its placement followed, whose prefill may be one).
-    #[allow(clippy::too_many_arguments)]
+    /// needs (in-flight ticket, hold, prefill timing). True when the
+    /// request waits for an earlier prefill of its prefix (`followed`: the
+    /// family claim its placement followed, whose prefill may be one).
     fn apply<H: Host>(
         &mut self,
         w: &Worker,
         host: &H,
         routed: Routed,
-        stream: bool,
-        no_usage: impl FnOnce() -> bool,
-        check_address: bool,
-        timed_from: Option<u64>,
+        facts: RouteFacts,
         followed: Option<&Followed>,
     ) -> Result<bool, PassReason> {
         let pod = routed.choice.pod;
@@ -620,13 +577,13 @@ impl Stream {
             .unwrap_or_default()
             .to_string();
         // Counted in flight from here: released on stream end whatever happens next.
-        self.inflight = Some(routed.ticket);
-        self.match_percent = Some(routed.choice.match_percent);
-        self.timed_hit = routed.is_hit();
+        self.sent.inflight = Some(routed.ticket);
+        self.sent.match_percent = Some(routed.choice.match_percent);
+        self.timing.hit = routed.is_hit();
         if endpoint.is_empty() {
             return Err(PassReason::InternalError);
         }
-        self.sent_to = Some((pod, endpoint.clone(), check_address));
+        self.sent.to = Some((pod, endpoint.clone(), facts.check_address));
         if !host.set_request_header(DESTINATION_HEADER, &endpoint) {
             return Err(PassReason::InternalError);
         }
@@ -635,28 +592,19 @@ impl Stream {
         {
             return Err(PassReason::InternalError);
         }
-        let hold = w.hold(host, self.id, &routed, stream, followed);
-        self.computing = hold.computing;
-        self.held = hold.held;
-        if hold.held && std::mem::take(&mut self.timed_hit) {
+        let hold = w.hold(host, self.id, &routed, facts.stream, followed);
+        self.hold = Holding {
+            computing: hold.computing,
+            held: hold.held,
+        };
+        if hold.held && std::mem::take(&mut self.timing.hit) {
             // Its wait for another's prefill is not its pod's speed.
             w.router.untime_hit(pod);
         }
         if let (Some(blocks), false) = (routed.prefill_blocks, hold.held) {
-            self.prefill_timed = w.prefill_started(host, self.id, pod, blocks);
+            self.timing.prefill = w.prefill_started(host, self.id, pod, blocks);
         }
-        if let Some(plan) = routed.feedback {
-            // A streamed answer without a usage chunk has nothing to read.
-            if !no_usage() {
-                self.feedback = Some(Box::new(Check {
-                    plan,
-                    scanner: UsageScanner::default(),
-                    reads: 0,
-                    scanned: 0,
-                }));
-            }
-        }
-        if let Some(started) = timed_from {
+        if let Some(started) = facts.timed_from {
             let us = host.now_nanos().saturating_sub(started) / 1_000;
             w.meter.route_time(us);
         }
@@ -669,14 +617,6 @@ fn route_error(e: RouteError) -> PassReason {
     match e {
         RouteError::NoEndpoints => PassReason::NoEndpoints,
         RouteError::Store(_) => PassReason::InternalError,
-    }
-}
-
-/// The routed request of a local or forced route (which never asks).
-fn routed(outcome: Result<Outcome, RouteError>) -> Result<Routed, PassReason> {
-    match outcome.map_err(route_error)? {
-        Outcome::Routed(r) => Ok(r),
-        Outcome::Ask { .. } => Err(PassReason::InternalError),
     }
 }
 

@@ -12,16 +12,15 @@ use crate::fleet::{self, Members};
 use crate::hostcalls::Host;
 use crate::placer::Placer;
 use crate::rng::SplitMix64;
-use crate::route::feedback::{clearly_less, learned_blocks, Plan};
 use crate::route::hold::{self, Holds, Owner, Remembered, SharedEntry};
 use crate::route::load::Ticket;
 use crate::route::meter::{Count, Meter};
 use crate::route::policy::PolicyMode;
 use crate::route::prefill;
 use crate::route::request::PromptRequest;
-use crate::route::router::{Outcome, Place, RouteError, Routed, Router};
+use crate::route::router::{Outcome, Pending, Place, RouteError, Routed, Router};
 use crate::shared::registry::PodSlot;
-use crate::shared::store::{SharedStore, StoreError};
+use crate::shared::store::SharedStore;
 use crate::sync::handoff::{self, Touched};
 use crate::sync::liveness::{self, Heartbeat};
 
@@ -179,16 +178,6 @@ impl Worker {
         now_nanos: u64,
         place: Place,
     ) -> Result<Outcome, RouteError> {
-        let now = secs(now_nanos);
-        // Tables are written inline, under CAS, on the request path: a
-        // deferred single writer let a burst of requests with one new prefix
-        // split across pods before the first write landed (measured: 11 of 40
-        // bursts of 8). The singleton only needs the blocks to push them.
-        let queue = if self.settings().sync.enabled {
-            self.queue(host, now)
-        } else {
-            None
-        };
         let routed = self.router.route_placed(
             host,
             req,
@@ -197,58 +186,61 @@ impl Worker {
             place,
         );
         if let Ok(Outcome::Routed(r)) = &routed {
-            let m = &self.meter;
-            m.inc(Count::Routed(r.choice.reason));
-            m.add(Count::CasRetries, u64::from(r.write.cas_retries));
-            m.add(Count::CasExhausted, u64::from(r.write.failed_buckets));
-            m.add(Count::TableEvictions, u64::from(r.write.evictions));
-            m.add(Count::SlotsUsed, u64::from(r.write.new_slots));
-            m.add(Count::TableRefused, u64::from(r.write.refused));
-            if let (Some(model), false) = (r.model, r.recorded.is_empty()) {
-                if self.settings().sync.enabled {
-                    let touched = Touched {
-                        model,
-                        pod: r.choice.pod,
-                        time: now,
-                        blocks: r.recorded.clone(),
-                    };
-                    let sent = queue.is_some_and(|q| host.enqueue(q, &handoff::encode(&touched)));
-                    if !sent {
-                        // No singleton (yet): written to the table, but
-                        // nothing will push it. Counted so an operator sees
-                        // a missing singleton.
-                        self.queue.set(None);
-                        m.inc(Count::HandoffDropped);
-                    }
-                }
-            }
+            self.routed(host, r, now_nanos);
         }
         routed
     }
 
-    /// A pod's answer to a request routed on a predicted match said how many
-    /// prompt tokens it found cached: one observation of how long the pod
-    /// keeps a prefix, held or (when clearly fewer than predicted) evicted
-    /// at the match's age (see [`crate::route::feedback`]). Absurd values
-    /// change nothing and are counted.
-    pub(crate) fn learn(&self, plan: &Plan, prompt_tokens: u64, cached_tokens: u64) {
+    /// Finishes a decision that asked Redis for a pod (see
+    /// [`Router::resume`]), counted and handed to the singleton as
+    /// [`Self::route_placed`]'s.
+    pub(crate) fn resume<H: Host>(
+        &self,
+        host: &H,
+        pending: Pending,
+        forced: Option<PodSlot>,
+        now_nanos: u64,
+    ) -> Routed {
+        let r = self
+            .router
+            .resume(host, pending, forced, now_nanos / 1_000_000);
+        self.routed(host, &r, now_nanos);
+        r
+    }
+
+    /// Counts a routed request and, with sync on, hands its recorded blocks
+    /// to the sync singleton. Tables are written inline, under CAS, on the
+    /// request path: a deferred single writer let a burst of requests with
+    /// one new prefix split across pods before the first write landed. The
+    /// singleton only needs the blocks to push them.
+    fn routed<H: Host>(&self, host: &H, r: &Routed, now_nanos: u64) {
         let m = &self.meter;
-        let learned = learned_blocks(
-            cached_tokens,
-            prompt_tokens,
-            plan.prompt_bytes,
-            self.settings().block_size,
-        );
-        let Some(learned) = learned else {
-            m.inc(Count::FeedbackUnchecked);
+        m.inc(Count::Routed(r.choice.reason));
+        m.add(Count::CasRetries, u64::from(r.write.cas_retries));
+        m.add(Count::CasExhausted, u64::from(r.write.failed_buckets));
+        m.add(Count::TableEvictions, u64::from(r.write.evictions));
+        m.add(Count::SlotsUsed, u64::from(r.write.new_slots));
+        m.add(Count::TableRefused, u64::from(r.write.refused));
+        let Some(model) = r.model.filter(|_| !r.recorded.is_empty()) else {
             return;
         };
-        m.inc(Count::FeedbackChecked);
-        let evicted = clearly_less(learned, plan.predicted);
-        if evicted {
-            m.inc(Count::FeedbackEvictionsLearned);
+        if !self.settings().sync.enabled {
+            return;
         }
-        self.router.learn_trust(plan.pod, plan.age_secs, evicted);
+        let now = secs(now_nanos);
+        let touched = Touched {
+            model,
+            pod: r.choice.pod,
+            time: now,
+            blocks: r.recorded.clone(),
+        };
+        let queue = self.queue(host, now);
+        if !queue.is_some_and(|q| host.enqueue(q, &handoff::encode(&touched))) {
+            // No singleton (yet): written to the table, but nothing will
+            // push it. Counted so an operator sees a missing singleton.
+            self.queue.set(None);
+            m.inc(Count::HandoffDropped);
+        }
     }
 
     /// The tick period the root context should run this worker at: fast
@@ -369,10 +361,6 @@ impl Worker {
         }
         if self.settings().policy == PolicyMode::LoadAware {
             self.report_slowness(host);
-            if self.settings().feedback.cached_tokens {
-                self.share_trust(host);
-                self.report_match_trust(host);
-            }
         }
         if tick % LIVENESS_TICKS == 0 && self.settings().sync.enabled {
             self.report_liveness(host, now_nanos / 1_000_000);
@@ -448,28 +436,6 @@ impl Worker {
         for (slot, _, address) in self.router.fleet().all() {
             let value = slow.get(slot.index()).copied().unwrap_or(0);
             self.meter.slowness(host, address, value);
-        }
-    }
-
-    /// Merges what this VM's answers said of the pods into the counts the
-    /// worker VMs share, and reads theirs: one get, plus one set when it
-    /// read answers since, plus with sync one get of the other replicas'
-    /// (see [`crate::route::feedback::trust::TrustLearner::share`]).
-    /// A race lost three times waits for the next tick.
-    fn share_trust<H: Host>(&self, host: &H) {
-        match self.router.share_trust(host) {
-            Ok(()) | Err(StoreError::CasMismatch) => {}
-            Err(e) => log::warn!("prefix_router: trust counts not shared: {e}"),
-        }
-    }
-
-    /// Sets `prefix_router.match_trust_s.<pod>` for every member (a write
-    /// only when it changed): the trust horizon the worker VMs learned for
-    /// it (the same in every VM, as of its last tick).
-    fn report_match_trust<H: Host>(&self, host: &H) {
-        for (slot, _, address) in self.router.fleet().all() {
-            self.meter
-                .match_trust(host, address, self.router.match_trust_secs(slot));
         }
     }
 

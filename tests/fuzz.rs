@@ -47,7 +47,6 @@ use envoy_prefix_router::config::Settings;
 use envoy_prefix_router::fleet::membership::{parse_clusters, PodNaming, MAX_HOSTS};
 use envoy_prefix_router::fleet::{self, FleetView, Members, SharedView};
 use envoy_prefix_router::rng::SplitMix64;
-use envoy_prefix_router::route::feedback::{learned_blocks, streams_without_usage, UsageScanner};
 use envoy_prefix_router::route::load;
 use envoy_prefix_router::route::request::{classify, parse_body, ApiKind, PassReason};
 use envoy_prefix_router::route::router::{claim_record, shared_with_claim, FAMILY_BLOCKS};
@@ -1179,53 +1178,6 @@ fn place_reply(r: &mut SplitMix64) -> Vec<u8> {
     script.encode(&mut out);
     out.extend_from_slice(b"+OK\r\n");
     out
-}
-
-/// A pod's answer: one JSON body or an SSE stream, whose usage carries
-/// `prompt_tokens` and `cached_tokens` (values from edges), with generated
-/// text that quotes the keys.
-fn usage_answer(r: &mut SplitMix64) -> Vec<u8> {
-    let numbers = [
-        "0",
-        "1",
-        "4225",
-        "4096",
-        "18446744073709551615",
-        "9999999999999999999",
-        "99999999999999999999",
-        "-1",
-        "1.5",
-        "1e9",
-        "007",
-        "",
-    ];
-    let n = |r: &mut SplitMix64| numbers[r.below(numbers.len())];
-    let usage = format!(
-        r#"{{"prompt_tokens":{},"completion_tokens":4,"total_tokens":5,"prompt_tokens_details":{{"cached_tokens":{}}}}}"#,
-        n(r),
-        n(r)
-    );
-    let text = [
-        r#"hi"#,
-        r#"say \"cached_tokens\":9 now"#,
-        r#"\"prompt_tokens\": 7"#,
-        "",
-    ][r.below(4)];
-    let out = if r.below(2) == 0 {
-        format!(r#"{{"id":"x","choices":[{{"text":"{text}"}}],"usage":{usage}}}"#)
-    } else {
-        let mut out = String::new();
-        for _ in 0..r.below(4) {
-            out.push_str(&format!(
-                "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
-            ));
-        }
-        out.push_str(&format!(
-            "data: {{\"choices\":[],\"usage\":{usage}}}\n\ndata: [DONE]\n\n"
-        ));
-        out
-    };
-    out.into_bytes()
 }
 
 /// A Redis Cluster reply: `CLUSTER SLOTS` (ranges, each with its master
@@ -2795,90 +2747,6 @@ fn place_reply_and_claim_record() {
             signature ^= check_claim_record(text, &hashes)?.rotate_left(7);
         }
         Ok(signature)
-    });
-}
-
-/// What a [`UsageScanner`] finds in `chunks`, fed one after the other.
-fn scan_usage<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> Option<(u64, u64)> {
-    let mut scanner = UsageScanner::default();
-    for c in chunks {
-        scanner.feed(c);
-    }
-    scanner.found()
-}
-
-#[test]
-fn usage_in_answers() {
-    let spec = Spec {
-        target: "usage",
-        dict: vec![
-            b"\"prompt_tokens\"",
-            b"\"cached_tokens\"",
-            b"\"include_usage\"",
-            b":",
-            b" : ",
-            b"true",
-            b"18446744073709551615",
-            b"99999999999999999999",
-            b",",
-            b"}",
-            b"]",
-            b"\\\"",
-            b"data: ",
-            b"\n\n",
-        ],
-        nest: &[(b"{\"usage\":", b"}"), (b"[", b"]")],
-        grammar: usage_answer,
-        json: None,
-    };
-    fuzz(spec, |input, ctx| {
-        let whole = ctx.alloc("UsageScanner", input.len(), 0, 0, || scan_usage([input]))?;
-        // Chunks of any size read as the whole: a key or a value may
-        // straddle them.
-        let mut cuts: Vec<usize> = (0..ctx.rng.below(4))
-            .map(|_| ctx.rng.below(input.len() + 1))
-            .collect();
-        cuts.sort_unstable();
-        let mut chunks = Vec::new();
-        let mut from = 0;
-        for cut in cuts {
-            chunks.push(&input[from..cut]);
-            from = cut;
-        }
-        chunks.push(&input[from..]);
-        let chunked = scan_usage(chunks.iter().copied());
-        if chunked != whole {
-            return Err(format!("{chunked:?} in chunks, {whole:?} whole"));
-        }
-        // The first value of each key counts: what follows changes nothing.
-        if whole.is_some() {
-            let mut more = input.to_vec();
-            more.extend_from_slice(br#","prompt_tokens":1,"cached_tokens":2}"#);
-            if scan_usage([more.as_slice()]) != whole {
-                return Err("a later value replaced the first".into());
-            }
-        }
-        // A request body scanned for `include_usage` (a streamed one only).
-        let streamed = ctx.alloc("streams_without_usage", input.len(), 0, 0, || {
-            streams_without_usage(true, input)
-        })?;
-        if streams_without_usage(false, input) {
-            return Err("a request that does not stream read as streaming".into());
-        }
-        let signature = match whole {
-            Some((prompt, cached)) => {
-                ctx.accepted += 1;
-                let blocks = learned_blocks(cached, prompt, input.len(), 128);
-                if let Some(b) = blocks {
-                    if cached > prompt || prompt == 0 || b as usize > input.len() / 128 {
-                        return Err(format!("{b} blocks from {cached} of {prompt} tokens"));
-                    }
-                }
-                sig("found", &format!("{}", blocks.is_some()))
-            }
-            None => sig("none", ""),
-        };
-        Ok(signature ^ u64::from(streamed))
     });
 }
 

@@ -16,7 +16,7 @@ use serde_json::json;
 
 /// The tag every shipped config carries, as docs/operations.md gives it.
 const POD_TAG_REGEX: &str =
-    r"'^wasmcustom\.prefix_router\.(?:inflight|slowness|match_trust_s)(\.([^.]+))$'";
+    r"'^wasmcustom\.prefix_router\.(?:inflight|slowness)(\.([^.]+))$'";
 
 #[test]
 fn every_shipped_config_tags_per_pod_stats_with_the_pod() {

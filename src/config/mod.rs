@@ -20,9 +20,7 @@ mod fields;
 pub(crate) mod mismatch;
 mod sections;
 use fields::{bad_field, given_fields};
-pub(crate) use sections::{
-    FeedbackSettings, HoldSettings, MembershipSettings, PolicySettings, SignalSettings,
-};
+pub(crate) use sections::{HoldSettings, MembershipSettings, PolicySettings, SignalSettings};
 
 /// Raw configuration as written by the operator; every field has a default.
 #[derive(Debug, Clone, Deserialize)]
@@ -47,7 +45,6 @@ pub(crate) struct RawConfig {
     pub(crate) max_body_bytes: usize,
     pub(crate) policy: PolicySettings,
     pub(crate) signals: SignalSettings,
-    pub(crate) feedback: FeedbackSettings,
     pub(crate) hold: HoldSettings,
     pub(crate) sync: SyncSettings,
 }
@@ -77,7 +74,6 @@ impl Default for RawConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             policy: PolicySettings::default(),
             signals: SignalSettings::default(),
-            feedback: FeedbackSettings::default(),
             hold: HoldSettings::default(),
             sync: SyncSettings::default(),
         }
@@ -175,7 +171,6 @@ pub struct Settings {
     pub(crate) policy: PolicyMode,
     pub(crate) load_aware: LoadAwareConfig,
     pub(crate) signals: SignalSettings,
-    pub(crate) feedback: FeedbackSettings,
     pub(crate) hold: HoldSettings,
     pub(crate) sync: SyncSettings,
 }
@@ -351,7 +346,6 @@ impl Settings {
                 queue_cost_blocks: raw.policy.queue_cost_blocks,
             },
             signals: raw.signals,
-            feedback: raw.feedback,
             hold: raw.hold,
             sync: raw.sync,
             pools,

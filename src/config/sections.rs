@@ -1,5 +1,5 @@
 //! The plugin configuration's sections that are plain settings (`hold`,
-//! `feedback`, `policy`, `signals`, `membership`): their fields and
+//! `policy`, `signals`, `membership`): their fields and
 //! defaults. Validation across sections is [`super::Settings::from_json`]'s.
 
 use serde::Deserialize;
@@ -28,26 +28,6 @@ impl Default for HoldSettings {
             enabled: true,
             max_ms: 1_000,
             max_waiting: 256,
-        }
-    }
-}
-
-/// Learning from the pods' answers (`"feedback": {...}`; see
-/// [`crate::route::feedback`]).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct FeedbackSettings {
-    /// Read `usage.prompt_tokens_details.cached_tokens` from the answers of
-    /// requests routed on a predicted match, and learn per pod from what
-    /// age its matches are evicted: from that age on, a match on the pod
-    /// buys no queueing (load-aware policy only).
-    pub(crate) cached_tokens: bool,
-}
-
-impl Default for FeedbackSettings {
-    fn default() -> Self {
-        Self {
-            cached_tokens: true,
         }
     }
 }

@@ -332,28 +332,11 @@ fn place_new_unset_is_on_where_it_applies_and_off_elsewhere() {
 }
 
 #[test]
-fn feedback_is_on_by_default_and_refused_by_field_when_malformed() {
-    let base = r#""endpoints":["a:1"]"#;
-    assert!(
-        parse(&format!("{{{base}}}"))
-            .unwrap()
-            .feedback
-            .cached_tokens
-    );
-    let off = parse(&format!(
-        r#"{{{base},"feedback":{{"cached_tokens":false}}}}"#
-    ))
-    .unwrap();
-    assert!(!off.feedback.cached_tokens);
-    for bad in [
-        r#""feedback":{"cached_tokens":"yes"}"#,
-        r#""feedback":{"cached_tokens":1}"#,
-        r#""feedback":{"margin":2}"#,
-        r#""feedback":true"#,
-    ] {
-        let e = parse(&format!("{{{base},{bad}}}")).unwrap_err();
-        assert_eq!(e.field, "feedback", "{bad}: {e}");
-    }
+fn the_removed_feedback_section_is_refused_by_field() {
+    // `feedback.cached_tokens` was removed in 0.2 (decision 054): a config
+    // that still sets it is refused, naming the field, not silently ignored.
+    let e = parse(r#"{"endpoints":["a:1"],"feedback":{"cached_tokens":true}}"#).unwrap_err();
+    assert_eq!(e.field, "feedback", "{e}");
 }
 
 #[test]

@@ -87,12 +87,6 @@ impl Host for EnvoyHost {
             .map(Option::unwrap_or_default)
     }
 
-    fn response_body(&self, max: usize) -> Option<Vec<u8>> {
-        abi::buffer(BufferType::HttpResponseBody, 0, max)
-            .ok()
-            .map(Option::unwrap_or_default)
-    }
-
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         abi::property(path).ok().flatten()
     }

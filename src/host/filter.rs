@@ -94,9 +94,9 @@ impl HttpContext for PrefixFilter {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
         self.stream
-            .on_response_body(&self.worker, &EnvoyHost, body_size, end_of_stream);
+            .on_response_body(&self.worker, &EnvoyHost, body_size);
         // Never held: the answer streams through as it comes.
         Action::Continue
     }

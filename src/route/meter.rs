@@ -62,13 +62,6 @@ pub(crate) enum Count {
     SlotsUsed,
     /// Blocks the table could not store (see `WriteOutcome::refused`).
     TableRefused,
-    /// Answers whose `cached_tokens` was read (`feedback.cached_tokens`).
-    FeedbackChecked,
-    /// Answers that showed the pod held clearly less than predicted.
-    FeedbackEvictionsLearned,
-    /// Answers to check that carried no usable usage (error answers,
-    /// malformed or absurd values, over the read budget, unreadable).
-    FeedbackUnchecked,
     /// Requests held for a prefix their pod was still computing.
     Held,
     /// Held requests resumed when the earlier request answered.
@@ -109,7 +102,7 @@ const ROUTED: [Reason; 5] = [
     Reason::Spread,
     Reason::Placed,
 ];
-const FIXED: usize = 24;
+const FIXED: usize = 21;
 const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
 
 impl Count {
@@ -123,22 +116,19 @@ impl Count {
             Count::PassiveCooldowns => 5,
             Count::SlotsUsed => 6,
             Count::TableRefused => 7,
-            Count::FeedbackChecked => 8,
-            Count::FeedbackEvictionsLearned => 9,
-            Count::FeedbackUnchecked => 10,
-            Count::Held => 11,
-            Count::HoldAnswered => 12,
-            Count::HoldTimedOut => 13,
-            Count::HoldRefused => 14,
-            Count::HeldForOtherVm => 15,
-            Count::HoldShareFailed => 16,
-            Count::PlaceAsked => 17,
-            Count::PlaceFailed => 18,
-            Count::PlaceSkipped => 19,
-            Count::PlaceAbandoned => 20,
-            Count::PlaceReleaseFailed => 21,
-            Count::PlaceReleaseDropped => 22,
-            Count::HeldForClaim => 23,
+            Count::Held => 8,
+            Count::HoldAnswered => 9,
+            Count::HoldTimedOut => 10,
+            Count::HoldRefused => 11,
+            Count::HeldForOtherVm => 12,
+            Count::HoldShareFailed => 13,
+            Count::PlaceAsked => 14,
+            Count::PlaceFailed => 15,
+            Count::PlaceSkipped => 16,
+            Count::PlaceAbandoned => 17,
+            Count::PlaceReleaseFailed => 18,
+            Count::PlaceReleaseDropped => 19,
+            Count::HeldForClaim => 20,
             Count::Routed(r) => FIXED + ROUTED.iter().position(|x| *x == r).unwrap_or(0),
             Count::Pass(p) => {
                 FIXED + ROUTED.len() + PassReason::ALL.iter().position(|x| *x == p).unwrap_or(0)
@@ -156,22 +146,19 @@ impl Count {
             5 => "fleet.passive_cooldowns",
             6 => "table.slots_used",
             7 => "table.refused",
-            8 => "feedback.checked",
-            9 => "feedback.evictions_learned",
-            10 => "feedback.unchecked",
-            11 => "hold.held",
-            12 => "hold.answered",
-            13 => "hold.timed_out",
-            14 => "hold.refused",
-            15 => "hold.held_other_vm",
-            16 => "hold.share_failed",
-            17 => "place.asked",
-            18 => "place.failed",
-            19 => "place.skipped",
-            20 => "place.abandoned",
-            21 => "place.release_failed",
-            22 => "place.release_dropped",
-            23 => "hold.held_claim",
+            8 => "hold.held",
+            9 => "hold.answered",
+            10 => "hold.timed_out",
+            11 => "hold.refused",
+            12 => "hold.held_other_vm",
+            13 => "hold.share_failed",
+            14 => "place.asked",
+            15 => "place.failed",
+            16 => "place.skipped",
+            17 => "place.abandoned",
+            18 => "place.release_failed",
+            19 => "place.release_dropped",
+            20 => "hold.held_claim",
             i if i < FIXED + ROUTED.len() => match ROUTED[i - FIXED] {
                 Reason::PrefixMatch => "routed.prefix_match",
                 Reason::NoMatch => "routed.no_match",
@@ -319,14 +306,6 @@ impl Meter {
     /// 0 = nothing measured yet.
     pub(crate) fn slowness(&self, sink: &impl MetricSink, address: &str, value: u32) {
         self.pod_gauge(sink, "slowness", address, value);
-    }
-
-    /// Sets a pod's trust gauge, `prefix_router.match_trust_s.<host>_<port>`
-    /// (`feedback.cached_tokens` on): whole seconds from which its matches
-    /// buy no queueing, learned from its answers; 0 = none learned, every
-    /// match trusted.
-    pub(crate) fn match_trust(&self, sink: &impl MetricSink, address: &str, value: u32) {
-        self.pod_gauge(sink, "match_trust_s", address, value);
     }
 
     /// A per-pod gauge, defined on first use. Pods that left keep theirs

@@ -12,7 +12,6 @@
 //! slots of [`crate::shared::registry`], and [`meter`] keeps the path's stats in VM memory
 //! until the worker's tick flushes them.
 
-pub mod feedback;
 pub mod hashing;
 pub(crate) mod hold;
 pub mod latency;

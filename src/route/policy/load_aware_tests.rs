@@ -6,6 +6,61 @@ use crate::signals::PodSignals;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
+/// The tests describe pods by slices indexed by slot (missing = 0), as
+/// tables read; [`view`] turns them into the policy's [`PoolView`].
+#[derive(Debug, Clone, Copy, Default)]
+struct PodLoads<'a> {
+    queue: &'a [u32],
+    inflight: &'a [u32],
+    placed: &'a [u32],
+    sent: &'a [u32],
+    slowness: &'a [u32],
+    place_by_count: bool,
+    age: &'a [u64],
+}
+
+fn view(
+    pool: &[PodSlot],
+    loads: &PodLoads<'_>,
+    matches: &[(PodSlot, u32)],
+    total_blocks: usize,
+) -> PoolView {
+    let at = |v: &[u32], p: PodSlot| v.get(p.index()).copied().unwrap_or(0);
+    PoolView {
+        pods: pool
+            .iter()
+            .map(|&pod| PodView {
+                pod,
+                matched: matches
+                    .iter()
+                    .filter(|m| m.0 == pod)
+                    .map(|m| m.1)
+                    .max()
+                    .unwrap_or(0),
+                queue: at(loads.queue, pod),
+                inflight: at(loads.inflight, pod),
+                placed: at(loads.placed, pod),
+                sent: at(loads.sent, pod),
+                slowness: at(loads.slowness, pod),
+                age: loads.age.get(pod.index()).copied().unwrap_or(0),
+            })
+            .collect(),
+        total_blocks,
+        place_by_count: loads.place_by_count,
+    }
+}
+
+/// [`super::placement_candidates`] over the [`view`] of slices.
+fn placement_candidates(
+    cfg: &LoadAwareConfig,
+    pool: &[PodSlot],
+    loads: &PodLoads<'_>,
+    matches: &[(PodSlot, u32)],
+    total: usize,
+) -> Vec<(PodSlot, i64, i64)> {
+    super::placement_candidates(cfg, &view(pool, loads, matches, total))
+}
+
 const LA: LoadAwareConfig = LoadAwareConfig {
     slack_abs: 2,
     slack_rel: 0.5,
@@ -20,10 +75,7 @@ fn la(pool: &[u16], load: &[u32], matches: &[(u16, u32)], total: usize, turn: us
     };
     choose_load_aware(
         &LA,
-        &pods(pool),
-        &loads,
-        &ms(matches),
-        total,
+        &view(&pods(pool), &loads, &ms(matches), total),
         0.0,
         turn,
         &mut SplitMix64::new(turn as u64),
@@ -41,10 +93,7 @@ fn la_with(
 ) -> Choice {
     choose_load_aware(
         &LA,
-        &pods(pool),
-        loads,
-        &ms(matches),
-        total,
+        &view(&pods(pool), loads, &ms(matches), total),
         share,
         0,
         &mut SplitMix64::new(1),
@@ -56,10 +105,7 @@ fn la_with(
 fn load_aware_empty_pool_has_no_choice() {
     let none = choose_load_aware(
         &LA,
-        &[],
-        &PodLoads::default(),
-        &[],
-        0,
+        &view(&[], &PodLoads::default(), &[], 0),
         0.0,
         0,
         &mut SplitMix64::new(1),
@@ -154,10 +200,7 @@ fn load_aware_equal_queues_go_to_fewer_in_flight_before_rotating() {
     for turn in 0..8 {
         let c = choose_load_aware(
             &LA,
-            &pods(&[0, 1]),
-            &loads,
-            &[],
-            4,
+            &view(&pods(&[0, 1]), &loads, &[], 4),
             0.0,
             turn,
             &mut SplitMix64::new(1),
@@ -215,9 +258,15 @@ fn the_last_tie_for_a_new_prompt_goes_to_the_pod_whose_requests_are_oldest() {
     for turn in 0..12 {
         let mut rng = SplitMix64::new(turn as u64);
         let mut pick = |l: &PodLoads<'_>, m: &[(u16, u32)]| {
-            choose_load_aware(&LA, &pods(&[0, 1, 2]), l, &ms(m), 4, 0.0, turn, &mut rng)
-                .unwrap()
-                .pod
+            choose_load_aware(
+                &LA,
+                &view(&pods(&[0, 1, 2]), l, &ms(m), 4),
+                0.0,
+                turn,
+                &mut rng,
+            )
+            .unwrap()
+            .pod
         };
         assert_eq!(pick(&loads, &[]), p(1));
         holders.insert(pick(&loads, &[(0, 3), (2, 3)]));
@@ -264,7 +313,7 @@ fn load_aware_misses_go_to_fast_pods_and_slow_pods_keep_what_they_hold() {
     };
     let pick = |l: &PodLoads<'_>, m: &[(u16, u32)]| {
         let mut rng = SplitMix64::new(1);
-        choose_load_aware(&cfg, &pods(&[0, 1]), l, &ms(m), 20, 0.0, 0, &mut rng)
+        choose_load_aware(&cfg, &view(&pods(&[0, 1]), l, &ms(m), 20), 0.0, 0, &mut rng)
             .unwrap()
             .pod
     };
@@ -393,10 +442,7 @@ fn load_aware_never_overflows_on_extreme_loads() {
     };
     let c = choose_load_aware(
         &cfg,
-        &pods(&[0, 1]),
-        &loads,
-        &ms(&[(0, 1)]),
-        1,
+        &view(&pods(&[0, 1]), &loads, &ms(&[(0, 1)]), 1),
         0.0,
         0,
         &mut SplitMix64::new(1),
@@ -433,56 +479,6 @@ fn effective_load_is_the_queue_beyond_what_the_pod_runs_at_once() {
     assert_eq!(effective_load(3, 3, Some(seen(0, 3, None, 0)), 4), 0);
     // A full KV cache adds nothing: only the queue counts.
     assert_eq!(effective_load(1, 1, Some(seen(0, 1, Some(1000), 0)), 4), 0);
-}
-
-#[test]
-fn load_aware_an_untrusted_match_buys_no_queueing_but_still_breaks_ties() {
-    // Pod 0 holds 8 of 10 blocks and queues one request more than pod 1.
-    let choose = |queue: &[u32], inflight: &[u32], untrusted: &[PodSlot]| {
-        let loads = PodLoads {
-            queue,
-            inflight,
-            untrusted,
-            ..PodLoads::default()
-        };
-        choose_load_aware(
-            &LA,
-            &pods(&[0, 1]),
-            &loads,
-            &ms(&[(0, 8)]),
-            10,
-            0.0,
-            0,
-            &mut SplitMix64::new(1),
-        )
-        .unwrap()
-    };
-    // Trusted, the match (8 blocks) is worth more than one request of
-    // queue (4 blocks): the holder.
-    let c = choose(&[1, 0], &[5, 4], &[]);
-    assert_eq!(
-        (c.pod, c.reason, c.match_percent),
-        (p(0), Reason::PrefixMatch, 80)
-    );
-    // Untrusted, it buys nothing: the less loaded pod, and the holder was
-    // passed over.
-    let c = choose(&[1, 0], &[5, 4], &[p(0)]);
-    assert_eq!(
-        (c.pod, c.reason, c.match_percent),
-        (p(1), Reason::LoadGuard, 0)
-    );
-    // An untrusted holder no busier than the other still gets it...
-    let c = choose(&[0, 0], &[4, 4], &[p(0)]);
-    assert_eq!(
-        (c.pod, c.reason, c.match_percent),
-        (p(0), Reason::PrefixMatch, 80)
-    );
-    // ...but fewer requests in flight elsewhere come first.
-    let c = choose(&[0, 0], &[4, 3], &[p(0)]);
-    assert_eq!(c.pod, p(1));
-    // A trusted match wins that tie.
-    let c = choose(&[0, 0], &[4, 3], &[]);
-    assert_eq!(c.pod, p(0));
 }
 
 #[test]

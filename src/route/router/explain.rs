@@ -12,7 +12,7 @@
 use std::fmt::Write;
 
 use crate::fleet::FleetView;
-use crate::route::policy::{Choice, PodLoads, Reason};
+use crate::route::policy::{Choice, PoolView, Reason};
 use crate::shared::registry::PodSlot;
 
 /// Most pods one line names.
@@ -27,8 +27,6 @@ pub(crate) struct PodFacts<'a> {
     pub(crate) name: &'a str,
     /// Leading blocks of the prompt the table says the pod holds.
     pub(crate) matched: u32,
-    /// The match is past the pod's trust horizon: it buys no queueing.
-    pub(crate) untrusted: bool,
     /// The load the policy compared: the estimated queue (load-aware) or
     /// the in-flight count (aibrix).
     pub(crate) queue: u32,
@@ -38,7 +36,7 @@ pub(crate) struct PodFacts<'a> {
     pub(crate) ties: Option<Ties>,
 }
 
-/// The load-aware policy's tie-breaks for one pod ([`crate::route::policy::PodLoads`]).
+/// The load-aware policy's tie-breaks for one pod ([`crate::route::policy::PodView`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Ties {
     pub(crate) inflight: u32,
@@ -114,31 +112,27 @@ pub(crate) fn aibrix(scene: &Scene<'_>, load: &[u32], choice: Option<&Choice>) {
 }
 
 /// Logs the load-aware policy's decision, with what it weighed of each pod
-/// (`loads`), when Envoy's `wasm` log level is at debug; otherwise returns
+/// (`view`), when Envoy's `wasm` log level is at debug; otherwise returns
 /// at once.
-pub(crate) fn load_aware(scene: &Scene<'_>, loads: &PodLoads<'_>, choice: Option<&Choice>) {
+pub(crate) fn load_aware(scene: &Scene<'_>, view: &PoolView, choice: Option<&Choice>) {
     if !log::log_enabled!(log::Level::Debug) {
         return;
     }
-    let facts = scene
-        .pool
+    let facts = view
+        .pods
         .iter()
-        .map(|&p| {
-            let i = p.index();
-            PodFacts {
-                untrusted: loads.untrusted.contains(&p),
-                ties: Some(Ties {
-                    inflight: at(loads.inflight, i),
-                    sent: at(loads.sent, i),
-                    placed: at(loads.placed, i),
-                    age: at(loads.age, i),
-                    slowness: match at(loads.slowness, i) {
-                        0 => 1000,
-                        s => s,
-                    },
-                }),
-                ..scene.facts(p, at(loads.queue, i))
-            }
+        .map(|v| PodFacts {
+            ties: Some(Ties {
+                inflight: v.inflight,
+                sent: v.sent,
+                placed: v.placed,
+                age: v.age,
+                slowness: match v.slowness {
+                    0 => 1000,
+                    s => s,
+                },
+            }),
+            ..scene.facts(v.pod, v.queue)
         })
         .collect();
     scene.log("load_aware", choice, facts);
@@ -178,9 +172,6 @@ pub(crate) fn line(
     pods.sort_by_key(|p| (p.name != chosen, std::cmp::Reverse(p.matched), p.queue));
     for p in pods.iter().take(MAX_LISTED) {
         let _ = write!(out, " | {} match={}", p.name, p.matched);
-        if p.untrusted {
-            out.push_str(" (untrusted)");
-        }
         let _ = write!(out, " queue={}", p.queue);
         if let Some(t) = p.ties {
             let _ = write!(
@@ -238,7 +229,6 @@ mod tests {
             age: 1500,
             slowness: 3000,
         });
-        pods[3].untrusted = true;
         let l = line(
             "load_aware",
             "m",
@@ -251,7 +241,7 @@ mod tests {
             l,
             "prefix_router: decision policy=load_aware model=\"m\" blocks=12 -> a:1 \
              (load_guard, match 0%) | a:1 match=0 queue=3 inflight=2 sent=7 placed=1 age=1500 \
-             slow=3.000x | d:1 match=10 (untrusted) queue=2 | b:1 match=4 queue=9 | c:1 match=0 queue=0"
+             slow=3.000x | d:1 match=10 queue=2 | b:1 match=4 queue=9 | c:1 match=0 queue=0"
         );
     }
 

@@ -1,8 +1,7 @@
 //! What the router learns of each pod as requests pass: how fast its
 //! requests and prefills are ([`crate::route::latency::PodLatency`],
 //! [`crate::route::prefill::PrefillTiming`], turned into the load-aware
-//! slowness by `speed`), and from which age its matches are not trusted
-//! ([`crate::route::feedback::TrustLearner`]). The worker's tick and the
+//! slowness by `speed`). The worker's tick and the
 //! stream's callbacks feed it; [`Router::route`] reads it.
 
 use crate::shared::registry::PodSlot;
@@ -119,26 +118,5 @@ impl Router {
     #[cfg(test)]
     pub(crate) fn hits_timed(&self, pod: PodSlot) -> (u32, u32) {
         self.latency.borrow().hits_timed(pod)
-    }
-
-    /// Counts what `pod`'s answer said of a match `age_secs` old (see
-    /// [`crate::route::feedback`]).
-    pub(crate) fn learn_trust(&self, pod: PodSlot, age_secs: u32, evicted: bool) {
-        self.trust.borrow_mut().observe(pod, age_secs, evicted);
-    }
-
-    /// Merges this VM's answers into the counts every worker VM shares, and
-    /// learns from theirs and, with sync, the other replicas' (see
-    /// [`crate::route::feedback::TrustLearner::share`]).
-    pub(crate) fn share_trust<S: SharedStore + ?Sized>(&self, store: &S) -> Result<(), StoreError> {
-        let remote = self.settings.sync.enabled;
-        self.trust.borrow_mut().share(store, remote)
-    }
-
-    /// Whole seconds from which a match on `pod` is not trusted: the
-    /// horizon learned from its answers; 0 (none learned) = every match is
-    /// trusted.
-    pub(crate) fn match_trust_secs(&self, pod: PodSlot) -> u32 {
-        self.trust.borrow().horizon(pod).unwrap_or(0)
     }
 }

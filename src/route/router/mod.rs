@@ -23,17 +23,14 @@ use std::fmt;
 use crate::config::Settings;
 use crate::fleet::{self, FleetView, Members};
 use crate::rng::SplitMix64;
-use crate::route::feedback::{Plan, TrustLearner, MIN_HORIZON_SECS};
 use crate::route::hashing::BlockHasher;
 use crate::route::latency::PodLatency;
 use crate::route::load::{Ticket, VmLoad};
-use crate::route::policy::{
-    choose, choose_load_aware, effective_load, Choice, PodLoads, PolicyConfig, PolicyMode, Reason,
-};
+use crate::route::policy::{placement_candidates, Choice, PolicyConfig, PoolView, Reason};
 use crate::route::prefill::PrefillTiming;
 use crate::route::reads::RequestReads;
 use crate::route::request::PromptRequest;
-use crate::route::table::{anchor_of, Layout, PrefixTable, TableConfig, WriteOutcome};
+use crate::route::table::{Layout, TableConfig, WriteOutcome};
 use crate::shared::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
 use crate::shared::store::{SharedStore, StoreError};
 use crate::signals::SignalView;
@@ -95,10 +92,6 @@ pub struct Routed {
     /// When the chosen pod's match was first recorded (the oldest access
     /// of its blocks, whole seconds; 0 without a match).
     pub(crate) matched_since: u32,
-    /// With `feedback.cached_tokens` and a predicted match on the chosen
-    /// pod at least [`MIN_HORIZON_SECS`] old: what its answer is checked
-    /// against.
-    pub(crate) feedback: Option<Plan>,
     /// With the load-aware policy, a streamed request sent to a pod with a
     /// free slot (as far as this VM knew) that held none of its prompt by
     /// the table: its blocks, for [`Router::prefill_started`] (which times
@@ -140,9 +133,6 @@ pub struct Router {
     /// (model, first block) -> sampled index where the longest match ended
     /// last time: the probe starts there (see [`longest_matches`]).
     hints: RefCell<HashMap<(u16, u64), u32>>,
-    /// Per pod, from which age its matches are not trusted, learned from
-    /// its answers (`feedback.cached_tokens`; see [`crate::route::feedback`]).
-    trust: RefCell<TrustLearner>,
     /// How fast each pod prefills, timed by this VM (load-aware slowness).
     prefill: RefCell<PrefillTiming>,
 }
@@ -166,7 +156,6 @@ impl Router {
             demand: RefCell::new(Demand::default()),
             latency: RefCell::new(PodLatency::default()),
             hints: RefCell::new(HashMap::new()),
-            trust: RefCell::new(TrustLearner::default()),
             prefill: RefCell::new(PrefillTiming::default()),
             settings,
         }
@@ -230,13 +219,6 @@ impl Router {
     /// Replaces the members (published by the singleton, or built from
     /// static pools), keeping the cooldowns.
     pub(crate) fn set_members(&self, members: Members) {
-        {
-            // A slot another pod held before starts learning afresh.
-            let mut trust = self.trust.borrow_mut();
-            for m in members.pools.values().flatten() {
-                trust.bind(m.slot, &m.name);
-            }
-        }
         self.fleet.borrow_mut().set_members(members);
     }
 
@@ -335,10 +317,8 @@ impl Router {
     /// [`Self::route_at`], with a fleet-wide placement (`sync.place_new`):
     /// with [`Place::Ask`], a new prompt under the load-aware policy (no pod
     /// of the pool holds any of it) is neither recorded nor counted; its
-    /// candidates come back ([`crate::route::policy::placement_candidates`]) for Redis to choose
-    /// from. With [`Place::Answered`], the request goes to the pod Redis
-    /// chose (when it is still in the pool) and is recorded and counted
-    /// there.
+    /// candidates come back ([`crate::route::policy::placement_candidates`])
+    /// for Redis to choose from, with the decision for [`Self::resume`].
     pub(crate) fn route_placed<S: SharedStore + ?Sized>(
         &self,
         store: &S,
@@ -348,242 +328,84 @@ impl Router {
         place: Place,
     ) -> Result<Outcome, RouteError> {
         let now_secs = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
-        if self.fleet.borrow().is_empty() {
-            // Before this VM's first tick: build static pools, or read what
-            // the singleton published (one read, only while nothing is known).
-            if self.all_static() {
-                self.refresh_static(store, now_secs)?;
-            } else if let (Some(bytes), _) = store.get(fleet::MEMBERS_KEY)? {
-                if let Some(members) = Members::decode(&bytes) {
-                    self.set_members(members);
-                }
-            }
-        }
-        let pool = self.fleet.borrow().routable(
-            self.settings.pool_key(&req.model),
-            u64::from(now_secs) * 1000,
-        );
-        let pool = pool.as_slice();
-        if pool.is_empty() {
-            return Err(RouteError::NoEndpoints);
-        }
-        let model = self.model_id(store, &req.model, now_secs)?;
-        let hashes = self.hasher.hash(&req.prompt);
-        let dense = self.settings.dense_prefix_blocks as usize;
-        let positions = sampled_positions(hashes.len(), dense);
-        let anchors: Vec<u32> = positions
-            .iter()
-            .map(|&i| anchor_of(hashes[self.layout.anchor_position(i, dense)]))
-            .collect();
+        self.ensure_members(store, now_secs)?;
         // The write after the probe reuses its reads of the same buckets.
         let reads = RequestReads::new(store, self.table, now_secs);
-        let mut share = None;
-        let (matches, probes) = match model {
-            Some(m) => {
-                let key = (m, hashes.first().copied().unwrap_or(0));
-                // A placed request was counted when it asked.
-                if !matches!(place, Place::Answered(_)) {
-                    share = self.demand.borrow_mut().count(key);
-                }
-                let hint = self.hints.borrow().get(&key).copied();
-                let found = longest_matches(
-                    &reads,
-                    &Probe {
-                        hashes: &hashes,
-                        positions: &positions,
-                        anchors: &anchors,
-                        model: m,
-                        pool,
-                        hint: hint.map(|h| h as usize),
-                    },
-                )?;
-                if let Some(best) = found.0.iter().map(|p| p.last_index).max() {
-                    let mut hints = self.hints.borrow_mut();
-                    if hints.len() >= MAX_HINTS && !hints.contains_key(&key) {
-                        hints.clear();
-                    }
-                    hints.insert(key, best as u32);
-                }
-                found
+        let probed = self.probe_prompt(store, &reads, req, now_secs)?;
+        let decision = self.decide(store, &probed, now_ms, rng)?;
+        if place == Place::Ask && decision.choice.reason == Reason::NoMatch {
+            if let Some(view) = &decision.view {
+                let pods = self.candidates(view, decision.choice.pod);
+                let family = placing::family_of(&probed.model_name, &probed.hashes)
+                    .map(|f| (f, claim_record(&probed.hashes)));
+                let pending = Box::new(Pending {
+                    probed,
+                    choice: decision.choice,
+                    view: decision.view,
+                });
+                return Ok(Outcome::Ask {
+                    pods,
+                    family,
+                    pending,
+                });
             }
-            None => (Vec::new(), 0),
-        };
-        // This replica's other VMs as of now (one get each while there are
-        // any); other replicas' load exists only when syncing (see
-        // refresh_load).
-        self.load.borrow_mut().read_others(store, now_ms);
+        }
+        self.explain(&probed, &decision);
+        let routed = self.record(
+            store,
+            &reads,
+            probed,
+            decision.choice,
+            &decision.load,
+            now_ms,
+        );
+        Ok(Outcome::Routed(routed))
+    }
+
+    /// Finishes a decision that asked Redis ([`Outcome::Ask`]): to `forced`,
+    /// the pod Redis chose, when it is still routable, else to the worker's
+    /// own pick; recorded and counted there. Nothing is hashed or probed
+    /// again.
+    pub(crate) fn resume<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        pending: Pending,
+        forced: Option<PodSlot>,
+        now_ms: u64,
+    ) -> Routed {
+        let now_secs = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
+        let Pending {
+            probed,
+            mut choice,
+            view,
+        } = pending;
+        let pool = self
+            .fleet
+            .borrow()
+            .routable(self.settings.pool_key(&probed.model_name), now_ms);
+        placing::settle(&mut choice, forced, &probed, &pool);
         let load = self.load.borrow().fleet(self.fleet.borrow().bound());
-        let lengths: Vec<(PodSlot, u32)> = matches.iter().map(|m| (m.pod, m.blocks)).collect();
-        // Each VM starts its rotation at a random pod, so workers and
-        // replicas do not all begin with the first one.
-        let turn = self.turn.get().unwrap_or_else(|| rng.next_u64() as usize);
-        let choice = match self.settings.policy {
-            PolicyMode::Aibrix => {
-                let choice = choose(&self.policy, pool, &load, &lengths, hashes.len(), turn, rng);
-                let fleet = self.fleet.borrow();
-                let scene = explain::Scene::new(&fleet, &req.model, hashes.len(), pool, &lengths);
-                explain::aibrix(&scene, &load, choice.as_ref());
-                choice
-            }
-            PolicyMode::LoadAware => {
-                let cfg = &self.settings.load_aware;
-                let signals = self.signals.borrow();
-                let vm_load = self.load.borrow();
-                let mut queue = load.clone();
-                // Ties weigh in-flight counts as fresh as they come: for a
-                // pod with a report, this replica's own (exact; the report
-                // already puts the other replicas' load in its queue, and
-                // their counts from the last sync are up to a period old);
-                // for the others, every count this VM knows.
-                let mut ties = load.clone();
-                for &pod in pool {
-                    let i = pod.index();
-                    if let Some(q) = queue.get_mut(i) {
-                        let replica = vm_load.replica_at(i);
-                        // This replica's own count matters only beside a report.
-                        let mine = if signals.is_empty() { 0 } else { replica };
-                        let seen = signals.seen(pod);
-                        if seen.is_some() {
-                            ties[i] = replica;
-                        }
-                        *q = effective_load(mine, *q, seen, signals.capacity(pod));
-                    }
-                }
-                // The replica's sent and placed counts, and the ages of its
-                // requests (see VmLoad: with 2+ workers, exchanged per request).
-                let bound = self.fleet.borrow().bound();
-                let placed = vm_load.placed(bound);
-                let sent = vm_load.sent(bound);
-                let age = vm_load.age(now_ms);
-                let prefill = self.prefill.borrow();
-                let (slowness, reported_slow) =
-                    slowness(&self.latency.borrow(), &signals, prefill.slowness(), pool);
-                // A match whose prefix nobody sent to its pod for its
-                // trust horizon may have been evicted there.
-                let untrusted: Vec<PodSlot> = matches
-                    .iter()
-                    .filter(|m| {
-                        let horizon = self.match_trust_secs(m.pod);
-                        horizon > 0 && now_secs.saturating_sub(m.newest_access) >= horizon
-                    })
-                    .map(|m| m.pod)
-                    .collect();
-                let loads = PodLoads {
-                    queue: &queue,
-                    inflight: &ties,
-                    placed: &placed,
-                    sent: &sent,
-                    slowness: &slowness,
-                    place_by_count: reported_slow,
-                    untrusted: &untrusted,
-                    age: &age,
-                };
-                let share = share.unwrap_or(0.0);
-                let mut choice =
-                    choose_load_aware(cfg, pool, &loads, &lengths, hashes.len(), share, turn, rng);
-                let new_prompt = placing::Prompt {
-                    model: &req.model,
-                    hashes: &hashes,
-                    matches: &lengths,
-                };
-                if let Some(ask) =
-                    placing::settle(place, choice.as_mut(), cfg, pool, &loads, &new_prompt)
-                {
-                    return Ok(ask);
-                }
-                let fleet = self.fleet.borrow();
-                let scene = explain::Scene::new(&fleet, &req.model, hashes.len(), pool, &lengths);
-                explain::load_aware(&scene, &loads, choice.as_ref());
-                choice
-            }
+        let decision = steps::Decision { choice, view, load };
+        self.explain(&probed, &decision);
+        let reads = RequestReads::new(store, self.table, now_secs);
+        self.record(
+            store,
+            &reads,
+            probed,
+            decision.choice,
+            &decision.load,
+            now_ms,
+        )
+    }
+
+    /// Where a new prompt may be placed, the worker's own pick `own` first
+    /// (it wins Redis's ties).
+    fn candidates(&self, view: &PoolView, own: PodSlot) -> Vec<(PodSlot, i64, i64)> {
+        let mut pods = placement_candidates(&self.settings.load_aware, view);
+        if let Some(i) = pods.iter().position(|&(p, _, _)| p == own) {
+            pods[..=i].rotate_right(1);
         }
-        .ok_or(RouteError::NoEndpoints)?;
-        // Before it is counted in flight there.
-        let timeable = req.stream
-            && self.settings.policy == PolicyMode::LoadAware
-            && self.had_free_slot(choice.pod, &load);
-        let advance = usize::from(choice.reason != Reason::PrefixMatch);
-        self.turn.set(Some(turn.wrapping_add(advance)));
-        // The chosen pod's matched prefix needs no rewrite while it is fresh:
-        // only blocks past the match are new. Refreshing at most every
-        // `touch_interval_secs` keeps hot prefixes alive (idle expiry, Redis
-        // TTL) at a fraction of the shared-data writes.
-        let chosen = matches.iter().find(|m| m.pod == choice.pod);
-        let fresh = chosen
-            .filter(|m| now_secs.saturating_sub(m.oldest_access) < self.touch_interval_secs)
-            .map_or(0, |m| m.blocks as usize);
-        // The held blocks of the segment the new ones start in are written
-        // again with them (same bucket, no extra call): a shared prefix
-        // then stays as recent as the unique tails that follow it, and the
-        // bucket's LRU evicts old tails, not the prefix. Only that
-        // segment's: held blocks of other segments would cost a read each.
-        let first_new = positions.iter().position(|&i| i >= fresh);
-        let recorded: Vec<(u64, u32)> = match first_new {
-            Some(k) => positions
-                .iter()
-                .zip(&anchors)
-                .enumerate()
-                .filter(|&(j, (_, &a))| j >= k || a == anchors[k])
-                .map(|(_, (&i, &a))| (hashes[i], a))
-                .collect(),
-            None => Vec::new(),
-        };
-        let write = match model {
-            Some(m) => {
-                PrefixTable::new(&reads, self.table).record(&recorded, m, choice.pod, now_secs)
-            }
-            None => WriteOutcome::default(),
-        };
-        let ticket = {
-            let mut load = self.load.borrow_mut();
-            let ticket = load.start(choice.pod, now_ms, advance == 1);
-            load.publish(store, now_ms);
-            ticket
-        };
-        if choice.match_percent >= HIT_PERCENT {
-            // Timed as a hit until released, or until it waits (untime_hit).
-            self.latency.borrow_mut().started_hit(choice.pod);
-        }
-        let predicted = chosen.map_or(0, |m| m.blocks);
-        // Only the load-aware policy uses what is learned, and only matches
-        // from MIN_HORIZON_SECS old teach anything: a hot prefix's answers
-        // are not read at all.
-        let age = chosen.map(|m| now_secs.saturating_sub(m.newest_access));
-        let feedback = match age {
-            Some(age_secs)
-                if self.settings.feedback.cached_tokens
-                    && self.settings.policy == PolicyMode::LoadAware
-                    && predicted > 0
-                    && age_secs >= MIN_HORIZON_SECS =>
-            {
-                Some(Plan {
-                    pod: choice.pod,
-                    predicted,
-                    prompt_bytes: req.prompt.len(),
-                    age_secs,
-                })
-            }
-            _ => None,
-        };
-        // Only a prompt the table knew nothing of on that pod: a predicted
-        // match the pod had evicted would prefill more than the blocks
-        // past it, and read as a slow pod.
-        let prefill_blocks =
-            (timeable && predicted == 0).then(|| u32::try_from(hashes.len()).unwrap_or(u32::MAX));
-        Ok(Outcome::Routed(Routed {
-            ticket,
-            prefill_blocks,
-            choice,
-            total_blocks: hashes.len(),
-            probes,
-            model,
-            recorded,
-            write,
-            matched: predicted,
-            matched_since: chosen.map_or(0, |m| m.oldest_access),
-            hashes,
-            feedback,
-        }))
+        pods
     }
 
     /// Releases one in-flight request, `ticket` (its [`Routed::ticket`];
@@ -665,14 +487,13 @@ mod learning;
 mod placing;
 mod probe;
 mod speed;
+mod steps;
 
 #[cfg(test)]
 use placing::family_of;
 pub use placing::{claim_record, shared_with_claim, FAMILY_BLOCKS};
-pub(crate) use placing::{Family, Outcome, Place};
+pub(crate) use placing::{Family, Outcome, Pending, Place};
 pub use probe::sampled_positions;
-use probe::{longest_matches, Probe};
-use speed::slowness;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -2,9 +2,10 @@
 //! requests ask Redis, what they send, and how the answer settles the
 //! policy's choice (see [`crate::sync::place`] for Redis's side).
 
-use crate::route::policy::{placement_candidates, Choice, LoadAwareConfig, PodLoads, Reason};
+use crate::route::policy::{Choice, Reason};
 use crate::shared::registry::PodSlot;
 
+use super::steps::Probed;
 use super::Routed;
 
 /// How [`super::Router::route_placed`] places a new prompt (`sync.place_new`).
@@ -14,9 +15,15 @@ pub(crate) enum Place {
     Local,
     /// A new prompt asks Redis first (see [`Outcome::Ask`]).
     Ask,
-    /// After asking: the pod Redis chose, or (None: no usable answer) the
-    /// worker's own pick. The request's demand was counted when it asked.
-    Answered(Option<PodSlot>),
+}
+
+/// A decision waiting for Redis's placement: the probed prompt and the
+/// worker's own pick. [`super::Router::resume`] finishes it.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(super) probed: Probed,
+    pub(super) choice: Choice,
+    pub(super) view: Option<crate::route::policy::PoolView>,
 }
 
 /// What [`super::Router::route_placed`] did.
@@ -31,10 +38,12 @@ pub(crate) enum Outcome {
     /// policy's order (the worker's own pick first), each with its prefill
     /// cost and the cost of one more queued request there
     /// ([`crate::route::policy::placement_candidates`]), and its family
-    /// and claim record when it has one (see [`family_of`], [`claim_record`]).
+    /// and claim record when it has one (see [`family_of`], [`claim_record`]),
+    /// and the decision to resume with Redis's answer.
     Ask {
         pods: Vec<(PodSlot, i64, i64)>,
         family: Option<Family>,
+        pending: Box<Pending>,
     },
 }
 
@@ -135,59 +144,28 @@ pub fn shared_with_claim(record: &str, hashes: &[u64]) -> Option<(usize, usize)>
     (shared > 0).then_some((shared, total))
 }
 
-/// The request being placed: its model, block hashes and matches.
-pub(super) struct Prompt<'a> {
-    pub(super) model: &'a str,
-    pub(super) hashes: &'a [u64],
-    pub(super) matches: &'a [(PodSlot, u32)],
-}
-
-/// What `place` makes of the load-aware policy's `choice` for `prompt`:
-/// with [`Place::Ask`] and a new prompt ([`Reason::NoMatch`]), the
-/// [`Outcome::Ask`] to return; with [`Place::Answered`] naming a pod still
-/// in `pool`, the choice goes there (reason [`Reason::Placed`], or
-/// [`Reason::PrefixMatch`] when it meanwhile holds some of the prompt).
+/// The pod Redis chose, `forced`, settles the worker's `choice` when it is
+/// still in the request's pool: the request goes there (reason
+/// [`Reason::Placed`], or [`Reason::PrefixMatch`] when the probe found part
+/// of the prompt there). Otherwise the worker's own pick stands.
 pub(super) fn settle(
-    place: Place,
-    choice: Option<&mut Choice>,
-    cfg: &LoadAwareConfig,
+    choice: &mut Choice,
+    forced: Option<PodSlot>,
+    probed: &Probed,
     pool: &[PodSlot],
-    loads: &PodLoads<'_>,
-    prompt: &Prompt<'_>,
-) -> Option<Outcome> {
-    let c = choice?;
-    let total = prompt.hashes.len();
-    match place {
-        Place::Ask if c.reason == Reason::NoMatch => {
-            let mut pods = placement_candidates(cfg, pool, loads, prompt.matches, total);
-            // The worker's own pick first: it wins Redis's ties.
-            if let Some(i) = pods.iter().position(|&(p, _, _)| p == c.pod) {
-                pods[..=i].rotate_right(1);
-            }
-            let family =
-                family_of(prompt.model, prompt.hashes).map(|f| (f, claim_record(prompt.hashes)));
-            Some(Outcome::Ask { pods, family })
-        }
-        Place::Answered(Some(pod)) if pool.contains(&pod) => {
-            let matched = prompt
-                .matches
-                .iter()
-                .filter(|&&(p, _)| p == pod)
-                .map(|&(_, m)| m)
-                .max()
-                .unwrap_or(0);
-            c.pod = pod;
-            c.reason = if matched > 0 {
-                Reason::PrefixMatch
-            } else {
-                Reason::Placed
-            };
-            c.match_percent = match total {
-                0 => 0,
-                n => ((u64::from(matched) * 100) / n as u64).min(100) as u8,
-            };
-            None
-        }
-        _ => None,
-    }
+) {
+    let Some(pod) = forced.filter(|p| pool.contains(p)) else {
+        return;
+    };
+    let matched = probed.matched(pod).map_or(0, |m| m.blocks);
+    choice.pod = pod;
+    choice.reason = if matched > 0 {
+        Reason::PrefixMatch
+    } else {
+        Reason::Placed
+    };
+    choice.match_percent = match probed.hashes.len() {
+        0 => 0,
+        n => ((u64::from(matched) * 100) / n as u64).min(100) as u8,
+    };
 }

@@ -457,7 +457,7 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
     };
     let pool: Vec<PodSlot> = (0..3).map(PodSlot::new).collect();
     let none = PodLatency::default();
-    let reported = |us: &[Option<u32>]| super::slowness(&none, &view(us), &[], &pool);
+    let reported = |us: &[Option<u32>]| super::speed::slowness(&none, &view(us), &[], &pool);
     assert_eq!(reported(&[None, None, None]), (vec![], false));
     // One pod reporting: nothing to compare with.
     assert_eq!(reported(&[Some(9_000), None, None]), (vec![], false));
@@ -479,7 +479,7 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
     // This VM's hits say pod 0 is twice as slow as pod 2: the higher wins.
     let hits = hits_ending(&[(0, 500), (2, 250)]);
     assert_eq!(
-        super::slowness(
+        super::speed::slowness(
             &hits,
             &view(&[Some(3_000), Some(9_000), Some(3_000)]),
             &[],
@@ -490,7 +490,7 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
     // Pod 2's prefill timing says 2.5x: it reads slow too (the prefill
     // figure only comes where it is at least 1.5x).
     assert_eq!(
-        super::slowness(
+        super::speed::slowness(
             &hits,
             &view(&[Some(3_000), Some(9_000), Some(3_000)]),
             &[0, 0, 2500],
@@ -500,60 +500,16 @@ fn reported_token_latency_sets_slowness_and_flags_a_slow_pod() {
     );
     // Alone it counts as slow as a report does.
     assert_eq!(
-        super::slowness(&none, &view(&[None, None, None]), &[0, 2500], &pool),
+        super::speed::slowness(&none, &view(&[None, None, None]), &[0, 2500], &pool),
         (vec![0, 2500, 0], true)
     );
     // Three pods timed: against the second fastest too. Pod 0's hits read
     // half the others' (by chance, on the tick): the others are not slow.
     let hits = hits_ending(&[(0, 250), (1, 500), (2, 500)]);
     assert_eq!(
-        super::slowness(&hits, &view(&[None, None, None]), &[], &pool),
+        super::speed::slowness(&hits, &view(&[None, None, None]), &[], &pool),
         (vec![1000, 1000, 1000], false)
     );
-}
-
-#[test]
-fn a_match_older_than_the_horizon_learned_from_its_pods_answers_buys_no_queueing() {
-    let prefix = "q".repeat(4 * 100);
-    // `learn_on(holder)`: the pod the answers were about; trust off in the
-    // config.
-    let run = |learn_on: fn(PodSlot) -> PodSlot| -> (PodSlot, Vec<Routed>) {
-        let s = MemStore::new();
-        let r = router(r#","table_idle_expiry_secs":400,"feedback":{"cached_tokens":true}"#);
-        let mut rng = SplitMix64::new(1);
-        let mut routed = Vec::new();
-        for (i, (tail, t)) in [
-            ("aaaa", 1000),
-            ("bbbb", 1002),
-            ("cccc", 1004),
-            ("dddd", 1008),
-        ]
-        .iter()
-        .enumerate()
-        {
-            routed.push(
-                r.route(&s, &req(&format!("{prefix}{tail}")), *t, &mut rng)
-                    .unwrap(),
-            );
-            if i == 0 {
-                // The pod answered three matches 4 s old with a shortfall.
-                let pod = learn_on(routed[0].choice.pod);
-                for _ in 0..3 {
-                    r.learn_trust(pod, 4, true);
-                }
-                assert_eq!(r.match_trust_secs(pod), 4);
-            }
-        }
-        (routed[0].choice.pod, routed)
-    };
-    let (holder, routed) = run(|p| p);
-    assert_eq!(routed[1].choice.pod, holder, "2 s old: trusted");
-    assert_eq!(routed[2].choice.pod, holder);
-    assert_ne!(routed[3].choice.pod, holder, "4 s old: no queue credit");
-    assert_eq!(routed[3].choice.reason, Reason::LoadGuard);
-    // Learned of another pod: the holder's matches stay trusted.
-    let (holder, routed) = run(|p| PodSlot::new(((p.index() + 1) % 3) as u16));
-    assert!(routed[1..].iter().all(|r| r.choice.pod == holder));
 }
 
 /// Among pods with as many of this VM's requests in flight, a new prompt
@@ -652,7 +608,11 @@ fn only_a_new_prompt_asks_and_a_forced_pod_is_recorded_and_counted() {
     let mut rng = SplitMix64::new(3);
     // 34 blocks: long enough to make a family.
     let p = "wxyz".repeat(1100);
-    let Outcome::Ask { pods, family } = r
+    let Outcome::Ask {
+        pods,
+        family,
+        pending,
+    } = r
         .route_placed(&s, &req(&p), 100_000, &mut rng, Place::Ask)
         .unwrap()
     else {
@@ -671,20 +631,10 @@ fn only_a_new_prompt_asks_and_a_forced_pod_is_recorded_and_counted() {
         r.route_placed(&s, &req(&p), 100_000, &mut rng, Place::Ask),
         Ok(Outcome::Ask { .. })
     ));
-    // Forced to the pod the worker would not pick first.
+    // Forced to the pod the worker would not pick first: the decision
+    // resumes from its probe (it keeps no prompt to hash again).
     let target = pods[2].0;
-    let Outcome::Routed(placed) = r
-        .route_placed(
-            &s,
-            &req(&p),
-            100_000,
-            &mut rng,
-            Place::Answered(Some(target)),
-        )
-        .unwrap()
-    else {
-        panic!("a forced route routes");
-    };
+    let placed = r.resume(&s, *pending, Some(target), 100_000);
     assert_eq!(placed.choice.pod, target);
     assert_eq!(placed.choice.reason, Reason::Placed);
     assert_eq!(r.load.borrow().fleet(3)[target.index()], 1, "counted there");
@@ -699,18 +649,13 @@ fn only_a_new_prompt_asks_and_a_forced_pod_is_recorded_and_counted() {
     assert_eq!(next.choice.pod, target);
     // A forced pod that left the pool: the worker's own pick.
     let gone = PodSlot::new(200);
-    let Outcome::Routed(own) = r
-        .route_placed(
-            &s,
-            &req(&"qqqq".repeat(50)),
-            100_000,
-            &mut rng,
-            Place::Answered(Some(gone)),
-        )
+    let Outcome::Ask { pending, .. } = r
+        .route_placed(&s, &req(&"qqqq".repeat(50)), 100_000, &mut rng, Place::Ask)
         .unwrap()
     else {
-        panic!();
+        panic!("a new prompt asks");
     };
+    let own = r.resume(&s, *pending, Some(gone), 100_000);
     assert_ne!(own.choice.pod, gone);
     assert_eq!(own.choice.reason, Reason::NoMatch);
 }

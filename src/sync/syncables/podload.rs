@@ -8,10 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::Clock;
 use crate::config::Settings;
 use crate::fleet::SharedView;
-use crate::route::feedback::trust as feedback;
 use crate::route::load;
-use crate::route::policy::PolicyMode;
-use crate::shared::registry::PodSlot;
 use crate::shared::store::SharedStore;
 use crate::sync::{Capabilities, Rejected, Syncable};
 
@@ -22,12 +19,6 @@ pub struct LoadReport {
     pub inflight: BTreeMap<String, u32>,
     /// When the report was made, unix milliseconds.
     pub at_ms: u64,
-    /// What this replica's answers said of each pod's old matches
-    /// (`feedback.cached_tokens`): per pod name, held then evicted counts by
-    /// age (see [`crate::route::feedback::trust::reported_counts`]). Absent in
-    /// reports of replicas without it.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub trust: BTreeMap<String, Vec<u16>>,
 }
 
 /// Per-replica in-flight load as a syncable: pushes this replica's counts
@@ -42,11 +33,6 @@ pub struct PodLoadSync<S: SharedStore> {
     /// Reports older than this are stale (deleted from Redis, not applied).
     max_age_ms: u64,
     remote: HashMap<String, Vec<u32>>,
-    /// Whether replicas share what the answers said (`feedback.cached_tokens`
-    /// with the load-aware policy).
-    trust: bool,
-    /// The other replicas' trust counts, by replica: (slot, pod name, counts).
-    remote_trust: HashMap<String, Vec<(PodSlot, String, Vec<u16>)>>,
 }
 
 impl<S: SharedStore> PodLoadSync<S> {
@@ -66,8 +52,6 @@ impl<S: SharedStore> PodLoadSync<S> {
             clock_ms,
             max_age_ms,
             remote: HashMap::new(),
-            trust: settings.feedback.cached_tokens && settings.policy == PolicyMode::LoadAware,
-            remote_trust: HashMap::new(),
         }
     }
 }
@@ -91,16 +75,6 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
                 })
                 .collect(),
             at_ms: (self.clock_ms)(),
-            trust: if self.trust {
-                feedback::reported_counts(
-                    &self.store,
-                    fleet.all().map(|(slot, name, _)| (slot, name)),
-                )
-                .into_iter()
-                .collect()
-            } else {
-                BTreeMap::new()
-            },
         };
         serde_json::to_vec(&report)
             .map(|v| vec![(self.replica.clone(), v)])
@@ -124,14 +98,6 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
             }
         }
         self.remote.insert(id.to_string(), counts);
-        if self.trust {
-            let trust = report
-                .trust
-                .into_iter()
-                .filter_map(|(name, c)| Some((fleet.slot_of(&name)?, name, c)))
-                .collect();
-            self.remote_trust.insert(id.to_string(), trust);
-        }
         Ok(())
     }
 
@@ -146,7 +112,6 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
     fn on_sync_start(&mut self) {
         // Replicas that stopped reporting drop out with this pull.
         self.remote.clear();
-        self.remote_trust.clear();
     }
 
     fn on_sync_end(&mut self) {
@@ -158,16 +123,6 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
         }
         if let Err(e) = load::set_remote(&self.store, &total) {
             log::warn!("prefix_router: publishing fleet load failed: {e}");
-        }
-        if self.trust {
-            let reports = self
-                .remote_trust
-                .values()
-                .flatten()
-                .map(|(slot, name, c)| (*slot, name.as_str(), c.as_slice()));
-            if let Err(e) = feedback::publish_remote(&self.store, reports) {
-                log::warn!("prefix_router: publishing the replicas' trust counts failed: {e}");
-            }
         }
     }
 
@@ -182,6 +137,7 @@ impl<S: SharedStore> Syncable for PodLoadSync<S> {
 mod tests {
     use super::super::testutil::{settings, view};
     use super::*;
+    use crate::shared::registry::PodSlot;
     use crate::shared::store::MemStore;
     use std::cell::Cell;
     use std::rc::Rc;
@@ -230,81 +186,26 @@ mod tests {
     }
 
     #[test]
-    fn trust_counts_travel_by_pod_name_and_the_others_are_summed() {
-        use crate::route::feedback::trust::REMOTE_KEY;
-        use crate::route::feedback::TrustLearner;
+    fn a_report_of_an_older_release_with_trust_counts_is_still_applied() {
+        // Releases before 0.2 sent the answers' trust counts in a `trust`
+        // field; in a mixed fleet during an upgrade their load still counts.
         let store = Rc::new(MemStore::new());
         let s = settings();
-        let fleet = view(&store, &s);
         let mut me = PodLoadSync::new(
             store.clone(),
             &s,
-            fleet.clone(),
+            view(&store, &s),
             "r1".into(),
             Rc::new(|| 10_000),
             30_000,
         );
-        // This replica's VMs learned: b:1 (slot 1) evicted three matches at 4 s.
-        let mut vm = TrustLearner::default();
-        for (slot, name, _) in fleet.borrow().all() {
-            vm.bind(slot, name);
-        }
-        for _ in 0..3 {
-            vm.observe(PodSlot::new(1), 4, true);
-        }
-        vm.share(&*store, false).unwrap();
-        let snap = me.snapshot();
-        let report: LoadReport = serde_json::from_slice(&snap[0].1).unwrap();
-        let mut want = vec![0u16; 32];
-        want[16 + 4] = 3;
-        assert_eq!(report.trust.get("b:1"), Some(&want), "{report:?}");
-        assert_eq!(report.trust.len(), 1);
-        // Two other replicas: one saw a:1 hold at 2 s and b:1 evict at 4 s;
-        // one names a pod unknown here and sends a malformed count list.
-        let mut held = vec![0u16; 32];
-        held[2] = 5;
-        let r2 = LoadReport {
-            inflight: BTreeMap::new(),
-            at_ms: 9_000,
-            trust: [("a:1".to_string(), held), ("b:1".to_string(), want.clone())].into(),
-        };
-        let r3 = LoadReport {
-            inflight: BTreeMap::new(),
-            at_ms: 9_000,
-            trust: [
-                ("gone:1".to_string(), want.clone()),
-                ("a:1".to_string(), vec![9; 3]),
-            ]
-            .into(),
-        };
         me.on_sync_start();
-        me.apply_remote("r1", &snap[0].1).unwrap();
-        me.apply_remote("r2", &serde_json::to_vec(&r2).unwrap())
-            .unwrap();
-        me.apply_remote("r3", &serde_json::to_vec(&r3).unwrap())
-            .unwrap();
+        me.apply_remote(
+            "old",
+            br#"{"inflight":{"a:1":2},"at_ms":9000,"trust":{"a:1":[0,1,2]}}"#,
+        )
+        .unwrap();
         me.on_sync_end();
-        // A worker VM of this replica that read no answer at all.
-        let mut other_vm = TrustLearner::default();
-        for (slot, name, _) in fleet.borrow().all() {
-            other_vm.bind(slot, name);
-        }
-        other_vm.share(&*store, true).unwrap();
-        // b:1: its own 3 plus r2's 3 evictions at 4 s; a:1: held only.
-        assert_eq!(other_vm.horizon(PodSlot::new(1)), Some(4));
-        assert_eq!(other_vm.horizon(PodSlot::new(0)), None);
-        // In REMOTE_KEY, r2's counts alone (r1's own are its VMs').
-        let (v, _) = store.get(REMOTE_KEY).unwrap();
-        let mut a_held = vec![0u16; 32];
-        a_held[2] = 5;
-        assert_eq!(
-            feedback::decoded_counts(&v.unwrap()),
-            vec![(0, a_held), (1, want.clone())]
-        );
-        // Replicas gone: the sum empties.
-        me.on_sync_start();
-        me.on_sync_end();
-        let (v, _) = store.get(REMOTE_KEY).unwrap();
-        assert_eq!(feedback::decoded_counts(&v.unwrap()), vec![]);
+        assert_eq!(load::remote(&*store).unwrap(), vec![2, 0]);
     }
 }
