@@ -3,14 +3,13 @@
 //! [`request`] turns a body into a model and prompt bytes, [`hashing`] cuts
 //! them into chained block hashes, [`table`] (the prefix table in shared
 //! data) answers which pods hold how much of the chain, `policy` picks a pod
-//! under the load guard from the in-flight counts of [`load`] and the
-//! slowness [`latency`] measures, and
-//! [`router`] ties the steps together; [`feedback`] learns from the pods'
-//! answers (`cached_tokens`) how long each keeps a prefix, and [`hold`] keeps a request whose
-//! matched prefix its pod is still computing until that prefill answers. All of it runs over the
-//! [`crate::shared::store::SharedStore`] trait, naming pods and models by the
-//! slots of [`crate::shared::registry`], and [`meter`] keeps the path's stats in VM memory
-//! until the worker's tick flushes them.
+//! from one view per pod (its match, the in-flight counts of [`load`], the
+//! slowness [`latency`] and [`prefill`] measure), [`router`] runs those
+//! steps for one request, and [`hold`] keeps a request whose matched prefix
+//! its pod is still computing until that prefill answers. All of it runs
+//! over the [`crate::shared::store::SharedStore`] trait, naming pods and
+//! models by the slots of [`crate::shared::registry`]; [`meter`] keeps the
+//! path's stats in VM memory until the worker's tick flushes them.
 
 pub mod hashing;
 pub(crate) mod hold;

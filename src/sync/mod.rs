@@ -55,8 +55,6 @@ pub mod testkit;
 pub mod topology;
 
 #[cfg(test)]
-mod cluster_tests;
-#[cfg(test)]
 mod tests;
 
 pub use settings::SyncSettings;

@@ -32,64 +32,17 @@ impl Worker {
         let Some(model) = r.model.filter(|_| cfg.enabled) else {
             return out;
         };
-        let pod = r.choice.pod;
-        let matched = r.matched as usize;
         let now_nanos = self.clock_nanos(host);
         let now_ms = now_nanos / 1_000_000;
-        let others = self.router.other_vms_live();
         let mut holds = self.holds.borrow_mut();
-        let mut owner = holds
-            .computing_for(pod, model, &r.hashes, matched)
-            .map(Owner::Local);
-        let young = secs(now_nanos).saturating_sub(r.matched_since) <= hold::young_secs(cfg.max_ms);
-        if owner.is_none() && others && matched > 0 && young {
-            if let Ok((Some(bytes), _)) = host.get(hold::SHARED_KEY) {
-                let listed = hold::decode_shared(&bytes, now_ms);
-                let token = self.router.vm_token();
-                owner = hold::find_shared(&listed, token, pod, model, &r.hashes, matched);
-            }
-        }
-        let remembered = if streamed {
-            holds.computing(stream, pod, model, &r.hashes, matched)
-        } else {
-            Remembered::No
-        };
-        if let Remembered::Yes(forgot) = remembered {
-            out.computing = true;
-            if let Some(f) = forgot {
-                // Rare (64 long prefills in progress on one VM): the
-                // requests held for the forgotten one go on now.
-                for waiter in &f.waiters {
-                    host.resume_request(*waiter, stream);
-                }
-                self.meter.add(Count::HoldTimedOut, f.waiters.len() as u64);
-                if f.shared {
-                    let token = self.router.vm_token();
-                    if hold::withdraw_shared(host, token, f.owner, now_ms).is_err() {
-                        self.meter.inc(Count::HoldShareFailed);
-                    }
-                }
-            }
-            // Remembered, so the prompt has a block at `matched`.
-            if let (true, Some(&hash)) = (others, r.hashes.get(matched)) {
-                let entry = SharedEntry {
-                    token: self.router.vm_token(),
-                    stream,
-                    pod,
-                    model,
-                    at: u32::try_from(matched).unwrap_or(u32::MAX),
-                    hash,
-                    until_ms: now_ms + u64::from(cfg.max_ms),
-                };
-                match hold::list_shared(host, entry, now_ms) {
-                    Ok(()) => holds.mark_shared(stream),
-                    Err(_) => self.meter.inc(Count::HoldShareFailed),
-                }
-            }
+        // Who computes its match, found before this stream is remembered.
+        let mut owner = self.prefill_owner(host, &holds, r, model, now_nanos);
+        if streamed {
+            out.computing = self.remember_computing(host, &mut holds, stream, r, model, now_ms);
         }
         let mut deadline = now_ms + u64::from(cfg.max_ms);
         if owner.is_none() {
-            if let Some(wait) = followed.and_then(|f| self.claim_wait(f, pod, &r.hashes)) {
+            if let Some(wait) = followed.and_then(|f| self.claim_wait(f, r.choice.pod, &r.hashes)) {
                 owner = Some(Owner::Claim);
                 // The host's clock (one read): the tick's may be a tick
                 // old, and this wait is a prefill's, not `max_ms`.
@@ -111,6 +64,87 @@ impl Worker {
             self.meter.inc(Count::HoldRefused);
         }
         out
+    }
+
+    /// The earlier request computing part of `r`'s match on its pod: one
+    /// of this VM, else, while other worker VMs are live and the match is
+    /// young, one another VM listed (one get).
+    fn prefill_owner<H: Host>(
+        &self,
+        host: &H,
+        holds: &Holds,
+        r: &Routed,
+        model: u16,
+        now_nanos: u64,
+    ) -> Option<Owner> {
+        let pod = r.choice.pod;
+        let matched = r.matched as usize;
+        if let Some(local) = holds.computing_for(pod, model, &r.hashes, matched) {
+            return Some(Owner::Local(local));
+        }
+        let max_ms = self.settings().hold.max_ms;
+        let young = secs(now_nanos).saturating_sub(r.matched_since) <= hold::young_secs(max_ms);
+        if !(self.router.other_vms_live() && matched > 0 && young) {
+            return None;
+        }
+        let Ok((Some(bytes), _)) = host.get(hold::SHARED_KEY) else {
+            return None;
+        };
+        let listed = hold::decode_shared(&bytes, now_nanos / 1_000_000);
+        let token = self.router.vm_token();
+        hold::find_shared(&listed, token, pod, model, &r.hashes, matched)
+    }
+
+    /// Remembers the blocks streamed request `stream` makes its pod compute,
+    /// when they are many, and lists them for the other worker VMs while
+    /// any are live. True when remembered: its first answer bytes or its
+    /// end must call [`Self::answered`].
+    fn remember_computing<H: Host>(
+        &self,
+        host: &H,
+        holds: &mut Holds,
+        stream: u32,
+        r: &Routed,
+        model: u16,
+        now_ms: u64,
+    ) -> bool {
+        let pod = r.choice.pod;
+        let matched = r.matched as usize;
+        let Remembered::Yes(forgot) = holds.computing(stream, pod, model, &r.hashes, matched)
+        else {
+            return false;
+        };
+        if let Some(f) = forgot {
+            // Rare (64 long prefills in progress on one VM): the requests
+            // held for the forgotten one go on now.
+            for waiter in &f.waiters {
+                host.resume_request(*waiter, stream);
+            }
+            self.meter.add(Count::HoldTimedOut, f.waiters.len() as u64);
+            if f.shared {
+                let token = self.router.vm_token();
+                if hold::withdraw_shared(host, token, f.owner, now_ms).is_err() {
+                    self.meter.inc(Count::HoldShareFailed);
+                }
+            }
+        }
+        // Remembered, so the prompt has a block at `matched`.
+        if let (true, Some(&hash)) = (self.router.other_vms_live(), r.hashes.get(matched)) {
+            let entry = SharedEntry {
+                token: self.router.vm_token(),
+                stream,
+                pod,
+                model,
+                at: u32::try_from(matched).unwrap_or(u32::MAX),
+                hash,
+                until_ms: now_ms + u64::from(self.settings().hold.max_ms),
+            };
+            match hold::list_shared(host, entry, now_ms) {
+                Ok(()) => holds.mark_shared(stream),
+                Err(_) => self.meter.inc(Count::HoldShareFailed),
+            }
+        }
+        true
     }
 
     /// How long (ms) a request sent to `pod` by its family's claim

@@ -176,6 +176,4 @@ pub(crate) fn choose(
 }
 
 #[cfg(test)]
-mod load_aware_tests;
-#[cfg(test)]
 mod tests;

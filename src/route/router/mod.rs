@@ -120,7 +120,7 @@ pub struct Router {
     /// Model name -> (table id, when it was last marked seen).
     model_ids: RefCell<HashMap<String, (u16, u32)>>,
     touch_interval_secs: u32,
-    /// Rotation among equally loaded pods (see [`choose`]).
+    /// Rotation among equally loaded pods (see [`crate::route::policy::choose`]).
     turn: Cell<Option<usize>>,
     /// In-flight counts: this VM's, and the others' as of the last tick.
     load: RefCell<VmLoad>,
@@ -131,7 +131,7 @@ pub struct Router {
     /// Recent traffic per prefix group (load-aware hot prefix copies).
     demand: RefCell<Demand>,
     /// (model, first block) -> sampled index where the longest match ended
-    /// last time: the probe starts there (see [`longest_matches`]).
+    /// last time: the probe starts there (see [`probe::longest_matches`]).
     hints: RefCell<HashMap<(u16, u64), u32>>,
     /// How fast each pod prefills, timed by this VM (load-aware slowness).
     prefill: RefCell<PrefillTiming>,
@@ -469,7 +469,7 @@ impl Demand {
 }
 
 /// A request routed to a pod holding at least this share of its prompt is
-/// a hit, timed apart for [`slowness`].
+/// a hit, timed apart for [`speed::slowness`].
 pub(crate) const HIT_PERCENT: u8 = 50;
 
 /// How long a recorded block counts as fresh: a quarter of the shortest

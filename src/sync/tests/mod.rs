@@ -1824,3 +1824,5 @@ fn convergence_with_polls_and_their_pushes_over_jittered_phases() {
     eprintln!("{msg}");
     assert!(max <= TICK_MS + poll && p99 <= 250, "{msg}");
 }
+
+mod cluster;

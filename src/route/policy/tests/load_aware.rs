@@ -1,7 +1,7 @@
 //! The load-aware policy's rules, one test each.
 
-use super::tests::{ms, p, pods, run};
-use super::*;
+use super::{ms, p, pods, run};
+use crate::route::policy::*;
 use crate::signals::PodSignals;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;

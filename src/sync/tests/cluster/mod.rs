@@ -9,12 +9,12 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 
-use super::error::CallFailed;
-use super::keys::{key_slot, namespace_tags, part_of, KeyLayout, SLOTS};
-use super::memredis::MemRedis;
-use super::resp::{encode_command, parse, Frame};
-use super::testkit::MapComponent;
-use super::*;
+use crate::sync::error::CallFailed;
+use crate::sync::keys::{key_slot, namespace_tags, part_of, KeyLayout, SLOTS};
+use crate::sync::memredis::MemRedis;
+use crate::sync::resp::{encode_command, parse, Frame};
+use crate::sync::testkit::MapComponent;
+use crate::sync::*;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 

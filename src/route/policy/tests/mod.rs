@@ -1,4 +1,4 @@
-//! AIBrix's rules, one test each (the load-aware policy's: `load_aware_tests`).
+//! AIBrix's rules, one test each (the load-aware policy's: `load_aware`).
 
 use super::*;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -172,3 +172,5 @@ fn zero_blocks_reports_zero_percent() {
     let c = run(&[0], &[0], &[(0, 0)], 0, 1);
     assert_eq!(c.match_percent, 0);
 }
+
+mod load_aware;
