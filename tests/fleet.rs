@@ -3,8 +3,11 @@
 //! singleton reading Envoy's admin `/clusters`:
 //! - hosts added, marked unhealthy and removed through EDS are followed
 //!   within 2 s, with no client error;
-//! - a pod killed under steady load stops receiving requests, its prefixes
-//!   move to one other pod each, and it is used again after it returns;
+//! - a pod killed under steady load from concurrent clients fails no client
+//!   request with the retry policy, and without it only requests in flight
+//!   when the filter noticed (at most one per client); it stops receiving
+//!   requests, its prefixes move to one other pod each, and it is used
+//!   again after it returns;
 //! - a garbage admin reply keeps the last good members.
 //!
 //! Timing: waits are deadlines; the 2 s bound is the issue's requirement.
@@ -15,6 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -126,45 +130,69 @@ impl EdsFleet {
     }
 }
 
-/// One request of a run: when it was sent (since the update), its group
-/// (None for a fresh prompt) and the outcome.
+/// One request of a run: the client that sent it, when it was sent and
+/// when its reply came back (since the run began), its group (None for a
+/// fresh prompt) and the outcome.
 struct Sent {
+    client: usize,
     at: Duration,
+    done: Duration,
     group: Option<u64>,
     status: u16,
     pod: String,
 }
 
-/// Sends for `run`, every `every`: each third request a fresh prompt, the
-/// others cycle through `groups` (prompts learned earlier).
+/// Sends for `run` from `clients` concurrent clients, each waiting `every`
+/// after a reply (so each has at most one request in flight): each third
+/// request a fresh prompt, the others cycle through `groups` (prompts
+/// learned earlier).
 fn drive(
     f: &EdsFleet,
     groups: &[u64],
     fresh_seed: &mut u64,
+    clients: usize,
     run: Duration,
     every: Duration,
 ) -> Vec<Sent> {
     let start = Instant::now();
-    let mut out = Vec::new();
-    let mut i = 0usize;
-    while start.elapsed() < run {
-        let group = (i % 3 != 0 && !groups.is_empty()).then(|| groups[i % groups.len()]);
-        let seed = group.unwrap_or_else(|| {
-            *fresh_seed += 1;
-            *fresh_seed
-        });
-        let at = start.elapsed();
-        let r = f.complete(&text(seed, PROMPT_LEN));
-        let pod = r.header("x-served-by").unwrap_or("").to_string();
-        out.push(Sent {
-            at,
-            group,
-            status: r.status,
-            pod,
-        });
-        i += 1;
-        thread::sleep(every);
-    }
+    let fresh = AtomicU64::new(*fresh_seed);
+    let mut out: Vec<Sent> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..clients)
+            .map(|client| {
+                let fresh = &fresh;
+                scope.spawn(move || {
+                    let mut out = Vec::new();
+                    let mut n = 0usize;
+                    while start.elapsed() < run {
+                        let i = n * clients + client;
+                        let group =
+                            (i % 3 != 0 && !groups.is_empty()).then(|| groups[i % groups.len()]);
+                        let seed =
+                            group.unwrap_or_else(|| fresh.fetch_add(1, Ordering::Relaxed) + 1);
+                        let at = start.elapsed();
+                        let r = f.complete(&text(seed, PROMPT_LEN));
+                        out.push(Sent {
+                            client,
+                            at,
+                            done: start.elapsed(),
+                            group,
+                            status: r.status,
+                            pod: r.header("x-served-by").unwrap_or("").to_string(),
+                        });
+                        n += 1;
+                        thread::sleep(every);
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("client thread"))
+            .collect()
+    });
+    out.sort_by_key(|s| s.at);
+    *fresh_seed = fresh.into_inner();
     out
 }
 
@@ -220,6 +248,7 @@ fn eds_add_unhealthy_and_remove_are_followed_within_two_seconds() {
         &f,
         &groups,
         &mut fresh,
+        1,
         Duration::from_secs(4),
         Duration::from_millis(40),
     );
@@ -251,6 +280,7 @@ fn eds_add_unhealthy_and_remove_are_followed_within_two_seconds() {
         &f,
         &groups,
         &mut fresh,
+        1,
         Duration::from_secs(4),
         Duration::from_millis(40),
     );
@@ -276,6 +306,7 @@ fn eds_add_unhealthy_and_remove_are_followed_within_two_seconds() {
         &f,
         &groups,
         &mut fresh,
+        1,
         Duration::from_secs(4),
         Duration::from_millis(40),
     );
@@ -293,10 +324,29 @@ fn eds_add_unhealthy_and_remove_are_followed_within_two_seconds() {
     drop(f.dir);
 }
 
-/// A pod process killed under steady load (about 20 req/s, shared prefixes).
-/// Returns the client failures and the number of requests sent.
-/// Returns (failed, sent, passive cooldowns after the kill).
-fn kill_under_load(retry: bool) -> (usize, usize, i64) {
+/// Concurrent clients of the pod-kill runs, each with at most one request
+/// in flight (about 20 req/s each).
+const CLIENTS: usize = 4;
+
+/// What a pod-kill run saw: every request of the outage (from the kill
+/// on), the number sent in all, and the passive cooldowns counted.
+struct KillRun {
+    outage: Vec<Sent>,
+    sent: usize,
+    cooled: i64,
+}
+
+impl KillRun {
+    fn failed(&self) -> Vec<&Sent> {
+        self.outage.iter().filter(|s| s.status != 200).collect()
+    }
+}
+
+/// A pod process killed under steady load from [`CLIENTS`] concurrent
+/// clients (shared prefixes): it stops receiving requests, each of its
+/// groups moves to one other pod, it is used again after it returns, and
+/// no in-flight count stays stuck.
+fn kill_under_load(retry: bool) -> KillRun {
     let f = EdsFleet::start(
         &["pod-1", "pod-2", "pod-3", "pod-4"],
         &["pod-1", "pod-2", "pod-3", "pod-4"],
@@ -321,12 +371,14 @@ fn kill_under_load(retry: bool) -> (usize, usize, i64) {
     }
     let victim = home[&groups[0]].clone();
     let mut fresh = 20_000;
+    let every = Duration::from_millis(50);
     let warm = drive(
         &f,
         &groups,
         &mut fresh,
+        CLIENTS,
         Duration::from_secs(1),
-        Duration::from_millis(50),
+        every,
     );
     assert!(warm.iter().all(|s| s.status == 200));
 
@@ -339,22 +391,18 @@ fn kill_under_load(retry: bool) -> (usize, usize, i64) {
         &f,
         &groups,
         &mut fresh,
+        CLIENTS,
         Duration::from_secs(6),
-        Duration::from_millis(50),
+        every,
     );
-    let failures = outage.iter().filter(|s| s.status != 200).count();
-    // The dead pod is noticed at the end of the requests it fails (a 503,
-    // or a retry another pod answered), before membership's own read.
     let cooled = f.envoy.router_stat("prefix_router.fleet.passive_cooldowns");
-    for s in outage.iter().filter(|s| s.status != 200) {
-        assert!(
-            s.at < FOLLOW,
-            "a request failed {:?} after the kill: it was still sent to the dead pod",
-            s.at
-        );
-    }
+    // Envoy's health check has marked it down by now: 3 of 4 healthy.
+    f.wait_members(4, 3);
     let late: Vec<&Sent> = after(&outage, FOLLOW).collect();
-    assert!(late.iter().all(|s| s.pod != victim));
+    assert!(
+        late.iter().all(|s| s.pod != victim),
+        "{victim} still served requests {FOLLOW:?} after the kill"
+    );
     let moved = groups_moved_off(&late, &home, &victim);
     assert!(
         !moved.is_empty(),
@@ -369,8 +417,9 @@ fn kill_under_load(retry: bool) -> (usize, usize, i64) {
         &f,
         &groups,
         &mut fresh,
+        CLIENTS,
         Duration::from_secs(5),
-        Duration::from_millis(50),
+        every,
     );
     assert!(
         back.iter().all(|s| s.status == 200),
@@ -388,27 +437,85 @@ fn kill_under_load(retry: bool) -> (usize, usize, i64) {
     });
     assert!(idle, "in-flight counts stuck after the outage: {stuck:?}");
     let sent = warm.len() + outage.len() + back.len();
-    (failures, sent, cooled)
+    KillRun {
+        outage,
+        sent,
+        cooled,
+    }
 }
 
 #[test]
 fn killed_pod_with_retry_policy_costs_clients_nothing() {
-    let (failures, sent, cooled) = kill_under_load(true);
-    eprintln!("pod killed under load, with eds.yaml's retry policy: {failures} of {sent} client requests failed, {cooled} passive cooldowns");
-    assert_eq!(failures, 0);
+    let run = kill_under_load(true);
+    let failed = run.failed();
+    eprintln!(
+        "pod killed under load from {CLIENTS} clients, with eds.yaml's retry policy: {} of {} \
+         client requests failed, {} passive cooldowns",
+        failed.len(),
+        run.sent,
+        run.cooled
+    );
     assert!(
-        cooled > 0,
+        failed.is_empty(),
+        "client requests failed despite the retry policy: {:?}",
+        failed
+            .iter()
+            .map(|s| (s.client, s.at, s.status))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        run.cooled > 0,
         "no retried request put the dead pod in cooldown"
     );
 }
 
+/// Without a retry policy, a request fails only if it was routed to the
+/// dead pod before the filter knew: the first failure to end puts the pod
+/// in cooldown in the one worker VM (`--concurrency 1`) that routes every
+/// request, before its 503 reaches the client; `passive_cooldown_ms` (3 s)
+/// outlasts what Envoy's health check (1 s interval, 1 s timeout, one
+/// failure) and membership (`refresh_ms` 500) need to mark the pod down
+/// for good. So every failure was in flight when the first one ended: each
+/// client fails at most once (at most [`CLIENTS`] in all), and nothing sent
+/// after a client saw a failure fails.
 #[test]
 fn killed_pod_without_retries_fails_only_what_was_sent_before_it_was_noticed() {
-    let (failures, sent, cooled) = kill_under_load(false);
+    let run = kill_under_load(false);
+    let failed = run.failed();
     eprintln!(
-        "pod killed under load, no retry policy: {failures} of {sent} client requests failed, {cooled} passive cooldowns"
+        "pod killed under load from {CLIENTS} clients, no retry policy: {} of {} client \
+         requests failed, {} passive cooldowns",
+        failed.len(),
+        run.sent,
+        run.cooled
     );
-    assert!(cooled > 0, "no 503 put the dead pod in cooldown");
+    assert!(run.cooled > 0, "no 503 put the dead pod in cooldown");
+    let list = || {
+        failed
+            .iter()
+            .map(|s| (s.client, s.at, s.done, s.status))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        failed.iter().all(|s| s.status == 503),
+        "failures other than the dead pod's 503: {:?}",
+        list()
+    );
+    let mut per_client = BTreeMap::new();
+    for s in &failed {
+        *per_client.entry(s.client).or_insert(0) += 1;
+    }
+    assert!(
+        per_client.values().all(|&n| n == 1) && failed.len() <= CLIENTS,
+        "more failures than requests in flight when the pod was noticed: {:?}",
+        list()
+    );
+    let noticed = failed.iter().map(|s| s.done).min().unwrap_or_default();
+    assert!(
+        failed.iter().all(|s| s.at <= noticed),
+        "a request sent after a client had seen the dead pod fail also failed: {:?}",
+        list()
+    );
 }
 
 #[test]

@@ -6,9 +6,15 @@
 //!
 //! - `FAIL_OPEN` (the shipped configs): later requests bypass the filter and
 //!   are served round robin; none fails.
-//! - `FAIL_RELOAD`: Envoy answers 503 while it loads a fresh VM, then the
-//!   filter routes again, and the dead VM's in-flight count does not stay
-//!   stuck on its pod (it stops counting once its key is stale).
+//! - `FAIL_RELOAD`: the trapping request and the one in flight in the dead
+//!   VM get 503, so does every request while Envoy backs off from reloading
+//!   (counted in its `wasm.<plugin>.vm_reload_backoff`), then one fresh VM
+//!   is loaded (`vm_reload_success`) and the filter routes again; the dead
+//!   VM's in-flight count does not stay stuck on its pod (it stops counting
+//!   once its key is stale).
+//!
+//! Both tests first check, from Envoy's log, that the VM did trap, once: a
+//! module that does not trap fails them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -51,6 +57,45 @@ fn trap(run: &Running) -> Reply {
     )
 }
 
+/// What V8 logs when the filter's request-headers callback traps on the
+/// fault build's `unreachable`.
+const TRAP_LOG: &str =
+    "Function: proxy_on_request_headers failed: Uncaught RuntimeError: unreachable";
+
+/// Checks that the worker VM trapped exactly once (Envoy logs every trap),
+/// and that the trapping request got a 503.
+fn assert_trapped_once(run: &Running, trapped: &Reply) {
+    let log = wait_for_log(run, TRAP_LOG);
+    assert_eq!(
+        log.matches(TRAP_LOG).count(),
+        1,
+        "the VM did not trap exactly once:\n{}",
+        harness::tail(&run.envoy.log, 20)
+    );
+    assert_eq!(trapped.status, 503, "the trapping request: {trapped:?}");
+}
+
+/// Envoy's log once it holds `line` (it flushes every 100 ms), or as it is
+/// after a few seconds.
+fn wait_for_log(run: &Running, line: &str) -> String {
+    let mut log = String::new();
+    wait_until(Duration::from_secs(5), || {
+        log = run.envoy.log_text();
+        log.contains(line)
+    });
+    log
+}
+
+/// Envoy's own counter `wasm.prefix_router.<name>` (the filter's plugin).
+fn plugin_stat(run: &Running, name: &str) -> i64 {
+    let full = format!("wasm.prefix_router.{name}");
+    run.envoy
+        .stats_matching(&format!("^{}$", full.replace('.', r"\.")))
+        .get(&full)
+        .copied()
+        .unwrap_or_else(|| panic!("Envoy has no stat {full}"))
+}
+
 /// Whether the filter routed the reply (it sets the match header).
 fn routed(r: &Reply) -> bool {
     r.header("x-prefix-match").is_some()
@@ -77,8 +122,9 @@ fn a_trapped_vm_under_fail_open_fails_no_later_request() {
          {routed_after} routed by the filter",
         trapped.status
     );
+    assert_trapped_once(&run, &trapped);
     // The VM is gone (nothing is routed any more), and nothing fails.
-    assert_eq!(routed_after, 0, "the fault build did not trap the VM");
+    assert_eq!(routed_after, 0, "a VM still routes after the trap");
     assert_eq!(failed, 0, "requests failed after the VM trapped");
 }
 
@@ -102,22 +148,53 @@ fn a_trapped_vm_under_fail_reload_comes_back_and_leaves_no_stuck_count() {
 
     let trapped = trap(&run);
     let t0 = Instant::now();
-    let (mut sent, mut failed) = (0, 0);
+    let (mut sent, mut failed) = (0u64, 0i64);
+    let mut other = Vec::new();
     let mut back = None;
+    // A safety timeout only: Envoy reloads after its own backoff.
     while t0.elapsed() < Duration::from_secs(30) {
         let r = run.post("/v1/completions", &body(500 + sent));
         sent += 1;
-        failed += u64::from(r.status != 200);
         if r.status == 200 && routed(&r) {
             back = Some(t0.elapsed());
             break;
         }
+        if r.status == 503 {
+            failed += 1;
+        } else {
+            other.push(r.status);
+        }
         thread::sleep(Duration::from_millis(50));
     }
     let back = back.unwrap_or_else(|| panic!("the filter never routed again: {sent} sent"));
+    assert_trapped_once(&run, &trapped);
+    // Until the fresh VM routes, Envoy refuses what arrives while it backs
+    // off from reloading: each such request a 503, each counted; then it
+    // loads one fresh VM.
+    assert!(
+        other.is_empty(),
+        "before the filter routed again, replies neither 503 nor routed: {other:?}"
+    );
+    assert_eq!(
+        failed,
+        plugin_stat(&run, "vm_reload_backoff"),
+        "503s before the filter routed again vs Envoy's reload backoffs"
+    );
+    assert_eq!(
+        plugin_stat(&run, "vm_reload_success"),
+        1,
+        "fresh VMs loaded"
+    );
+    assert_eq!(plugin_stat(&run, "vm_reload_failure"), 0, "failed reloads");
     // The slow request ends (its stream lived in the dead VM), then the dead
     // VM's published count goes stale: no pod looks loaded for good.
     let slow = slow.join().expect("slow request thread");
+    // Its stream lived in the VM that trapped: Envoy fails it too.
+    assert_eq!(
+        slow.as_ref().map(|r| r.status),
+        Ok(503),
+        "the request in flight in the dead VM"
+    );
     let t1 = Instant::now();
     let stale = Duration::from_millis(envoy_prefix_router::route::load::VM_STALE_MS);
     let mut gauges = run.envoy.inflight();

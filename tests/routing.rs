@@ -7,8 +7,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
+use std::thread;
 use std::time::Duration;
 
+use envoy_prefix_router::shared::registry::MAX_SLOTS;
 use harness::{send, text, token_ids, wait_until, Setup, CLIENT_TIMEOUT};
 use serde_json::json;
 
@@ -310,4 +312,51 @@ fn decision_lines_follow_envoys_wasm_log_level() {
     }
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(decisions().len(), before, "{:#?}", decisions());
+}
+
+/// A flood of client `model` names, more distinct names than the model
+/// registry has slots, each named once, leaves a model that comes after it
+/// routed by prefix: clients' names fill only their share of the registry,
+/// and a name past it routes under a local id (`src/shared/registry.rs`).
+/// Before, the flood filled the registry and the new model was never
+/// matched until the flood's names retired (20 minutes here).
+#[test]
+fn a_flood_of_model_names_leaves_a_new_model_routed_by_prefix() {
+    const CLIENTS: usize = 4;
+    let flood = MAX_SLOTS + 100;
+    let run = Setup::new("single.yaml").start();
+    let post = |model: &str, prompt: &str| {
+        let body = json!({ "model": model, "prompt": prompt, "max_tokens": 1 }).to_string();
+        run.envoy
+            .post_json("/v1/completions", &body, &[])
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    thread::scope(|s| {
+        for client in 0..CLIENTS {
+            let post = &post;
+            s.spawn(move || {
+                for i in (client..flood).step_by(CLIENTS) {
+                    let r = post(&format!("flood-{i}"), &text(i as u64, 256));
+                    r.expect_pod();
+                    assert!(
+                        r.header("x-prefix-match").is_some(),
+                        "flood request {i} not routed by the filter: {r:?}"
+                    );
+                }
+            });
+        }
+    });
+    let model = "a-real-model-after-the-flood";
+    let prefix = text(9, 4096);
+    let first = post(model, &format!("{prefix}{}", text(10, 300))).expect_pod();
+    let second = post(model, &format!("{prefix}{}", text(11, 300)));
+    assert_eq!(
+        second.expect_pod(),
+        first,
+        "the new model's shared prefix went to another pod"
+    );
+    assert!(
+        second.match_percent() > 0,
+        "the new model's second request matched nothing: {second:?}"
+    );
 }

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use crate::fleet::membership::PodNaming;
 use crate::fleet::DEFAULT_POOL;
 use crate::route::policy::{LoadAwareConfig, PolicyMode};
-use crate::shared::registry::{MAX_SLOTS, SEEN_EVERY_SECS};
+use crate::shared::registry::{MAX_MODEL_POOLS, MAX_NAME, MAX_SLOTS, SEEN_EVERY_SECS};
 use crate::sync::SyncSettings;
 
 mod fields;
@@ -501,6 +501,34 @@ fn pools_of(raw: &RawConfig) -> Result<BTreeMap<String, PoolSource>, ConfigError
             );
         }
         (true, true) => {}
+    }
+    // Every configured model must find a slot in the model registry.
+    let models = raw.model_endpoints.len() + raw.model_clusters.len();
+    if models > MAX_MODEL_POOLS {
+        let field = if raw.model_clusters.is_empty() {
+            "model_endpoints"
+        } else {
+            "model_clusters"
+        };
+        return Err(err(
+            field,
+            format!(
+                "{models} per-model pools (model_endpoints and model_clusters); at most {MAX_MODEL_POOLS}"
+            ),
+        ));
+    }
+    for model in raw.model_endpoints.keys().chain(raw.model_clusters.keys()) {
+        if model.len() > MAX_NAME {
+            let field = if raw.model_endpoints.contains_key(model) {
+                "model_endpoints"
+            } else {
+                "model_clusters"
+            };
+            return Err(err(
+                field,
+                format!("model name longer than {MAX_NAME} bytes"),
+            ));
+        }
     }
     for (model, list) in &raw.model_endpoints {
         if model.is_empty() {

@@ -150,6 +150,34 @@ fn invalid_values_are_refused_by_name() {
 }
 
 #[test]
+fn more_model_pools_than_the_registry_keeps_for_them_are_refused_by_field() {
+    use crate::shared::registry::{MAX_MODEL_POOLS, MAX_NAME};
+    let pools = |n: usize, kind: &str| -> String {
+        let list: Vec<String> = (0..n)
+            .map(|i| match kind {
+                "endpoints" => format!(r#""m{i}":["a:1"]"#),
+                _ => format!(r#""m{i}":"c""#),
+            })
+            .collect();
+        format!(
+            r#"{{"endpoints":["a:1"],"model_{kind}":{{{}}}}}"#,
+            list.join(",")
+        )
+    };
+    assert!(parse(&pools(MAX_MODEL_POOLS, "endpoints")).is_ok());
+    let e = parse(&pools(MAX_MODEL_POOLS + 1, "endpoints")).unwrap_err();
+    assert_eq!(e.field, "model_endpoints", "{e}");
+    let e = parse(&pools(MAX_MODEL_POOLS + 1, "clusters")).unwrap_err();
+    assert_eq!(e.field, "model_clusters", "{e}");
+    let long = "m".repeat(MAX_NAME + 1);
+    let e = parse(&format!(
+        r#"{{"endpoints":["a:1"],"model_clusters":{{"{long}":"c"}}}}"#
+    ))
+    .unwrap_err();
+    assert_eq!(e.field, "model_clusters", "{e}");
+}
+
+#[test]
 fn a_key_given_twice_is_refused_by_name() {
     let e = parse(r#"{"endpoints":["a:1"],"block_size":4,"block_size":8}"#).unwrap_err();
     assert_eq!(e.field, "block_size");

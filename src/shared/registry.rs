@@ -12,8 +12,31 @@
 //! and its name has not been seen for `retire_secs`, which callers set beyond
 //! the table's idle expiry: by then every record that named the slot has
 //! expired, locally and in what sync can apply (remote pod facts are applied
-//! only for current members, remote times are clamped to now). So neither a
-//! flood of names nor one hostile Redis value fills a registry for good.
+//! only for current members, remote times are clamped to now).
+//!
+//! Model names come from three sources, and each may fill only its share of
+//! the model registry, so none takes what another needs:
+//! - the configuration's per-model pools (at most [`MAX_MODEL_POOLS`],
+//!   refused at load beyond): a slot whenever one is free or retired, which
+//!   the two shares below always leave (unless models that earlier
+//!   configurations named, not yet retired, hold it);
+//! - client requests, any `model` string: while fewer than
+//!   [`CLIENT_SLOTS`] slots are live;
+//! - Redis values naming models no client here named: while fewer than
+//!   [`REMOTE_SLOTS`] are live.
+//!
+//! A client's model that finds no slot (a flood of names filled the
+//! clients' share) is still routed by prefix, under its [`local_model_id`]:
+//! a hash of the name above the registry's range, the same in every VM, so
+//! the table keeps its records apart from other models' (two such names
+//! share an id, and so records, about 1 in 64,512 times). Those records are
+//! not synced (sync names a model by its slot); the model takes a slot once
+//! one is free again (its id is looked up again a minute later), and its
+//! records under the local id idle out. Slots are not reclaimed sooner
+//! because a slot handed to another name while records still name it gives
+//! the new model the old one's matches, here and in every replica sync
+//! writes to. So a flood of names can cost the models that arrive during it
+//! their sync, never their routing, and never a configured model's slot.
 //!
 //! Layout of one registry value: per slot, in slot order,
 //! `last_seen u32 | len u8 | name bytes` (little endian; `len` 0 = free).
@@ -65,9 +88,27 @@ pub(crate) const MODELS_KEY: &str = "ptab/models";
 pub const MAX_SLOTS: usize = 1024;
 /// Longest name kept (a Kubernetes pod name is at most 253 bytes).
 pub const MAX_NAME: usize = 255;
+/// Live model slots that names from client requests may fill (the
+/// configuration's models are not held to it).
+pub(crate) const CLIENT_SLOTS: usize = MAX_SLOTS / 4 * 3;
+/// Live model slots that names only Redis values bring may fill.
+pub(crate) const REMOTE_SLOTS: usize = MAX_SLOTS / 2;
+/// Most per-model pools a configuration may name: what the clients' share
+/// leaves, so every configured model finds a slot.
+pub const MAX_MODEL_POOLS: usize = MAX_SLOTS - CLIENT_SLOTS;
 /// A member's `last_seen` is rewritten at most this often (bounded writes).
 pub(crate) const SEEN_EVERY_SECS: u32 = 60;
 const MAX_ATTEMPTS: u32 = 16;
+
+/// The table id of a model that has no registry slot: a hash of its name
+/// above every slot (`MAX_SLOTS..=u16::MAX`), the same in every VM and
+/// replica. Only this replica's table uses it; sync, which names models by
+/// slot, skips records under it.
+pub(crate) fn local_model_id(name: &str) -> u16 {
+    let slots = MAX_SLOTS as u64;
+    let span = u64::from(u16::MAX) + 1 - slots;
+    u16::try_from(slots + xxhash_rust::xxh64::xxh64(name.as_bytes(), 0) % span).unwrap_or(u16::MAX)
+}
 
 /// One registry slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -389,6 +430,46 @@ mod tests {
             .0
             .iter()
             .all(Option::is_some));
+    }
+
+    #[test]
+    fn a_flood_of_client_names_fills_only_the_clients_share() {
+        let store = MemStore::new();
+        let reg = NameRegistry::models(&store);
+        let flood: Vec<String> = (0..2 * MAX_SLOTS).map(|i| format!("flood-{i}")).collect();
+        for (i, name) in flood.iter().enumerate() {
+            let (ids, _) = reg.intern_within(&[name], 10, 100, CLIENT_SLOTS).unwrap();
+            assert_eq!(ids[0].is_some(), i < CLIENT_SLOTS, "{name}");
+        }
+        // Names only Redis brings get no slot past their own share either.
+        let (ids, _) = reg
+            .intern_within(&["remote"], 11, 100, REMOTE_SLOTS)
+            .unwrap();
+        assert_eq!(ids, vec![None]);
+        // Every model a configuration may name still gets one.
+        let configured: Vec<String> = (0..MAX_MODEL_POOLS).map(|i| format!("pool-{i}")).collect();
+        let refs: Vec<&str> = configured.iter().map(String::as_str).collect();
+        let (ids, r) = reg.intern(&refs, 12, 100).unwrap();
+        assert!(ids.iter().all(Option::is_some), "{ids:?}");
+        assert_eq!(r.slots.iter().flatten().count(), MAX_SLOTS);
+        // The flood's names are reclaimed once retired: a new client name
+        // gets one of their slots.
+        let (ids, _) = reg
+            .intern_within(&["later"], 10 + 101, 100, CLIENT_SLOTS)
+            .unwrap();
+        assert!(ids[0].is_some_and(|id| reg.load().unwrap().name_of(id) == Some("later")));
+    }
+
+    #[test]
+    fn local_ids_lie_above_every_slot_and_are_the_same_in_every_vm() {
+        let names: Vec<String> = (0..10_000).map(|i| format!("model-{i}")).collect();
+        let ids: std::collections::BTreeSet<u16> =
+            names.iter().map(|n| local_model_id(n)).collect();
+        assert!(ids.iter().all(|&id| usize::from(id) >= MAX_SLOTS));
+        // A hash: distinct names rarely share an id.
+        assert!(ids.len() > 9_000, "{}", ids.len());
+        assert_eq!(local_model_id("llama"), local_model_id("llama"));
+        assert_eq!(local_model_id(""), local_model_id(""));
     }
 
     #[test]

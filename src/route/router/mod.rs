@@ -31,7 +31,9 @@ use crate::route::prefill::PrefillTiming;
 use crate::route::reads::RequestReads;
 use crate::route::request::PromptRequest;
 use crate::route::table::{Layout, TableConfig, WriteOutcome};
-use crate::shared::registry::{NameRegistry, PodSlot, SEEN_EVERY_SECS};
+use crate::shared::registry::{
+    local_model_id, NameRegistry, PodSlot, CLIENT_SLOTS, MAX_SLOTS, SEEN_EVERY_SECS,
+};
 use crate::shared::store::{SharedStore, StoreError};
 use crate::signals::SignalView;
 
@@ -77,7 +79,7 @@ pub struct Routed {
     pub ticket: Ticket,
     pub(crate) total_blocks: usize,
     pub(crate) probes: usize,
-    /// Model id in the table, None when the registry is full.
+    /// Model id in the table, None when the request names no model.
     pub(crate) model: Option<u16>,
     /// The blocks written for the chosen pod, (hash, anchor) (sync pushes
     /// these): the sampled blocks past its fresh matched prefix, and the
@@ -253,38 +255,52 @@ impl Router {
         Ok(())
     }
 
-    /// Table id of a model name, registering it if new. Cached, and marked
-    /// seen in the registry at most once a minute: an id is given to another
-    /// model only after it has not been seen for `retire_secs`, so a cached id
-    /// is always still this model's. `None` when the registry is full.
+    /// Table id of a model name: its registry slot, registering it if new
+    /// (a configured pool's model whenever a slot is free or retired, a
+    /// client's only within [`CLIENT_SLOTS`]), else its [`local_model_id`]
+    /// (see [`crate::shared::registry`]). `None` when the request names no
+    /// model. Cached, and looked up again (marking it seen in the registry)
+    /// at most once a minute: a slot is given to another model only after
+    /// it has not been seen for `retire_secs`, so a cached slot is always
+    /// still this model's, and a model under its local id takes a slot
+    /// within a minute of one freeing up.
     pub(crate) fn model_id<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         model: &str,
         now_secs: u32,
     ) -> Result<Option<u16>, StoreError> {
+        if model.is_empty() {
+            return Ok(None);
+        }
         if let Some((id, seen)) = self.model_ids.borrow().get(model) {
             if now_secs.saturating_sub(*seen) < SEEN_EVERY_SECS {
                 return Ok(Some(*id));
             }
         }
-        let (ids, _) =
-            NameRegistry::models(store).intern(&[model], now_secs, self.settings.retire_secs())?;
-        let id = ids.first().copied().flatten();
+        let limit = if self.settings.pools.contains_key(model) {
+            MAX_SLOTS
+        } else {
+            CLIENT_SLOTS
+        };
+        let (ids, _) = NameRegistry::models(store).intern_within(
+            &[model],
+            now_secs,
+            self.settings.retire_secs(),
+            limit,
+        )?;
+        let id = ids
+            .first()
+            .copied()
+            .flatten()
+            .unwrap_or_else(|| local_model_id(model));
         let mut cache = self.model_ids.borrow_mut();
-        match id {
-            Some(id) => {
-                // Bounded like the registry itself.
-                if cache.len() >= crate::shared::registry::MAX_SLOTS {
-                    cache.clear();
-                }
-                cache.insert(model.to_string(), (id, now_secs));
-            }
-            None => {
-                cache.remove(model);
-            }
+        // Bounded like the registry itself.
+        if cache.len() >= MAX_SLOTS {
+            cache.clear();
         }
-        Ok(id)
+        cache.insert(model.to_string(), (id, now_secs));
+        Ok(Some(id))
     }
 
     /// [`Self::route_at`] with the clock in whole seconds.

@@ -28,7 +28,7 @@ use super::{explain, sampled_positions, RouteError, Routed, Router, HIT_PERCENT,
 pub(crate) struct Probed {
     /// The client's model name (for the decision line and the family).
     pub(super) model_name: String,
-    /// Model id in the table, None when the registry is full.
+    /// Model id in the table, None when the request names no model.
     pub(super) model: Option<u16>,
     /// Whether the answer streams (only a streamed prefill is timed).
     pub(super) stream: bool,

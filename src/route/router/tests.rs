@@ -727,3 +727,52 @@ fn a_claim_record_tells_a_follower_what_it_shares_and_is_bounded() {
         claim_record(&huge).len()
     );
 }
+
+/// A request for model `model`.
+fn req_for(model: &str, prompt: &str) -> PromptRequest {
+    PromptRequest {
+        model: model.into(),
+        prompt: prompt.as_bytes().to_vec(),
+        stream: false,
+    }
+}
+
+#[test]
+fn a_flood_of_model_names_leaves_a_new_model_routed_by_prefix() {
+    use crate::shared::registry::MAX_SLOTS;
+    let s = MemStore::new();
+    let r = router(r#","model_endpoints":{"configured":["p:1","p:2"]}"#);
+    let mut rng = SplitMix64::new(1);
+    for i in 0..MAX_SLOTS + 100 {
+        let x = r
+            .route(
+                &s,
+                &req_for(&format!("flood-{i}"), "abcdefgh"),
+                100,
+                &mut rng,
+            )
+            .unwrap();
+        r.release(&s, x.ticket, x.is_hit(), 0);
+    }
+    // A model the clients bring after it routes under its local id...
+    let p = "wxyz".repeat(300);
+    let first = r.route(&s, &req_for("new", &p), 101, &mut rng).unwrap();
+    assert!(first.model.is_some_and(|m| usize::from(m) >= MAX_SLOTS));
+    r.release(&s, first.ticket, first.is_hit(), 0);
+    // ... and by prefix: its second request finds the first one's pod.
+    let second = r.route(&s, &req_for("new", &p), 102, &mut rng).unwrap();
+    assert_eq!(second.choice.reason, Reason::PrefixMatch);
+    assert_eq!(second.choice.pod, first.choice.pod);
+    assert_eq!(second.choice.match_percent, 100);
+    r.release(&s, second.ticket, second.is_hit(), 0);
+    // A configured model still gets a registry slot (it syncs).
+    let configured = r.model_id(&s, "configured", 103).unwrap();
+    assert!(configured.is_some_and(|m| usize::from(m) < MAX_SLOTS));
+    // Once the flood's names retire, the new model takes a slot (looked up
+    // again a minute after the last time).
+    let later = 100 + r.settings.retire_secs() + 61;
+    let id = r.model_id(&s, "new", later).unwrap();
+    assert!(id.is_some_and(|m| usize::from(m) < MAX_SLOTS), "{id:?}");
+    // A request that names no model is not matched by prefix, as before.
+    assert_eq!(r.model_id(&s, "", later).unwrap(), None);
+}

@@ -11,7 +11,7 @@ use super::{Clock, NANOS};
 use crate::config::Settings;
 use crate::fleet::SharedView;
 use crate::route::table::{anchor_of, Layout, PrefixTable, Record, TableConfig};
-use crate::shared::registry::{NameRegistry, MAX_SLOTS};
+use crate::shared::registry::{NameRegistry, REMOTE_SLOTS};
 use crate::shared::store::SharedStore;
 use crate::sync::foreign::ForeignFacts;
 use crate::sync::handoff::{DirtySet, Touched};
@@ -220,7 +220,7 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
             // A model named only in Redis may take at most half the registry:
             // one hostile value cannot fill it for the models clients use.
             let id = NameRegistry::models(&self.store)
-                .intern_within(&[model], now, retire, MAX_SLOTS / 2)
+                .intern_within(&[model], now, retire, REMOTE_SLOTS)
                 .ok()
                 .and_then(|(ids, _)| ids.first().copied().flatten());
             let Some(model_id) = id else {
@@ -320,7 +320,7 @@ impl<S: SharedStore> Syncable for PrefixCacheSync<S> {
 mod tests {
     use super::super::testutil::{clock, settings, view};
     use super::*;
-    use crate::shared::registry::PodSlot;
+    use crate::shared::registry::{PodSlot, MAX_SLOTS};
     use crate::shared::store::MemStore;
     use std::cell::Cell;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -601,9 +601,26 @@ mod tests {
         // Facts for a pod that is not a member are counted, not applied.
         assert_eq!(sync.facts_ignored(), 8 * 300);
         let reg = NameRegistry::models(&*store).load().unwrap();
-        assert_eq!(reg.slots.iter().flatten().count(), MAX_SLOTS / 2);
+        assert_eq!(reg.slots.iter().flatten().count(), REMOTE_SLOTS);
+        // A client's model still gets a registry slot (so it syncs).
         let router = crate::route::router::Router::new((*s).clone());
-        assert!(router.model_id(&*store, "llama", 1000).unwrap().is_some());
+        let id = router.model_id(&*store, "llama", 1000).unwrap();
+        assert!(id.is_some_and(|id| usize::from(id) < MAX_SLOTS), "{id:?}");
+    }
+
+    #[test]
+    fn records_under_a_local_model_id_are_not_synced() {
+        let (store, s, sync) = sync_at(1000);
+        let table = PrefixTable::new(
+            &*store,
+            TableConfig::new(s.table_capacity_blocks, 1200, Layout::Segments),
+        );
+        let local = crate::shared::registry::local_model_id("m");
+        table.record(&own(&[1, 2]), local, p(0), 990);
+        assert!(sync.snapshot().is_empty());
+        // The same facts under the model's slot are.
+        table.record(&own(&[1, 2]), model_slot(&store, "m"), p(0), 990);
+        assert_eq!(sync.snapshot().len(), 2);
     }
 
     #[test]
