@@ -15,8 +15,7 @@ use harness::{get, repo_root, text, wait_until, Setup};
 use serde_json::json;
 
 /// The tag every shipped config carries, as docs/operations.md gives it.
-const POD_TAG_REGEX: &str =
-    r"'^wasmcustom\.prefix_router\.(?:inflight|slowness)(\.([^.]+))$'";
+const POD_TAG_REGEX: &str = r"'^wasmcustom\.prefix_router\.(?:inflight|slowness)(\.([^.]+))$'";
 
 #[test]
 fn every_shipped_config_tags_per_pod_stats_with_the_pod() {
