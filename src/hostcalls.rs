@@ -8,7 +8,7 @@ use crate::shared::store::SharedStore;
 /// What the request path asks of Envoy, besides shared data and stats.
 /// Every method is one hostcall; none fails a request: a failure reads as
 /// absent, empty or `false`.
-pub(crate) trait Host: SharedStore + MetricSink {
+pub trait Host: SharedStore + MetricSink {
     /// Wall clock, unix nanoseconds (0 if unreadable).
     fn now_nanos(&self) -> u64;
     /// Every request header, in the proxy-wasm map encoding (see

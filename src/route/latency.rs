@@ -15,7 +15,7 @@ use crate::shared::registry::{PodSlot, MAX_SLOTS};
 /// much as how fast it is, while its hits' mean is its decode speed and
 /// queue. [`Self::mean_hit_ms`] is what compares pods' speed.
 #[derive(Debug, Default)]
-pub struct PodLatency {
+pub(crate) struct PodLatency {
     /// Per slot: (in-flight ms summed over ticks, completions).
     sums: Vec<(u64, u32)>,
     /// The same for hits only.
@@ -27,15 +27,15 @@ pub struct PodLatency {
 
 impl PodLatency {
     /// Completions kept per pod before the sums halve.
-    pub const WINDOW: u32 = 64;
+    pub(crate) const WINDOW: u32 = 64;
     /// Completions a pod needs before its latency counts.
-    pub const MIN_SAMPLES: u32 = 4;
+    pub(crate) const MIN_SAMPLES: u32 = 4;
     /// Longest tick gap counted (a stalled VM does not inflate latency).
     const MAX_GAP_MS: u64 = 1_000;
 
     /// The tick: adds `own[slot] x elapsed` to each pod's in-flight time
     /// (and its hits' to theirs).
-    pub fn tick(&mut self, own: &[u32], now_ms: u64) {
+    pub(crate) fn tick(&mut self, own: &[u32], now_ms: u64) {
         let gap = self
             .last_ms
             .map_or(0, |t| now_ms.saturating_sub(t).min(Self::MAX_GAP_MS));
@@ -45,7 +45,7 @@ impl PodLatency {
     }
 
     /// A hit was sent to `pod` (counted until [`Self::completed`]).
-    pub fn started_hit(&mut self, pod: PodSlot) {
+    pub(crate) fn started_hit(&mut self, pod: PodSlot) {
         let i = pod.index();
         if i >= MAX_SLOTS {
             return;
@@ -58,14 +58,14 @@ impl PodLatency {
 
     /// A hit started on `pod` is no longer timed (it ends uncounted, as a
     /// request that was not a hit).
-    pub fn cancel_hit(&mut self, pod: PodSlot) {
+    pub(crate) fn cancel_hit(&mut self, pod: PodSlot) {
         if let Some(n) = self.hits_in_flight.get_mut(pod.index()) {
             *n = n.saturating_sub(1);
         }
     }
 
     /// A request on `pod` ended (`hit`: it was started as one).
-    pub fn completed(&mut self, pod: PodSlot, hit: bool) {
+    pub(crate) fn completed(&mut self, pod: PodSlot, hit: bool) {
         let i = pod.index();
         if i >= MAX_SLOTS {
             return;
@@ -80,22 +80,24 @@ impl PodLatency {
     }
 
     /// Mean ms a request of this VM spent on `pod`, once it has
-    /// [`Self::MIN_SAMPLES`] completions.
-    pub fn mean_ms(&self, pod: PodSlot) -> Option<u64> {
+    /// [`Self::MIN_SAMPLES`] completions (the tests read it; the policy
+    /// reads the hits' alone).
+    #[cfg(test)]
+    pub(crate) fn mean_ms(&self, pod: PodSlot) -> Option<u64> {
         mean(&self.sums, pod)
     }
 
     /// Hits on `pod` timed now, and those timed to their end (in the
     /// current window).
     #[cfg(test)]
-    pub fn hits_timed(&self, pod: PodSlot) -> (u32, u32) {
+    pub(crate) fn hits_timed(&self, pod: PodSlot) -> (u32, u32) {
         let i = pod.index();
         let now = self.hits_in_flight.get(i).copied().unwrap_or(0);
         (now, self.hit_sums.get(i).map_or(0, |s| s.1))
     }
 
-    /// [`Self::mean_ms`] of the hits only.
-    pub fn mean_hit_ms(&self, pod: PodSlot) -> Option<u64> {
+    /// Mean ms a hit of this VM spent on `pod`, once it has enough completions.
+    pub(crate) fn mean_hit_ms(&self, pod: PodSlot) -> Option<u64> {
         mean(&self.hit_sums, pod)
     }
 }

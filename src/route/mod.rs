@@ -13,11 +13,11 @@
 
 pub mod hashing;
 pub(crate) mod hold;
-pub mod latency;
+pub(crate) mod latency;
 pub mod load;
 pub mod meter;
 pub(crate) mod policy;
-pub mod prefill;
+pub(crate) mod prefill;
 pub(crate) mod reads;
 pub mod request;
 pub mod router;

@@ -12,7 +12,7 @@ use crate::shared::store::{cas_update, SharedStore, StoreError};
 
 /// Shared-data key where the worker VMs of a replica publish the pods
 /// their prefill timing reads slow (see [`PrefillTiming::share`]).
-pub const SHARED_KEY: &str = "prefill/slow";
+pub(crate) const SHARED_KEY: &str = "prefill/slow";
 /// Version byte of [`SHARED_KEY`]'s value.
 const SHARED_VERSION: u8 = 1;
 /// Bytes per pod in [`SHARED_KEY`]: slot (u16), slowness (u16,
@@ -28,7 +28,7 @@ const MERGE_ATTEMPTS: u32 = 3;
 
 /// Uncached blocks a prefill needs to be timed: shorter ones are mostly
 /// the fixed cost of the path and the first token.
-pub const MIN_BLOCKS: u32 = 32;
+pub(crate) const MIN_BLOCKS: u32 = 32;
 /// Prefills timed per pod (their lower median counts; older ones drop).
 const SAMPLES: usize = 8;
 /// Open prefills timed at once per VM (others go untimed).
@@ -60,7 +60,7 @@ struct Open {
 /// that is busier than known (other replicas' requests) still reads slow
 /// while its first prefill is overdue, until that one answers.
 #[derive(Debug, Default)]
-pub struct PrefillTiming {
+pub(crate) struct PrefillTiming {
     /// Per slot: (µs per block, when answered, ms), newest last.
     samples: Vec<Vec<(u64, u64)>>,
     open: Vec<Open>,
@@ -79,7 +79,7 @@ impl PrefillTiming {
     /// A prefill of `blocks` uncached blocks was sent to `pod` at
     /// `now_ms` by stream `stream`. False when it is not timed (too short,
     /// a slot out of range, or [`MAX_OPEN`] open already).
-    pub fn start(&mut self, stream: u32, pod: PodSlot, blocks: u32, now_ms: u64) -> bool {
+    pub(crate) fn start(&mut self, stream: u32, pod: PodSlot, blocks: u32, now_ms: u64) -> bool {
         if blocks < MIN_BLOCKS || pod.index() >= MAX_SLOTS || self.open.len() >= MAX_OPEN {
             return false;
         }
@@ -95,7 +95,7 @@ impl PrefillTiming {
 
     /// Stream `stream`'s first answer bytes at `now_ms`: its prefill is
     /// done, and timed.
-    pub fn answered(&mut self, stream: u32, now_ms: u64) {
+    pub(crate) fn answered(&mut self, stream: u32, now_ms: u64) {
         let Some(at) = self.open.iter().position(|o| o.stream == stream) else {
             return;
         };
@@ -113,13 +113,13 @@ impl PrefillTiming {
     }
 
     /// Stream `stream` ended without answer bytes: not timed.
-    pub fn ended(&mut self, stream: u32) {
+    pub(crate) fn ended(&mut self, stream: u32) {
         self.open.retain(|o| o.stream != stream);
     }
 
     /// Whether a prefill is being timed (the worker then ticks fast, so
     /// that an overdue one is seen within a fast tick).
-    pub fn any_open(&self) -> bool {
+    pub(crate) fn any_open(&self) -> bool {
         !self.open.is_empty()
     }
 
@@ -127,7 +127,7 @@ impl PrefillTiming {
     /// pod not timed yet, an open prefill's time so far) against the
     /// reference pod's, that is, the fastest or, from three pods timed on,
     /// the second fastest (see `reference`).
-    pub fn tick(&mut self, now_ms: u64) {
+    pub(crate) fn tick(&mut self, now_ms: u64) {
         self.open
             .retain(|o| now_ms.saturating_sub(o.start_ms) < OPEN_TTL_MS);
         for s in &mut self.samples {
@@ -204,7 +204,7 @@ impl PrefillTiming {
     /// under CAS, up to 3 tries; a lost race waits for the next tick). A
     /// reading stands [`STANDS_MS`] from its last write. An unreadable
     /// value reads as empty.
-    pub fn share<S: SharedStore + ?Sized>(
+    pub(crate) fn share<S: SharedStore + ?Sized>(
         &mut self,
         store: &S,
         now_ms: u64,
@@ -244,7 +244,7 @@ impl PrefillTiming {
     /// its own figure, else the reference pod's (see `reference`), a
     /// lower bound for a pod not timed yet. None before any prefill was
     /// timed. Samples older than [`SAMPLE_TTL_MS`] drop at the tick.
-    pub fn us_per_block(&self, pod: PodSlot) -> Option<u64> {
+    pub(crate) fn us_per_block(&self, pod: PodSlot) -> Option<u64> {
         if let Some(us) = self.samples.get(pod.index()).and_then(|s| figure_of(s)) {
             return Some(us);
         }
@@ -252,14 +252,14 @@ impl PrefillTiming {
     }
 
     /// Whether any pod has a prefill time ([`Self::us_per_block`] is Some).
-    pub fn timed_any(&self) -> bool {
+    pub(crate) fn timed_any(&self) -> bool {
         self.samples.iter().any(|s| !s.is_empty())
     }
 
     /// Per slot, as of the last tick: how much slower than the reference
     /// pod this pod prefills (thousandths), where at least
     /// [`SLOW_PREFILL`]; 0 (or missing) elsewhere.
-    pub fn slowness(&self) -> &[u32] {
+    pub(crate) fn slowness(&self) -> &[u32] {
         &self.slow
     }
 }

@@ -69,7 +69,7 @@ impl PodSlot {
         self.0.to_le_bytes()
     }
 
-    pub const fn from_le_bytes(bytes: [u8; 2]) -> Self {
+    pub(crate) const fn from_le_bytes(bytes: [u8; 2]) -> Self {
         PodSlot(u16::from_le_bytes(bytes))
     }
 }
@@ -95,7 +95,7 @@ pub(crate) const CLIENT_SLOTS: usize = MAX_SLOTS / 4 * 3;
 pub(crate) const REMOTE_SLOTS: usize = MAX_SLOTS / 2;
 /// Most per-model pools a configuration may name: what the clients' share
 /// leaves, so every configured model finds a slot.
-pub const MAX_MODEL_POOLS: usize = MAX_SLOTS - CLIENT_SLOTS;
+pub(crate) const MAX_MODEL_POOLS: usize = MAX_SLOTS - CLIENT_SLOTS;
 /// A member's `last_seen` is rewritten at most this often (bounded writes).
 pub(crate) const SEEN_EVERY_SECS: u32 = 60;
 const MAX_ATTEMPTS: u32 = 16;

@@ -15,12 +15,12 @@
 
 /// Distinct bucket bounds read at most; a histogram with more is not used
 /// (the mean is).
-pub const MAX_BUCKETS: usize = 64;
+pub(crate) const MAX_BUCKETS: usize = 64;
 
 /// One histogram's cumulative bucket counts by upper bound (`le`), summed
 /// over its label sets (e.g. one series per model).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Buckets {
+pub(crate) struct Buckets {
     /// (upper bound s, cumulative count, label sets summed), in body order
     /// until [`Buckets::finish`] sorts them.
     bounds: Vec<(f64, f64, u32)>,
@@ -30,7 +30,7 @@ pub struct Buckets {
 impl Buckets {
     /// Adds one `_bucket` sample: its `le` label's text and its value (None
     /// if not a finite number >= 0).
-    pub fn add(&mut self, le: Option<&[u8]>, value: Option<f64>) {
+    pub(crate) fn add(&mut self, le: Option<&[u8]>, value: Option<f64>) {
         let bound = le.and_then(parse_bound);
         let (Some(bound), Some(value)) = (bound, value) else {
             self.bad = true;
@@ -48,7 +48,7 @@ impl Buckets {
 
     /// Sorted by bound and checked: every label set gave every bound, the
     /// last is `+Inf`, and the counts never fall. None otherwise.
-    pub fn finish(mut self) -> Option<Self> {
+    pub(crate) fn finish(mut self) -> Option<Self> {
         self.bounds.sort_by(|a, b| a.0.total_cmp(&b.0));
         let sets = self.bounds.first()?.2;
         let ok = !self.bad
@@ -59,7 +59,7 @@ impl Buckets {
     }
 
     /// The count at or below `+Inf`: every observation.
-    pub fn total(&self) -> f64 {
+    pub(crate) fn total(&self) -> f64 {
         self.bounds.last().map_or(0.0, |b| b.1)
     }
 
@@ -87,11 +87,11 @@ fn parse_bound(text: &[u8]) -> Option<f64> {
 /// decayed sum of such differences ([`Span::decay_add`]). Without buckets
 /// it holds the sum and count alone (the mean is all it gives).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Span {
+pub(crate) struct Span {
     /// Per bucket: (lower bound, upper bound, observations in it).
     buckets: Vec<(f64, f64, f64)>,
-    pub sum_secs: f64,
-    pub count: f64,
+    pub(crate) sum_secs: f64,
+    pub(crate) count: f64,
 }
 
 impl Span {
@@ -100,7 +100,12 @@ impl Span {
     /// before had no buckets); `sum` and `count` are the histogram's `_sum`
     /// and `_count` over the same span. Without `now`, or with buckets that
     /// do not match each other or the count, the span has no buckets.
-    pub fn between(now: Option<&Buckets>, before: Option<&Buckets>, sum: f64, count: f64) -> Self {
+    pub(crate) fn between(
+        now: Option<&Buckets>,
+        before: Option<&Buckets>,
+        sum: f64,
+        count: f64,
+    ) -> Self {
         let mut span = Span {
             buckets: Vec::new(),
             sum_secs: sum.max(0.0),
@@ -130,7 +135,7 @@ impl Span {
     /// This span weighted by `decay` (0..1), plus `newer`: older tokens
     /// count less and less. When the two do not have the same buckets, the
     /// result has none.
-    pub fn decay_add(&mut self, decay: f64, newer: &Span) {
+    pub(crate) fn decay_add(&mut self, decay: f64, newer: &Span) {
         self.sum_secs = self.sum_secs * decay + newer.sum_secs;
         self.count = self.count * decay + newer.count;
         let same = self.buckets.len() == newer.buckets.len()
@@ -150,7 +155,7 @@ impl Span {
 
     /// The typical time per observation, seconds: [`Self::typical_secs`]
     /// where the buckets allow it, else the mean. None without observations.
-    pub fn time_secs(&self) -> Option<f64> {
+    pub(crate) fn time_secs(&self) -> Option<f64> {
         if self.count <= 0.0 {
             return None;
         }
@@ -162,7 +167,7 @@ impl Span {
     /// middle (at its lower bound in `+Inf`), held within what the kept
     /// buckets' bounds allow. None without buckets or observations, or
     /// when the median lies in `+Inf`.
-    pub fn typical_secs(&self) -> Option<f64> {
+    pub(crate) fn typical_secs(&self) -> Option<f64> {
         let mut seen = 0.0;
         let median = self.buckets.iter().find(|b| {
             seen += b.2;

@@ -25,13 +25,13 @@ use serde::Deserialize;
 
 use crate::shared::registry::{PodSlot, MAX_SLOTS};
 
-pub mod buckets;
+pub(crate) mod buckets;
 pub mod share;
 
 use buckets::{Buckets, Span};
 
 /// Shared-data key of the published signals.
-pub const KEY: &str = "signals/pods";
+pub(crate) const KEY: &str = "signals/pods";
 /// Bytes per published record: `slot u16 | at_ms u64 | waiting u32 |
 /// running u32 | kv_permille u16 | token_us u32` (little endian;
 /// `kv_permille` 0xFFFF and `token_us` 0xFFFFFFFF = not reported).
@@ -43,7 +43,7 @@ const KV_UNKNOWN: u16 = u16::MAX;
 const TOKEN_UNKNOWN: u32 = u32::MAX;
 /// Weight of a pod's older tokens at each scrape that saw new ones: at the
 /// 250 ms default interval, tokens of a second ago weigh 0.41.
-pub const TOKEN_DECAY: f64 = 0.8;
+pub(crate) const TOKEN_DECAY: f64 = 0.8;
 /// A mean time per output token above this (µs) is absurd: ignored.
 pub(crate) const MAX_TOKEN_US: f64 = 60_000_000.0;
 
@@ -56,10 +56,10 @@ pub(crate) const MAX_TOKEN_US: f64 = 60_000_000.0;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricNames {
-    pub waiting: Vec<String>,
-    pub running: Vec<String>,
-    pub kv_usage: Vec<String>,
-    pub token_latency: Vec<String>,
+    pub(crate) waiting: Vec<String>,
+    pub(crate) running: Vec<String>,
+    pub(crate) kv_usage: Vec<String>,
+    pub(crate) token_latency: Vec<String>,
 }
 
 impl Default for MetricNames {
@@ -99,10 +99,10 @@ pub struct PodSignals {
 /// its buckets when they are usable ([`Buckets::finish`]) and add up to the
 /// count.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct TokenTotals {
-    pub sum_secs: f64,
-    pub count: f64,
-    pub buckets: Option<Buckets>,
+pub(crate) struct TokenTotals {
+    pub(crate) sum_secs: f64,
+    pub(crate) count: f64,
+    pub(crate) buckets: Option<Buckets>,
 }
 
 /// Why a body gave no signals.
@@ -162,7 +162,7 @@ pub fn parse(body: &[u8], names: &MetricNames) -> Result<PodSignals, SignalError
 /// [`parse`], and the token latency histogram's totals (summed over label
 /// sets; None when absent, when `_sum` and `_count` do not come from the same
 /// name, or when a value is not a finite number >= 0).
-pub fn parse_with_totals(
+pub(crate) fn parse_with_totals(
     body: &[u8],
     names: &MetricNames,
 ) -> Result<(PodSignals, Option<TokenTotals>), SignalError> {
@@ -323,12 +323,12 @@ fn labels_end(s: &[u8]) -> Option<usize> {
 pub struct Record {
     pub slot: PodSlot,
     /// When the scrape answered, unix ms.
-    pub at_ms: u64,
+    pub(crate) at_ms: u64,
     pub signals: PodSignals,
 }
 
 /// The published value: one record per pod with good signals, by slot.
-pub fn encode(records: &[Record]) -> Vec<u8> {
+pub(crate) fn encode(records: &[Record]) -> Vec<u8> {
     let mut out = Vec::with_capacity(records.len().min(MAX_SLOTS) * RECORD);
     for r in records.iter().take(MAX_SLOTS) {
         out.extend_from_slice(&r.slot.to_le_bytes());
@@ -369,15 +369,15 @@ pub fn decode(bytes: &[u8]) -> Vec<Record> {
 
 /// What a worker makes of one pod's report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seen {
-    pub signals: PodSignals,
+pub(crate) struct Seen {
+    pub(crate) signals: PodSignals,
     /// Requests the pod reported (running + waiting) beyond the most this
     /// replica had in flight on it since the report was taken: traffic
     /// someone else sent (other replicas, clients that bypass the
     /// filter). A report lags by up to an interval and a tick, so the
     /// pod's count of this replica's own requests is stale; those are
     /// counted fresh from the in-flight counts instead.
-    pub foreign: u32,
+    pub(crate) foreign: u32,
 }
 
 /// A worker's view of the published signals: fresh records by slot, and
@@ -403,7 +403,7 @@ impl SignalView {
     /// raises each pod's capacity to its running count. `own_since(pod,
     /// at_ms)`: the most requests this replica had in flight on `pod` since
     /// `at_ms`.
-    pub fn update(
+    pub(crate) fn update(
         &mut self,
         bytes: &[u8],
         now_ms: u64,
@@ -433,16 +433,16 @@ impl SignalView {
         self.by_slot.get(&slot).map(|s| s.signals)
     }
 
-    pub fn seen(&self, slot: PodSlot) -> Option<Seen> {
+    pub(crate) fn seen(&self, slot: PodSlot) -> Option<Seen> {
         self.by_slot.get(&slot).copied()
     }
 
     /// The most requests `slot` was seen running at once (0 if never read).
-    pub fn capacity(&self, slot: PodSlot) -> u32 {
+    pub(crate) fn capacity(&self, slot: PodSlot) -> u32 {
         self.capacity.get(&slot).copied().unwrap_or(0)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_slot.is_empty()
     }
 }
@@ -525,7 +525,7 @@ impl Scraper {
     }
 
     /// A call could not be sent (counts as a failed scrape).
-    pub fn not_sent(&mut self, slot: PodSlot, why: &str) -> Outcome {
+    pub(crate) fn not_sent(&mut self, slot: PodSlot, why: &str) -> Outcome {
         self.on_reply(slot, Err(why), 0)
     }
 
@@ -600,7 +600,7 @@ impl Scraper {
     }
 
     /// Replaces the records other replicas scraped (`signals.share`).
-    pub fn set_remote(&mut self, records: impl IntoIterator<Item = Record>) {
+    pub(crate) fn set_remote(&mut self, records: impl IntoIterator<Item = Record>) {
         let remote: BTreeMap<PodSlot, Record> = records
             .into_iter()
             .take(MAX_SLOTS)
@@ -613,7 +613,7 @@ impl Scraper {
     }
 
     /// Whether a scrape call is still in flight.
-    pub fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         !self.in_flight.is_empty()
     }
 
@@ -641,7 +641,7 @@ impl Scraper {
     }
 
     /// The value to publish, once per change.
-    pub fn take_publish(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn take_publish(&mut self) -> Option<Vec<u8>> {
         if !self.dirty {
             return None;
         }
@@ -651,7 +651,7 @@ impl Scraper {
     }
 
     /// Pods with good signals now (own or shared).
-    pub fn good(&self) -> usize {
+    pub(crate) fn good(&self) -> usize {
         self.merged().len()
     }
 }

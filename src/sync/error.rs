@@ -4,7 +4,7 @@ use std::fmt;
 
 /// Why the host could not get a reply body for a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum CallFailed {
+pub enum CallFailed {
     /// `dispatch_http_call` itself failed.
     Dispatch(String),
     /// The bridge answered with a non-200 status.

@@ -140,7 +140,7 @@ impl Syncable for MapComponent {
 
 /// A call's fate in [`deliver_with`]: `Some(Ok(reply))`, `Some(Err(_))`
 /// or `None` (held, never answered).
-pub(crate) type Outcome = Option<Result<Vec<u8>, CallFailed>>;
+pub type Outcome = Option<Result<Vec<u8>, CallFailed>>;
 
 /// Delivers `calls` to `redis` and their follow-ups until none is left.
 /// `outcome` decides each call's fate: `Some(Ok(bytes))` / `Some(Err(_))`

@@ -77,9 +77,9 @@ fn vm_key(i: usize) -> String {
 /// VM's requests and when it was sent (ms). [`VmLoad::end`] takes it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
-    pub pod: PodSlot,
-    pub seq: u64,
-    pub sent_ms: u64,
+    pub(crate) pod: PodSlot,
+    pub(crate) seq: u64,
+    pub(crate) sent_ms: u64,
 }
 
 /// One worker VM's in-flight counts and its picture of everyone else's.
@@ -422,7 +422,7 @@ impl VmLoad {
     }
 
     /// This VM's own in-flight count per slot.
-    pub fn own(&self) -> &[u32] {
+    pub(crate) fn own(&self) -> &[u32] {
         &self.own.counts
     }
 

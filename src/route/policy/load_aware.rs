@@ -11,13 +11,13 @@ use super::{Choice, Reason};
 
 /// Knobs of [`choose_load_aware`].
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LoadAwareConfig {
+pub(crate) struct LoadAwareConfig {
     /// A pod above the least loaded pod's load `min` + max(`slack_abs`,
     /// `slack_rel` x `min`) is never chosen.
-    pub slack_abs: u32,
-    pub slack_rel: f64,
+    pub(crate) slack_abs: u32,
+    pub(crate) slack_rel: f64,
     /// Prefill blocks one request of load above `min` costs in queueing.
-    pub queue_cost_blocks: u32,
+    pub(crate) queue_cost_blocks: u32,
 }
 
 impl Default for LoadAwareConfig {
@@ -32,46 +32,46 @@ impl Default for LoadAwareConfig {
 
 /// What the load-aware policy weighs of one pod for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PodView {
-    pub pod: PodSlot,
+pub(crate) struct PodView {
+    pub(crate) pod: PodSlot,
     /// Leading blocks of the prompt the table says the pod holds.
-    pub matched: u32,
+    pub(crate) matched: u32,
     /// Estimated queue ([`super::effective_load`]).
-    pub queue: u32,
+    pub(crate) queue: u32,
     /// In-flight requests, for ties: this replica's (this VM's exact, its
     /// other VMs' as of their last request) where the pod has a fresh
     /// report, else also the other replicas' as of the last sync.
-    pub inflight: u32,
+    pub(crate) inflight: u32,
     /// New prefixes this replica placed on the pod (recently): this VM's,
     /// plus its other VMs' as of their last request.
-    pub placed: u32,
+    pub(crate) placed: u32,
     /// Requests this replica sent to the pod (recently), counted alike.
-    pub sent: u32,
+    pub(crate) sent: u32,
     /// How much one queued request costs on this pod relative to the
     /// fastest pod, in thousandths (0 = not measured, taken as 1000): a pod
     /// whose requests take 3x as long makes each one queued ahead cost 3x.
-    pub slowness: u32,
+    pub(crate) slowness: u32,
     /// How long ago the requests in flight on the pod were sent, on
     /// average (0 with none; higher = older, in one unit for all pods): the
     /// last tie among unmatched pods (older requests free a slot sooner).
     /// The router gives the replica's ages in ms while other worker VMs
     /// are live, else this VM's own counted in requests it routed since
     /// (see [`crate::route::load::VmLoad::age`]).
-    pub age: u64,
+    pub(crate) age: u64,
 }
 
 /// The request's pool as the load-aware policy sees it: one [`PodView`] per
 /// pod, in the pool's order (rotation among equals follows it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PoolView {
-    pub pods: Vec<PodView>,
+pub(crate) struct PoolView {
+    pub(crate) pods: Vec<PodView>,
     /// The request's blocks.
-    pub total_blocks: usize,
+    pub(crate) total_blocks: usize,
     /// New prefixes go first to the pod this replica placed fewer on (before
     /// load and in-flight counts): set while a pod of the pool reports
     /// itself slow, so that the others, which take its share of new
     /// prefixes, share them evenly (each pod's cache holds its share).
-    pub place_by_count: bool,
+    pub(crate) place_by_count: bool,
 }
 
 impl PoolView {
@@ -85,7 +85,7 @@ impl PoolView {
 
 /// Slowness (thousandths) from which [`choose_load_aware`] stretches a
 /// request's uncached prefill on a pod.
-pub const SLOW_PREFILL: i128 = 1500;
+pub(crate) const SLOW_PREFILL: i128 = 1500;
 
 /// The load-aware rule. Over the pool's queues, `min` the lowest:
 /// 1. a pod above `min + max(slack_abs, ceil(slack_rel x min))` is out;
@@ -115,7 +115,7 @@ pub const SLOW_PREFILL: i128 = 1500;
 /// `Spread` when a hot prefix is copied (rule 4), `LoadGuard` when another
 /// pod held some and was passed over, else `NoMatch`. None only for an
 /// empty pool.
-pub fn choose_load_aware(
+pub(crate) fn choose_load_aware(
     cfg: &LoadAwareConfig,
     view: &PoolView,
     share: f64,

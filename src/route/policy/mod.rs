@@ -18,12 +18,12 @@ use crate::signals::Seen;
 
 mod load_aware;
 pub(crate) use load_aware::placement_candidates;
-pub use load_aware::{choose_load_aware, LoadAwareConfig, PodView, PoolView, SLOW_PREFILL};
+pub(crate) use load_aware::{choose_load_aware, LoadAwareConfig, PodView, PoolView, SLOW_PREFILL};
 
 /// Which rules choose the pod.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum PolicyMode {
+pub(crate) enum PolicyMode {
     /// [`choose_load_aware`].
     #[default]
     LoadAware,
@@ -42,7 +42,7 @@ pub enum PolicyMode {
 /// finished a burst would look busy, and one that has just been sent one
 /// idle.) The estimate is `E` less `capacity`, the most requests the pod
 /// was seen running at once.
-pub fn effective_load(replica: u32, fleet: u32, seen: Option<Seen>, capacity: u32) -> u32 {
+pub(crate) fn effective_load(replica: u32, fleet: u32, seen: Option<Seen>, capacity: u32) -> u32 {
     let Some(seen) = seen else {
         return fleet;
     };
@@ -79,11 +79,11 @@ pub(crate) enum Reason {
 
 /// The policy's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Choice {
-    pub pod: PodSlot,
+pub(crate) struct Choice {
+    pub(crate) pod: PodSlot,
     pub(crate) reason: Reason,
     /// Share of the request's blocks the chosen pod already holds, 0..=100.
-    pub match_percent: u8,
+    pub(crate) match_percent: u8,
 }
 
 /// Picks a pod from `pool`.

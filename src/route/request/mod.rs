@@ -77,7 +77,7 @@ pub struct PromptRequest {
     pub prompt: Vec<u8>,
     /// `"stream": true`: the answer is streamed, so its first chunk comes
     /// when the prefill is done (what `hold` waits for).
-    pub stream: bool,
+    pub(crate) stream: bool,
 }
 
 /// Decides from method and path whether a request is one we route.

@@ -73,7 +73,7 @@ impl From<StoreError> for RouteError {
 /// A routing decision and what it cost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routed {
-    pub choice: Choice,
+    pub(crate) choice: Choice,
     /// The request as counted in flight on the chosen pod:
     /// [`Router::release`] takes it back.
     pub ticket: Ticket,
@@ -206,7 +206,7 @@ impl Router {
     /// Replaces the pods' signals with the value the singleton published
     /// (read on the tick; see [`crate::signals`]), keeping what was learned
     /// of each pod's capacity.
-    pub fn set_signals(&self, bytes: &[u8], now_ms: u64, stale_ms: u64) {
+    pub(crate) fn set_signals(&self, bytes: &[u8], now_ms: u64, stale_ms: u64) {
         let load = self.load.borrow();
         self.signals
             .borrow_mut()
@@ -317,7 +317,7 @@ impl Router {
     /// Routes one request at `now_ms` (unix ms), records its blocks for the
     /// chosen pod and counts it in flight; the caller must release it with
     /// [`Router::release`] when the stream ends.
-    pub fn route_at<S: SharedStore + ?Sized>(
+    pub(crate) fn route_at<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         req: &PromptRequest,

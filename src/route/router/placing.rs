@@ -31,7 +31,7 @@ pub(crate) struct Pending {
 // per request to save moving a few hundred bytes.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub(crate) enum Outcome {
+pub enum Outcome {
     /// Routed, recorded and counted in flight.
     Routed(Routed),
     /// A new prompt, nothing recorded: the pods it may go to, in the

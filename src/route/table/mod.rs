@@ -52,7 +52,7 @@ pub enum Layout {
 
 impl Layout {
     /// Records per bucket.
-    pub fn slots(self) -> usize {
+    pub(crate) fn slots(self) -> usize {
         match self {
             Layout::PerBlock => 8,
             Layout::Segments => MAX_SLOTS_PER_BUCKET,
@@ -103,7 +103,7 @@ pub struct TableConfig {
 }
 
 impl TableConfig {
-    pub fn new(capacity_blocks: u32, idle_expiry_secs: u32, layout: Layout) -> Self {
+    pub(crate) fn new(capacity_blocks: u32, idle_expiry_secs: u32, layout: Layout) -> Self {
         let slots = layout.slots();
         Self {
             buckets: capacity_blocks.div_ceil(slots as u32).max(1),

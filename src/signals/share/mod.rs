@@ -38,7 +38,7 @@ use super::PodSignals;
 use crate::sync::resp::{parse_pipeline_reply, Frame, Pipeline};
 
 /// Replicas remembered at most (the freshest are kept).
-pub const MAX_PEERS: usize = 256;
+pub(crate) const MAX_PEERS: usize = 256;
 /// Pods in one replica's value at most, and remote records kept at most.
 pub const MAX_PODS: usize = 4096;
 /// Fields deleted per exchange at most (values of replicas long gone).
@@ -53,13 +53,13 @@ const MAX_POD_NAME: usize = 256;
 pub struct SharedRecord {
     pub pod: String,
     /// When the scrape answered, unix ms (on the scraping replica's clock).
-    pub at_ms: u64,
+    pub(crate) at_ms: u64,
     pub signals: PodSignals,
 }
 
 /// Why an exchange gave nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ShareError {
+pub(crate) enum ShareError {
     /// No reply, an error reply, a truncated or malformed pipeline reply.
     Reply(String),
 }
@@ -74,7 +74,7 @@ impl std::fmt::Display for ShareError {
 
 /// The sharing state of one replica (its sync singleton).
 #[derive(Debug)]
-pub struct Share {
+pub(crate) struct Share {
     replica: String,
     key: String,
     interval_ms: u64,
@@ -93,7 +93,7 @@ pub struct Share {
 impl Share {
     /// `replica`: this replica's name (the sync origin); `key_prefix`: the
     /// sync key prefix; `stale_ms`: how old a record may be and still count.
-    pub fn new(replica: &str, key_prefix: &str, interval_ms: u64, stale_ms: u64) -> Self {
+    pub(crate) fn new(replica: &str, key_prefix: &str, interval_ms: u64, stale_ms: u64) -> Self {
         Self {
             replica: replica.to_string(),
             key: format!("{key_prefix}:{{signals}}:pods"),
@@ -108,12 +108,13 @@ impl Share {
     }
 
     /// The Redis key of the hash.
-    pub fn key(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn key(&self) -> &str {
         &self.key
     }
 
     /// Other replicas whose value is fresh at `now_ms`.
-    pub fn live_peers(&self, now_ms: u64) -> usize {
+    pub(crate) fn live_peers(&self, now_ms: u64) -> usize {
         self.peers
             .values()
             .filter(|&&at| now_ms.saturating_sub(at) <= self.stale_ms)
@@ -137,7 +138,7 @@ impl Share {
 
     /// Whether this replica scrapes `pod` now: it owns it, or no fresh
     /// record of it came from the replica that does (an orphan).
-    pub fn scrapes(&self, pod: &str, now_ms: u64) -> bool {
+    pub(crate) fn scrapes(&self, pod: &str, now_ms: u64) -> bool {
         if self.owner(pod, now_ms) == self.replica {
             return true;
         }
@@ -148,7 +149,7 @@ impl Share {
 
     /// Fresh remote records (for pods this replica does not scrape itself,
     /// the caller prefers its own).
-    pub fn remote(&self, now_ms: u64) -> impl Iterator<Item = &SharedRecord> {
+    pub(crate) fn remote(&self, now_ms: u64) -> impl Iterator<Item = &SharedRecord> {
         self.remote
             .values()
             .filter(move |r| now_ms.saturating_sub(r.at_ms) <= self.stale_ms)
@@ -159,7 +160,7 @@ impl Share {
     /// an interval after the last one (a round slowed by timeouts). No
     /// second call while one is in flight; one unanswered after
     /// `timeout_ms` is given up.
-    pub fn due(&mut self, now_ms: u64, timeout_ms: u64, round_done: bool) -> bool {
+    pub(crate) fn due(&mut self, now_ms: u64, timeout_ms: u64, round_done: bool) -> bool {
         if let Some((_, sent)) = self.in_flight {
             if now_ms.saturating_sub(sent) <= timeout_ms {
                 return false;
@@ -175,7 +176,7 @@ impl Share {
 
     /// The exchange's pipeline (`AUTH` first with a password): writes this
     /// replica's `own` records, reads every replica's.
-    pub fn request(
+    pub(crate) fn request(
         &mut self,
         own: &[SharedRecord],
         now_ms: u64,
@@ -209,7 +210,11 @@ impl Share {
     /// live peers. The `HGETALL` reply replaces what is known of the
     /// others: their liveness and, per pod, the freshest record; a field
     /// that does not decode is skipped.
-    pub fn on_reply(&mut self, reply: Option<&[u8]>, now_ms: u64) -> Result<usize, ShareError> {
+    pub(crate) fn on_reply(
+        &mut self,
+        reply: Option<&[u8]>,
+        now_ms: u64,
+    ) -> Result<usize, ShareError> {
         let Some((expected, _)) = self.in_flight.take() else {
             return Err(ShareError::Reply("no exchange in flight".into()));
         };
@@ -275,7 +280,7 @@ impl Share {
 
     /// Forgets what the others said (an exchange failed): their records
     /// age out on their own, this only makes every pod this replica's.
-    pub fn forget_peers(&mut self) {
+    pub(crate) fn forget_peers(&mut self) {
         self.peers.clear();
     }
 }
@@ -296,7 +301,7 @@ fn score(replica: &str, pod: &str) -> u64 {
 }
 
 /// One replica's value (see the module doc).
-pub fn encode(records: &[SharedRecord], now_ms: u64) -> Vec<u8> {
+pub(crate) fn encode(records: &[SharedRecord], now_ms: u64) -> Vec<u8> {
     let mut out = format!("v2 {now_ms}\n").into_bytes();
     for r in records.iter().take(MAX_PODS) {
         if r.pod.is_empty() || r.pod.len() > MAX_POD_NAME || r.pod.contains([' ', '\n']) {
