@@ -23,12 +23,13 @@ use serde_json::json;
 
 use super::decide::{list, parse_setups, summary_table, Figures, Setup};
 use crate::commands::compare::{
-    self, table, targets, targets_table, write_outputs, RunResult, WorkloadKind, WorkloadResult,
+    self, table, targets, targets_table, RunResult, WorkloadKind, WorkloadResult,
 };
 use crate::drive::drive;
 use crate::metrics::Stats;
 use crate::peer::{bench_dir, peers_installed};
 use crate::procstat::LoadMeter;
+use crate::report::write_outputs;
 use crate::runner::Pacing;
 use crate::scenario::{Gateway, GatewayOptions, Router};
 use crate::tagproxy::TagProxy;
