@@ -152,6 +152,12 @@ pub fn with_module_paths(text: &str) -> String {
     text
 }
 
+/// The Python of the repository's virtualenv (`.venv/bin/python`), with
+/// the packages `make setup` installs (the deploy schema checker, ORAS).
+pub fn python_bin() -> PathBuf {
+    repo_root().join(".venv/bin/python")
+}
+
 /// `redis-server` (`REDIS_SERVER_BIN` or `PATH`).
 pub fn redis_server_bin() -> PathBuf {
     locate(
@@ -500,6 +506,21 @@ pub fn tail(path: &Path, n: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Runs `cmd` to its end and returns its stdout; panics, with its stdout
+/// and stderr, when it cannot start or exits unsuccessfully.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("run {cmd:?}: {e} (make setup installs it)"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Spawns `cmd` (taken: what is left in its place runs `true`) so that the child cannot
@@ -1075,6 +1096,11 @@ impl Redis {
         Ok(conn.send(&[redis::text_cmd(args)])?.remove(0))
     }
 
+    /// Keys in the database (`DBSIZE`); 0 while the server does not answer.
+    pub fn dbsize(&self) -> i64 {
+        self.command(&["DBSIZE"]).map(|r| r.int()).unwrap_or(0)
+    }
+
     /// Kills the server now (e.g. to test sync when Redis goes away).
     pub fn kill(&mut self) {
         self.proc.kill();
@@ -1216,13 +1242,16 @@ fn proxy_one(
 /// An edit of the plugin configuration JSON.
 pub type PluginPatch = Box<dyn FnMut(&mut Value)>;
 
+/// An edit of the rendered YAML text, given the ports it was rendered on.
+type ConfigEdit = Box<dyn FnOnce(String, &Ports) -> String>;
+
 /// Builds a test setup: four podsim pods (named `pod-1`..`pod-4`) on the
 /// ports of the config's four endpoints, and Envoy on a rendered config.
 pub struct Setup {
     config: &'static str,
     options: EnvoyOptions,
     patches: Vec<PluginPatch>,
-    edits: Vec<Box<dyn FnOnce(String) -> String>>,
+    edits: Vec<ConfigEdit>,
     /// Extra podsim arguments for every pod.
     pod_args: Vec<&'static str>,
 }
@@ -1277,17 +1306,30 @@ impl Setup {
     /// Edits the rendered YAML text (after ports and plugin JSON), e.g. a
     /// shorter route timeout. Panics if the edit changed nothing.
     pub fn edit_yaml(mut self, from: &'static str, to: &'static str) -> Setup {
-        self.edits.push(Box::new(move |text: String| {
+        self.edits.push(Box::new(move |text: String, _: &Ports| {
             assert!(text.contains(from), "config has no {from:?} to edit");
             text.replace(from, to)
         }));
         self
     }
 
+    /// Edits the rendered YAML text with `edit`, which also gets the ports
+    /// (after ports and plugin JSON), e.g. a bootstrap service taken out.
+    /// Panics if the edit changed nothing.
+    pub fn edit(mut self, edit: impl FnOnce(String, &Ports) -> String + 'static) -> Setup {
+        self.edits
+            .push(Box::new(move |text: String, ports: &Ports| {
+                let edited = edit(text.clone(), ports);
+                assert_ne!(edited, text, "the edit changed nothing");
+                edited
+            }));
+        self
+    }
+
     /// Loads `module` in place of the filter's release build (e.g. the
     /// fault-injection build).
     pub fn module(mut self, module: PathBuf) -> Setup {
-        self.edits.push(Box::new(move |text: String| {
+        self.edits.push(Box::new(move |text: String, _: &Ports| {
             let from = wasm_module().display().to_string();
             assert!(text.contains(&from), "config loads no {from}");
             text.replace(&from, &module.display().to_string())
@@ -1308,7 +1350,7 @@ impl Setup {
         if !self.edits.is_empty() {
             let mut text = fs::read_to_string(&path).expect("read rendered config");
             for edit in self.edits.drain(..) {
-                text = edit(text);
+                text = edit(text, &ports);
             }
             fs::write(&path, text).expect("write edited config");
         }
@@ -1328,6 +1370,22 @@ impl Setup {
         let options = self.options.clone();
         let pod_args = self.pod_args.clone();
         let (dir, ports, path) = self.render();
+        Running::start(dir, ports, &path, &options, &pod_args)
+    }
+}
+
+impl Running {
+    /// Starts four pods (`pod-1`..`pod-4`, with `pod_args` in place of
+    /// [`Pod::start`]'s when given) on `ports.pods`, then Envoy on the
+    /// rendered config at `config`, its log in `dir`; panics (with Envoy's
+    /// log) on failure.
+    pub fn start(
+        dir: TestDir,
+        ports: Ports,
+        config: &Path,
+        options: &EnvoyOptions,
+        pod_args: &[&str],
+    ) -> Running {
         let pods = ports
             .pods
             .iter()
@@ -1337,11 +1395,11 @@ impl Setup {
                 if pod_args.is_empty() {
                     Pod::start(&dir, &name, port)
                 } else {
-                    Pod::start_with(&dir, &name, port, &pod_args)
+                    Pod::start_with(&dir, &name, port, pod_args)
                 }
             })
             .collect();
-        let envoy = Envoy::start(&path, &ports, dir.join("envoy.log"), &options)
+        let envoy = Envoy::start(config, &ports, dir.join("envoy.log"), options)
             .unwrap_or_else(|e| panic!("{e}"));
         Running {
             envoy,
@@ -1350,9 +1408,7 @@ impl Setup {
             dir,
         }
     }
-}
 
-impl Running {
     /// The pod that answered as `name`.
     pub fn pod_named(&self, name: &str) -> &Pod {
         self.pods
@@ -1542,6 +1598,26 @@ pub fn text(seed: u64, len: usize) -> String {
     }
     out.truncate(len);
     out
+}
+
+/// `n` prompts sharing a 4 KiB prefix (`text(seed, 4096)`), each ending in
+/// a 300-byte question of its own (`text(seed * 100 + i, 300)`).
+pub fn shared_prefix_prompts(seed: u64, n: u64) -> Vec<String> {
+    let prefix = text(seed, 4096);
+    (0..n)
+        .map(|i| format!("{prefix}{}", text(seed * 100 + i, 300)))
+        .collect()
+}
+
+/// Asserts that `pods` (the pods that answered a shared prefix's requests)
+/// are one pod, named at least once: the prefix stuck. `what` names the
+/// setup in the failure message.
+pub fn assert_one_pod(pods: &[String], what: &str) {
+    assert!(
+        pods.first()
+            .is_some_and(|first| pods.iter().all(|p| p == first)),
+        "{what}: the prefix moved: {pods:?}"
+    );
 }
 
 /// Deterministic token ids.
