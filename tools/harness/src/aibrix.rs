@@ -44,7 +44,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use twox_hash::XxHash64;
 
-pub use super::redis::RedisAt;
+pub use crate::redis::RedisAt;
 
 /// `hash.go` `defaultPrefixCacheBlockSize`.
 pub const DEFAULT_BLOCK_SIZE: usize = 4;
