@@ -329,20 +329,10 @@ fn run_seed(
             ..base.clone()
         };
         let started = Instant::now();
-        let mut result = RunResult {
+        let mut result = RunResult::new(
             router,
-            description: format!("{}: {}", setup.name, router.describe(opts.sync_period_ms)),
-            skipped: None,
-            stats: None,
-            filter: None,
-            pod_hit_tokens: 0.0,
-            pod_query_tokens: 0.0,
-            pod_evicted_blocks: 0.0,
-            load: None,
-            wall_s: 0.0,
-            live: None,
-            outcomes: Vec::new(),
-        };
+            format!("{}: {}", setup.name, router.describe(opts.sync_period_ms)),
+        );
         if router.is_peer() && !peers_installed() {
             result.skipped = Some("peers venv missing: run scripts/bench/setup-peers.sh".into());
             w.results.push(result);

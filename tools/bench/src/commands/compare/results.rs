@@ -141,6 +141,27 @@ pub struct RunResult {
     pub outcomes: Vec<Outcome>,
 }
 
+impl RunResult {
+    /// `router` on a workload, `description` saying how it ran; nothing
+    /// measured yet.
+    pub fn new(router: Router, description: String) -> RunResult {
+        RunResult {
+            router,
+            description,
+            skipped: None,
+            stats: None,
+            filter: None,
+            pod_hit_tokens: 0.0,
+            pod_query_tokens: 0.0,
+            pod_evicted_blocks: 0.0,
+            load: None,
+            wall_s: 0.0,
+            live: None,
+            outcomes: Vec::new(),
+        }
+    }
+}
+
 /// All routers on one workload.
 #[derive(Clone, Debug, Serialize)]
 pub struct WorkloadResult {

@@ -29,20 +29,7 @@ pub fn run_one(
         eds: built.outage.is_some(),
         ..opts.clone()
     };
-    let mut result = RunResult {
-        router,
-        description: router.describe_with(opts),
-        skipped: None,
-        stats: None,
-        filter: None,
-        pod_hit_tokens: 0.0,
-        pod_query_tokens: 0.0,
-        pod_evicted_blocks: 0.0,
-        load: None,
-        wall_s: 0.0,
-        live: None,
-        outcomes: Vec::new(),
-    };
+    let mut result = RunResult::new(router, router.describe_with(opts));
     if router.is_peer() && !peers_installed() {
         result.skipped =
             Some("peers venv missing: run scripts/bench/setup-peers.sh (make bench does)".into());

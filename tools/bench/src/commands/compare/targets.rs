@@ -307,18 +307,8 @@ mod tests {
 
     fn result(router: Router, s: Stats) -> RunResult {
         RunResult {
-            router,
-            description: String::new(),
-            skipped: None,
             stats: Some(s),
-            filter: None,
-            pod_hit_tokens: 0.0,
-            pod_query_tokens: 0.0,
-            pod_evicted_blocks: 0.0,
-            load: None,
-            wall_s: 0.0,
-            live: None,
-            outcomes: Vec::new(),
+            ..RunResult::new(router, String::new())
         }
     }
 
