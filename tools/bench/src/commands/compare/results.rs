@@ -1,6 +1,6 @@
 //! What a comparison is made of and what it produced: the workloads, each
 //! router's result on one workload, and all routers' on one workload. Below
-//! everything else of `compare` (and [`super::league`], which reads them).
+//! everything else of `compare` (and of the league, which reads them).
 
 use std::collections::BTreeMap;
 

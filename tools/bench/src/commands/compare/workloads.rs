@@ -1,4 +1,4 @@
-//! The workloads of a comparison but `live-fleet` ([`super::live_fleet`]):
+//! The workloads of a comparison but `live-fleet` (its own module):
 //! each one's requests, pacing and description, from the options. The
 //! default Poisson rate is derived, not tuned: the rate at which a router
 //! that never hits the cache keeps the pods `--load` busy, from the pod

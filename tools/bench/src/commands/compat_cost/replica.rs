@@ -154,7 +154,7 @@ pub(super) fn send_prompts(
 }
 
 /// What an AIBrix gateway's lookup finds in Redis for each prompt (the
-/// oracle of tools/harness/src/aibrix.rs): the share of its blocks matched on
+/// oracle of tools/harness/src/aibrix/): the share of its blocks matched on
 /// the pod found, in percent.
 pub(super) fn aibrix_lookups(redis_port: u16, bodies: &[String]) -> Vec<f64> {
     let reader = AibrixReader::new(redis_port);

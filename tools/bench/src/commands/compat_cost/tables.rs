@@ -25,7 +25,7 @@ pub(super) fn print_push(args: &CompatCostArgs, cells: &[PushCell]) {
              Redis per row). push = the replica's calls that write prompt blocks (SETEX; + XADD \
              and EXPIRE of the change log in native). AIBrix lookup = the share of each prompt \
              an AIBrix gateway's in-order walk matches in Redis afterwards \
-             (tools/harness/src/aibrix.rs), and how many prompts it finds whole",
+             (tools/harness/src/aibrix/), and how many prompts it finds whole",
             args.prompts
         ),
         &[
