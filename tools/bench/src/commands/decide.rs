@@ -125,7 +125,7 @@ impl Figures {
     }
 }
 
-/// Each setup's median [range] over its runs.
+/// Each setup's median \[range\] over its runs.
 pub fn summary_table(
     title: &str,
     setups: &[Setup],

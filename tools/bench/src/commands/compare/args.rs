@@ -47,7 +47,7 @@ pub struct CompareArgs {
     pub sync_period_ms: u64,
     /// Every request on a new connection (no keep-alive).
     pub fresh_connections: bool,
-    /// Warm the synced fleets up before traffic (see [`GatewayOptions`]).
+    /// Warm the synced fleets up before traffic (see [`crate::scenario::GatewayOptions`]).
     pub warm_sync: bool,
     /// Where the JSON/SVG/TXT go (default `results/`).
     pub results_dir: Option<PathBuf>,

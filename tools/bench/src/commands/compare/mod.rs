@@ -36,12 +36,12 @@
 //! that never hits the cache keeps the pods `--load` (75 %) busy, from the pod
 //! model's service time of the workload's mean prompt.
 //!
-//! One module per part: [`results`] (the workloads and what a run produced,
-//! below everything else), [`args`] (options and flags), [`workloads`] and
-//! [`live_fleet`] (each scenario's requests; live-fleet's table and targets
-//! too), [`run_one`] (one router on one workload), [`output`] (tables and
-//! chart), [`target`] and [`targets`] (the checks) and [`league`]
-//! (who is best over repeated runs). This file runs them in order.
+//! One module per part: `results` (the workloads and what a run produced,
+//! below everything else), `args` (options and flags), `workloads` and
+//! `live_fleet` (each scenario's requests; live-fleet's table and targets
+//! too), `run_one` (one router on one workload), `output` (tables and
+//! chart), `target` and `targets` (the checks) and [`league`] (who
+//! is best over repeated runs). This file runs them in order.
 
 use std::fmt::Write as _;
 use std::time::Instant;

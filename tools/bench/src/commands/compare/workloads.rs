@@ -1,8 +1,6 @@
 //! The workloads of a comparison but `live-fleet` (its own module):
-//! each one's requests, pacing and description, from the options. The
-//! default Poisson rate is derived, not tuned: the rate at which a router
-//! that never hits the cache keeps the pods `--load` busy, from the pod
-//! model's service time of the workload's mean prompt.
+//! each one's requests, pacing and description, from the options; the
+//! default Poisson rate from `--load` ([`derived_rate_at`]).
 
 use super::args::CompareArgs;
 use super::results::WorkloadKind;
