@@ -1,7 +1,7 @@
 //! A mixed fleet with AIBrix Go gateways (issue 10, item 3): one filter
 //! replica on `envoy/aibrix.yaml` (`"compat": "aibrix"`, block size 4, seed
 //! 0, pods named by their EDS hostname) against a real `redis-server` and real
-//! podsim pods, with an independent AIBrix oracle (`tools/harness/src/aibrix.rs`,
+//! podsim pods, with an independent AIBrix oracle (`tools/harness/src/aibrix/`,
 //! written from AIBrix's Go source) standing in for the AIBrix gateways:
 //! - a prompt an AIBrix gateway wrote for a pod is routed there by the filter
 //!   at a 100 % match, after one sync period (chat and completions);

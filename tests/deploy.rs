@@ -15,13 +15,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use harness::{
-    envoy_bin, repo_root, substitute_ports, text, wait_until, with_module_paths, Envoy,
-    EnvoyOptions, Pod, Ports, Redis, TestDir,
+    assert_one_pod, envoy_bin, python_bin, repo_root, run_ok, shared_prefix_prompts,
+    substitute_ports, text, wait_until, with_module_paths, EnvoyOptions, Ports, Redis, Running,
+    TestDir,
 };
 use serde_json::json;
 
@@ -30,17 +31,10 @@ const RECIPES: [&str; 3] = ["kubernetes", "envoy-gateway", "istio"];
 /// Runs check_deploy.py into `dir`; panics with its output when it fails.
 fn extract(dir: &TestDir) -> PathBuf {
     let out_dir = dir.join("extracted");
-    let python = repo_root().join(".venv/bin/python");
-    let out = Command::new(&python)
-        .arg(repo_root().join("scripts/release/check_deploy.py"))
-        .arg(&out_dir)
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e} (make setup installs it)", python.display()));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "check_deploy.py failed:\n{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = run_ok(
+        Command::new(python_bin())
+            .arg(repo_root().join("scripts/release/check_deploy.py"))
+            .arg(&out_dir),
     );
     // Every object was checked against a schema, in every recipe.
     for recipe in RECIPES {
@@ -71,29 +65,24 @@ fn recipes_pass_their_schemas_and_their_envoy_configs_validate() {
             "{recipe}: no `pod` stats tag"
         );
         fs::write(&rendered, with_module_paths(&config)).unwrap();
-        let out = Command::new(envoy_bin())
-            .current_dir(repo_root())
-            .args(["--mode", "validate", "-c"])
-            .arg(&rendered)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{recipe}'s Envoy config does not validate:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            Command::new(envoy_bin())
+                .current_dir(repo_root())
+                .args(["--mode", "validate", "-c"])
+                .arg(&rendered),
         );
     }
 }
 
-/// Starts `recipe`'s extracted Envoy config, edited by `edit`, with four
-/// pods and Redis.
+/// Starts `recipe`'s extracted Envoy config, edited by `edit`, with Redis
+/// and four pods.
 fn start_recipe(
-    dir: &TestDir,
+    label: &str,
     recipe: &str,
     edit: impl FnOnce(String) -> String,
-) -> (Envoy, Redis, Vec<Pod>) {
-    let out_dir = extract(dir);
+) -> (Running, Redis) {
+    let dir = TestDir::new(label);
+    let out_dir = extract(&dir);
     let ports = Ports::free();
     let text_in = edit(fs::read_to_string(out_dir.join(format!("{recipe}.yaml"))).unwrap());
     let config: PathBuf = dir.join(&format!("{recipe}-run.yaml"));
@@ -102,27 +91,14 @@ fn start_recipe(
         with_module_paths(&substitute_ports(&text_in, &ports)),
     )
     .unwrap();
-    let pods: Vec<Pod> = ports
-        .pods
-        .iter()
-        .enumerate()
-        .map(|(i, &port)| Pod::start(dir, &format!("pod-{}", i + 1), port))
-        .collect();
-    let redis = Redis::start(dir, ports.redis, None);
-    let envoy = Envoy::start(
-        &config,
-        &ports,
-        dir.join("envoy.log"),
-        &EnvoyOptions::default(),
-    )
-    .unwrap_or_else(|e| panic!("{recipe}: {e}"));
-    (envoy, redis, pods)
+    let redis = Redis::start(&dir, ports.redis, None);
+    let run = Running::start(dir, ports, &config, &EnvoyOptions::default(), &[]);
+    (run, redis)
 }
 
 fn run_recipe(recipe: &str) {
-    let dir = TestDir::new(&format!("deploy-{recipe}"));
-    let (envoy, redis, _pods) = start_recipe(&dir, recipe, |t| t);
-    check_running(recipe, &envoy, &redis, dir.path());
+    let (run, redis) = start_recipe(&format!("deploy-{recipe}"), recipe, |t| t);
+    check_running(recipe, &run, &redis);
 }
 
 /// The control of the two runs below: the Envoy Gateway recipe with the
@@ -130,9 +106,8 @@ fn run_recipe(recipe: &str) {
 /// pass through as no_endpoints (the filter never learns the pods).
 #[test]
 fn envoy_gateway_recipe_with_another_singleton_vm_id_reports_the_singleton_missing() {
-    let dir = TestDir::new("deploy-eg-wrong-vm-id");
     let vm_id = "vm_id: envoyextensionpolicy/prefix-router/prefix-router/wasm/0";
-    let (envoy, _redis, _pods) = start_recipe(&dir, "envoy-gateway", |t| {
+    let (run, _redis) = start_recipe("deploy-eg-wrong-vm-id", "envoy-gateway", |t| {
         let first = t.find(vm_id).expect("the singleton's vm_id");
         format!(
             "{}vm_id: prefix_router{}",
@@ -140,6 +115,7 @@ fn envoy_gateway_recipe_with_another_singleton_vm_id_reports_the_singleton_missi
             &t[first + vm_id.len()..]
         )
     });
+    let envoy = &run.envoy;
     let missing = wait_until(Duration::from_secs(8), || {
         envoy.router_stat("prefix_router.singleton_missing") == 1
     });
@@ -156,7 +132,8 @@ fn envoy_gateway_recipe_with_another_singleton_vm_id_reports_the_singleton_missi
     assert!(passed >= 3, "{:?}", envoy.router_stats());
 }
 
-fn check_running(recipe: &str, envoy: &Envoy, redis: &Redis, _dir: &Path) {
+fn check_running(recipe: &str, run: &Running, redis: &Redis) {
+    let envoy = &run.envoy;
     // Cluster membership comes from the admin through the singleton: wait
     // for the pods to be known before routing.
     let members = wait_until(Duration::from_secs(10), || {
@@ -167,22 +144,12 @@ fn check_running(recipe: &str, envoy: &Envoy, redis: &Redis, _dir: &Path) {
         "{recipe}: the singleton never published the 4 pods: {:?}",
         envoy.router_stats()
     );
-    let prefix = text(11, 4096);
-    let pods: Vec<String> = (0..10)
-        .map(|i| {
-            envoy
-                .complete(&json!(format!("{prefix}{}", text(1100 + i, 300))))
-                .unwrap()
-                .expect_pod()
-        })
+    let pods: Vec<String> = shared_prefix_prompts(11, 10)
+        .iter()
+        .map(|p| run.complete(&json!(p)).expect_pod())
         .collect();
-    assert!(
-        pods.iter().all(|p| *p == pods[0]),
-        "{recipe}: the prefix moved: {pods:?}"
-    );
-    let pushed = wait_until(Duration::from_secs(20), || {
-        redis.command(&["DBSIZE"]).map(|r| r.int()).unwrap_or(0) > 0
-    });
+    assert_one_pod(&pods, recipe);
+    let pushed = wait_until(Duration::from_secs(20), || redis.dbsize() > 0);
     assert!(pushed, "{recipe}: nothing reached Redis");
     std::thread::sleep(Duration::from_millis(3_500));
     assert_eq!(

@@ -11,8 +11,8 @@ use std::fs;
 use std::time::Duration;
 
 use harness::{
-    patch_plugin_json, repo_root, text, wait_until, Envoy, EnvoyOptions, Pod, Ports, Redis, Setup,
-    TestDir,
+    assert_one_pod, patch_plugin_json, repo_root, shared_prefix_prompts, wait_until, Ports, Redis,
+    Setup,
 };
 use serde_json::json;
 
@@ -21,49 +21,10 @@ const MISMATCH_LINE: &str = "its plugin configuration differs from the filter's"
 
 /// Sends 12 requests sharing a 4 KiB prefix; returns the pods that answered.
 fn shared_prefix_pods(complete: impl Fn(&str) -> String) -> Vec<String> {
-    let prefix = text(7, 4096);
-    (0..12)
-        .map(|i| complete(&format!("{prefix}{}", text(700 + i, 300))))
-        .collect()
-}
-
-/// A rendered `envoy/<config>` edited by `edit`, with its four pods and
-/// Envoy at `concurrency` workers.
-struct Edited {
-    envoy: Envoy,
-    _pods: Vec<Pod>,
-    ports: Ports,
-    dir: TestDir,
-}
-
-fn start_edited(
-    config: &'static str,
-    concurrency: u32,
-    edit: impl FnOnce(String, &Ports) -> String,
-) -> Edited {
-    let (dir, ports, path) = Setup::new(config).render();
-    let text = fs::read_to_string(&path).unwrap();
-    let edited = edit(text.clone(), &ports);
-    assert_ne!(edited, text, "the edit changed nothing");
-    fs::write(&path, edited).unwrap();
-    let pods = ports
-        .pods
+    shared_prefix_prompts(7, 12)
         .iter()
-        .enumerate()
-        .map(|(i, &port)| Pod::start(&dir, &format!("pod-{}", i + 1), port))
-        .collect();
-    let options = EnvoyOptions {
-        concurrency,
-        ..EnvoyOptions::default()
-    };
-    let envoy = Envoy::start(&path, &ports, dir.join("envoy.log"), &options)
-        .unwrap_or_else(|e| panic!("{e}"));
-    Edited {
-        envoy,
-        _pods: pods,
-        ports,
-        dir,
-    }
+        .map(|p| complete(p))
+        .collect()
 }
 
 fn count_lines(log: &str, needle: &str) -> usize {
@@ -74,23 +35,16 @@ fn count_lines(log: &str, needle: &str) -> usize {
 fn minimal_single_routes_a_shared_prefix_to_one_pod() {
     let run = Setup::new("minimal-single.yaml").start();
     let pods = shared_prefix_pods(|p| run.complete(&json!(p)).expect_pod());
-    assert!(
-        pods.iter().all(|p| *p == pods[0]),
-        "the prefix moved: {pods:?}"
-    );
+    assert_one_pod(&pods, "minimal-single.yaml");
     assert!(
         run.envoy
             .router_stat_reaching("prefix_router.routed.prefix_match", 11)
             >= 11
     );
     // Nothing in this config needs the singleton: none is reported missing.
-    thread_sleep(Duration::from_millis(3_500));
+    std::thread::sleep(Duration::from_millis(3_500));
     assert_eq!(run.envoy.router_stat("prefix_router.singleton_missing"), 0);
     assert_eq!(count_lines(&run.envoy.log_text(), MISSING_LINE), 0);
-}
-
-fn thread_sleep(d: Duration) {
-    std::thread::sleep(d);
 }
 
 #[test]
@@ -130,18 +84,11 @@ fn minimal_sync_pushes_to_redis_with_singleton_found_and_configs_agreeing() {
     let run = Setup::new("minimal-sync.yaml").start();
     let redis = Redis::start(&run.dir, run.ports.redis, None);
     let pods = shared_prefix_pods(|p| run.complete(&json!(p)).expect_pod());
-    assert!(
-        pods.iter().all(|p| *p == pods[0]),
-        "the prefix moved: {pods:?}"
-    );
-    let mut keys = 0;
-    let pushed = wait_until(Duration::from_secs(20), || {
-        keys = redis.command(&["DBSIZE"]).map(|r| r.int()).unwrap_or(0);
-        keys > 0
-    });
+    assert_one_pod(&pods, "minimal-sync.yaml");
+    let pushed = wait_until(Duration::from_secs(20), || redis.dbsize() > 0);
     assert!(pushed, "nothing reached Redis");
     // The controls of the two tests below: same config, nothing reported.
-    thread_sleep(Duration::from_millis(3_500));
+    std::thread::sleep(Duration::from_millis(3_500));
     assert_eq!(run.envoy.router_stat("prefix_router.singleton_missing"), 0);
     assert_eq!(run.envoy.router_stat("prefix_router.config_mismatch"), 0);
     let log = run.envoy.log_text();
@@ -152,19 +99,19 @@ fn minimal_sync_pushes_to_redis_with_singleton_found_and_configs_agreeing() {
 #[test]
 fn missing_singleton_is_named_once_and_counted() {
     // minimal-sync.yaml without its bootstrap wasm service, two workers.
-    let run = start_edited("minimal-sync.yaml", 2, |text, _| {
-        let start = text
-            .find("bootstrap_extensions:")
-            .expect("a bootstrap service");
-        let end = text[start..].find("admin:").expect("admin after it") + start;
-        format!("{}{}", &text[..start], &text[end..])
-    });
+    let run = Setup::new("minimal-sync.yaml")
+        .concurrency(2)
+        .edit(|text, _| {
+            let start = text
+                .find("bootstrap_extensions:")
+                .expect("a bootstrap service");
+            let end = text[start..].find("admin:").expect("admin after it") + start;
+            format!("{}{}", &text[..start], &text[end..])
+        })
+        .start();
     // Requests still route (the table is per Envoy), nothing is pushed.
     let pods = shared_prefix_pods(|p| run.envoy.complete(&json!(p)).unwrap().expect_pod());
-    assert!(
-        pods.iter().all(|p| *p == pods[0]),
-        "the prefix moved: {pods:?}"
-    );
+    assert_one_pod(&pods, "minimal-sync.yaml without its singleton");
     let mut log = String::new();
     let named = wait_until(Duration::from_secs(8), || {
         log = run.envoy.log_text();
@@ -172,7 +119,7 @@ fn missing_singleton_is_named_once_and_counted() {
     });
     assert!(named, "no line names the missing singleton:\n{log}");
     assert_eq!(run.envoy.router_stat("prefix_router.singleton_missing"), 1);
-    thread_sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(2));
     let log = run.envoy.log_text();
     let line = log.lines().find(|l| l.contains(MISSING_LINE)).unwrap();
     eprintln!("{line}");
@@ -192,13 +139,12 @@ fn missing_singleton_is_named_once_and_counted() {
             "the line does not say {part:?}: {line}"
         );
     }
-    let _ = &run.dir;
 }
 
 #[test]
 fn singleton_config_mismatch_is_named_once_and_counted() {
     // The singleton gets its own copy with another block size.
-    let run = start_edited("minimal-sync.yaml", 2, |text, ports: &Ports| {
+    let run = Setup::new("minimal-sync.yaml").concurrency(2).edit(|text, ports: &Ports| {
         let own = json!({
             "endpoints": ports.pods.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>(),
             "sync": { "enabled": true },
@@ -208,7 +154,8 @@ fn singleton_config_mismatch_is_named_once_and_counted() {
             "configuration: {{ \"@type\": type.googleapis.com/google.protobuf.StringValue, value: '{own}' }}"
         );
         text.replace("configuration: *plugin", &replacement)
-    });
+    })
+    .start();
     let mut log = String::new();
     let named = wait_until(Duration::from_secs(8), || {
         log = run.envoy.log_text();
@@ -218,7 +165,7 @@ fn singleton_config_mismatch_is_named_once_and_counted() {
     assert_eq!(run.envoy.router_stat("prefix_router.config_mismatch"), 1);
     // More requests and ticks: still one line.
     shared_prefix_pods(|p| run.envoy.complete(&json!(p)).unwrap().expect_pod());
-    thread_sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(2));
     let log = run.envoy.log_text();
     assert_eq!(
         count_lines(&log, MISMATCH_LINE),
@@ -231,7 +178,6 @@ fn singleton_config_mismatch_is_named_once_and_counted() {
         line.contains("in: block_size."),
         "the line does not name block_size alone: {line}"
     );
-    let _ = (&run.ports, &run.dir);
 }
 
 /// The static half of the agreement check: every shipped config that runs

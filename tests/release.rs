@@ -18,7 +18,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use harness::{free_port, repo_root, send, text, Service, Setup, TestDir};
+use harness::{
+    assert_one_pod, free_port, python_bin, repo_root, run_ok, send, shared_prefix_prompts, Service,
+    Setup, TestDir,
+};
 use serde_json::{json, Value};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -35,26 +38,11 @@ fn dist(suffix: &str) -> PathBuf {
 }
 
 fn sha256_of(path: &Path) -> String {
-    let out = Command::new("sha256sum").arg(path).output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout)
+    run_ok(Command::new("sha256sum").arg(path))
         .split_whitespace()
         .next()
         .unwrap()
         .to_string()
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("run {cmd:?}: {e} (make setup installs it)"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Debian's distribution registry on a free loopback port, storing under `dir`.
@@ -104,7 +92,7 @@ fn release_image_round_trips_a_registry_and_routes_from_the_pulled_module() {
     let image = format!("{registry}/{REPOSITORY}:{VERSION}");
 
     // Push the layout as built, digests unchanged (skopeo keeps them).
-    run(Command::new("skopeo").args([
+    run_ok(Command::new("skopeo").args([
         "copy",
         "--dest-tls-verify=false",
         &format!("oci:{}:{VERSION}", layout.display()),
@@ -112,7 +100,7 @@ fn release_image_round_trips_a_registry_and_routes_from_the_pulled_module() {
     ]));
 
     // The registry serves the manifest dist/ names, with the compat media types.
-    let raw = run(Command::new("skopeo").args([
+    let raw = run_ok(Command::new("skopeo").args([
         "inspect",
         "--tls-verify=false",
         "--raw",
@@ -140,7 +128,7 @@ fn release_image_round_trips_a_registry_and_routes_from_the_pulled_module() {
         manifest["annotations"]["module.wasm.image/variant"],
         "compat"
     );
-    let inspected: Value = serde_json::from_str(&run(Command::new("skopeo").args([
+    let inspected: Value = serde_json::from_str(&run_ok(Command::new("skopeo").args([
         "inspect",
         "--tls-verify=false",
         &format!("docker://{image}"),
@@ -172,16 +160,18 @@ fn release_image_round_trips_a_registry_and_routes_from_the_pulled_module() {
     assert_eq!(fs::read(&pulled).unwrap(), fs::read(&module).unwrap());
     // A second client, ORAS (Python), checks the same digests by itself.
     let oras_out = dir.join("oras.wasm");
-    let said = run(Command::new(repo_root().join(".venv/bin/python"))
-        .arg(repo_root().join("scripts/release/oras_pull.py"))
-        .args([
-            &registry,
-            REPOSITORY,
-            VERSION,
-            &expected_digest,
-            &expected_sha,
-        ])
-        .arg(&oras_out));
+    let said = run_ok(
+        Command::new(python_bin())
+            .arg(repo_root().join("scripts/release/oras_pull.py"))
+            .args([
+                &registry,
+                REPOSITORY,
+                VERSION,
+                &expected_digest,
+                &expected_sha,
+            ])
+            .arg(&oras_out),
+    );
     assert!(said.contains(&expected_digest), "{said}");
     assert_eq!(fs::read(&oras_out).unwrap(), fs::read(&module).unwrap());
     // A wrong sha256 stops it, and writes nothing.
@@ -193,17 +183,11 @@ fn release_image_round_trips_a_registry_and_routes_from_the_pulled_module() {
 
     // Envoy on the pulled module routes by prefix, and says which build it is.
     let run = Setup::new("minimal-single.yaml").module(pulled).start();
-    let prefix = text(21, 4096);
-    let pods: Vec<String> = (0..10)
-        .map(|i| {
-            run.complete(&json!(format!("{prefix}{}", text(2100 + i, 300))))
-                .expect_pod()
-        })
+    let pods: Vec<String> = shared_prefix_prompts(21, 10)
+        .iter()
+        .map(|p| run.complete(&json!(p)).expect_pod())
         .collect();
-    assert!(
-        pods.iter().all(|p| *p == pods[0]),
-        "the prefix moved: {pods:?}"
-    );
+    assert_one_pod(&pods, "the pulled module");
     assert!(
         run.envoy
             .router_stat_reaching("prefix_router.routed.prefix_match", 9)

@@ -5,7 +5,7 @@
 //! caches a block when it is computed; podsim at the first token). A second
 //! request of the same prefix routed to that pod meanwhile is predicted a
 //! hit and computes the whole prefix again: a miss, and a slot busy for a
-//! full prefill (the `pending-same` misses of `scripts/bench/misses.py`,
+//! full prefill (the `pending-same` misses of `scripts/bench/analysis/misses.py`,
 //! 5-9 a run on the benchmark's shared-prefix workloads, for every router
 //! measured).
 //!

@@ -1,7 +1,7 @@
 //! The prompt text AIBrix gateways hash (`"compat": "aibrix"`): a chat
 //! request's contents joined by one space, canonical tools JSON first; a
 //! completions request's string prompt. Checked against an independent
-//! oracle written from AIBrix's Go source (`tools/harness/src/aibrix.rs`).
+//! oracle written from AIBrix's Go source (`tools/harness/src/aibrix/`).
 
 use serde::Deserialize;
 use serde_json::value::RawValue;

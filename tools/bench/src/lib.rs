@@ -11,7 +11,6 @@
 pub mod chart;
 pub mod commands;
 pub mod drive;
-pub mod league;
 pub mod metrics;
 pub mod outage;
 pub mod peer;

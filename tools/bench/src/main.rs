@@ -380,7 +380,7 @@ fn main() {
         ),
         Command::Compare(c) => commands::compare::main(&rt, *c),
         Command::Decide(c) => commands::decide::main(&rt, c),
-        Command::League { files } => prefix_bench::league::main(&files),
+        Command::League { files } => commands::compare::league::main(&files),
         Command::Real(c) => commands::real::main(&rt, c),
         Command::Iperf(c) => commands::iperf::main(c),
     }

@@ -100,6 +100,58 @@ pub fn write_json_in(dir: Option<&Path>, name: &str, value: &Value) -> PathBuf {
     path.canonicalize().unwrap_or(path)
 }
 
+/// Output files of one run.
+pub struct Written {
+    pub json: PathBuf,
+    pub svg: Option<PathBuf>,
+    pub txt: PathBuf,
+}
+
+impl Written {
+    /// Prints where the files went and the wall time.
+    pub fn print(&self, wall_s: f64) {
+        println!("\nresults: {}", self.json.display());
+        if let Some(svg) = &self.svg {
+            println!("chart:   {}", svg.display());
+        }
+        println!("table:   {}\nwall time: {wall_s:.0} s", self.txt.display());
+    }
+}
+
+/// Writes `<dir>/<stem>-<unix secs>.{json,svg,txt}` (no SVG when None).
+pub fn write_outputs(
+    dir: Option<&PathBuf>,
+    stem: &str,
+    json: &Value,
+    svg: Option<&str>,
+    txt: &str,
+) -> Written {
+    let dir = dir.cloned().unwrap_or_else(results_dir);
+    std::fs::create_dir_all(&dir).expect("create results dir");
+    let dir = dir.canonicalize().unwrap_or(dir);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let base = dir.join(format!("{stem}-{secs}"));
+    let with = |ext: &str| base.with_extension(ext);
+    let w = Written {
+        json: with("json"),
+        svg: svg.map(|_| with("svg")),
+        txt: with("txt"),
+    };
+    std::fs::write(
+        &w.json,
+        serde_json::to_string_pretty(json).expect("serialize results"),
+    )
+    .expect("write JSON");
+    if let (Some(path), Some(svg)) = (&w.svg, svg) {
+        std::fs::write(path, svg).expect("write SVG");
+    }
+    std::fs::write(&w.txt, txt).expect("write table text");
+    w
+}
+
 /// A number with `decimals` places.
 pub fn num(v: f64, decimals: usize) -> String {
     format!("{v:.decimals$}")

@@ -40,7 +40,7 @@ pub struct Outcome {
     /// Position in the workload.
     pub index: usize,
     /// The request's prefix group or session ([`Request::family`]; set by
-    /// [`crate::drive::drive`]).
+    /// `drive::drive`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub family: Option<usize>,
     /// Index of the target (base URL) it was sent to.

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::{free_port, redis_server_bin, wait_until};
+use crate::paths::redis_server_bin;
+use crate::ports::free_port;
+use crate::process::{spawn_owned, wait_until};
 
 /// One cluster node, killed and reaped on drop.
 pub struct Node {
@@ -52,7 +54,7 @@ pub fn spawn_node(dir: &Path, i: usize) -> Node {
     let bus = free_port();
     let node_dir = dir.join(format!("node-{i}"));
     std::fs::create_dir_all(&node_dir).expect("node dir");
-    let child = crate::spawn_owned(
+    let child = spawn_owned(
         Command::new(redis_server_bin())
             .current_dir(&node_dir)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])

@@ -16,11 +16,15 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::{
-    child_with_args, envoy_template, free_port, get, patch_plugin_json, render_text,
-    substitute_ports, wait_until, with_module_paths, Envoy, EnvoyOptions, Pod, Ports, Redis,
-    TestDir,
-};
+use crate::envoy::{Envoy, EnvoyOptions};
+use crate::http::get;
+use crate::paths::with_module_paths;
+use crate::pod::Pod;
+use crate::ports::{free_port, Ports};
+use crate::process::{child_with_args, wait_until};
+use crate::redis::Redis;
+use crate::render::{envoy_template, patch_plugin_json, render_text, substitute_ports};
+use crate::test_dir::TestDir;
 
 /// An edit of every plugin configuration JSON of a config.
 pub type Patch<'a> = Box<dyn FnMut(&mut Value) + Send + 'a>;

@@ -9,7 +9,11 @@ use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::time::Duration;
 
-use super::Redis;
+use std::process::{Command, Stdio};
+
+use crate::paths::redis_server_bin;
+use crate::process::{spawn_owned, tail, wait_until, Owned, STARTUP_TIMEOUT};
+use crate::test_dir::TestDir;
 
 /// One RESP2 reply.
 #[derive(Clone, Debug, PartialEq)]
@@ -320,6 +324,73 @@ impl RedisAt {
         keys.sort();
         keys.dedup();
         keys
+    }
+}
+
+/// A running `redis-server` with no persistence.
+pub struct Redis {
+    proc: Owned,
+    pub port: u16,
+    pub password: Option<String>,
+}
+
+impl Redis {
+    pub fn start(dir: &TestDir, port: u16, password: Option<&str>) -> Redis {
+        Redis::start_with(dir, port, password, &[])
+    }
+
+    /// [`Redis::start`] with more redis-server arguments (e.g. a TLS port);
+    /// ready when `port` answers PING.
+    pub fn start_with(dir: &TestDir, port: u16, password: Option<&str>, extra: &[&str]) -> Redis {
+        let mut cmd = Command::new(redis_server_bin());
+        cmd.current_dir(dir.path())
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(["--logfile", "redis.log"]);
+        if let Some(pw) = password {
+            cmd.args(["--requirepass", pw]);
+        }
+        cmd.args(extra);
+        let child = spawn_owned(
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", redis_server_bin().display()));
+        let mut redis = Redis {
+            proc: Owned { child },
+            port,
+            password: password.map(str::to_string),
+        };
+        let up = wait_until(STARTUP_TIMEOUT, || {
+            redis.proc.exited().is_some()
+                || redis
+                    .command(&["PING"])
+                    .is_ok_and(|r| r == Resp::Simple("PONG".into()))
+        });
+        assert!(
+            up && redis.proc.exited().is_none(),
+            "redis-server not ready on port {port}:\n{}",
+            tail(&dir.join("redis.log"), 30)
+        );
+        redis
+    }
+
+    /// Sends one command (after AUTH when a password is set) on a
+    /// connection of its own and returns its reply.
+    pub fn command(&self, args: &[&str]) -> std::io::Result<Resp> {
+        let mut conn = Conn::open(self.port, self.password.as_deref())?;
+        Ok(conn.send(&[text_cmd(args)])?.remove(0))
+    }
+
+    /// Keys in the database (`DBSIZE`); 0 while the server does not answer.
+    pub fn dbsize(&self) -> i64 {
+        self.command(&["DBSIZE"]).map(|r| r.int()).unwrap_or(0)
+    }
+
+    /// Kills the server now (e.g. to test sync when Redis goes away).
+    pub fn kill(&mut self) {
+        self.proc.kill();
     }
 }
 

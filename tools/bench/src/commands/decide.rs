@@ -24,8 +24,8 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::json;
 
-use super::compare::{build, parse_workloads, run_one, write_outputs, CompareArgs, WorkloadKind};
-use crate::report::{num, verdict, Table};
+use super::compare::{build, parse_workloads, run_one, CompareArgs, WorkloadKind};
+use crate::report::{num, verdict, write_outputs, Table};
 use crate::scenario::{GatewayOptions, Router};
 
 /// TTFT medians may be this much above the best of the set.
@@ -125,7 +125,7 @@ impl Figures {
     }
 }
 
-/// Each setup's median [range] over its runs.
+/// Each setup's median \[range\] over its runs.
 pub fn summary_table(
     title: &str,
     setups: &[Setup],

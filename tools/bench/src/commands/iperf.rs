@@ -15,9 +15,9 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::commands::compare::{write_outputs, CompareArgs};
+use crate::commands::compare::CompareArgs;
 use crate::peer::bench_dir;
-use crate::report::{num, results_dir, Table};
+use crate::report::{num, results_dir, write_outputs, Table};
 use crate::scenario::{parse_routers, Gateway, GatewayOptions, PodModel, PodSet, Router};
 use harness::{self, TestDir};
 

@@ -23,12 +23,13 @@ use serde_json::json;
 
 use super::decide::{list, parse_setups, summary_table, Figures, Setup};
 use crate::commands::compare::{
-    self, table, targets, targets_table, write_outputs, RunResult, WorkloadKind, WorkloadResult,
+    self, table, targets, targets_table, RunResult, WorkloadKind, WorkloadResult,
 };
 use crate::drive::drive;
 use crate::metrics::Stats;
 use crate::peer::{bench_dir, peers_installed};
 use crate::procstat::LoadMeter;
+use crate::report::write_outputs;
 use crate::runner::Pacing;
 use crate::scenario::{Gateway, GatewayOptions, Router};
 use crate::tagproxy::TagProxy;
@@ -328,20 +329,10 @@ fn run_seed(
             ..base.clone()
         };
         let started = Instant::now();
-        let mut result = RunResult {
+        let mut result = RunResult::new(
             router,
-            description: format!("{}: {}", setup.name, router.describe(opts.sync_period_ms)),
-            skipped: None,
-            stats: None,
-            filter: None,
-            pod_hit_tokens: 0.0,
-            pod_query_tokens: 0.0,
-            pod_evicted_blocks: 0.0,
-            load: None,
-            wall_s: 0.0,
-            live: None,
-            outcomes: Vec::new(),
-        };
+            format!("{}: {}", setup.name, router.describe(opts.sync_period_ms)),
+        );
         if router.is_peer() && !peers_installed() {
             result.skipped = Some("peers venv missing: run scripts/bench/setup-peers.sh".into());
             w.results.push(result);

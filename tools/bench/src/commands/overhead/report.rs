@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::native::Native;
-use super::{
+use super::sides::{
     side_keys, side_names, Measure, OverheadArgs, Phase, Side, Stat, FILTER, PASSING, PLAIN,
     REFERENCE, SIDES, TARGET_BIG_CPU_US, TARGET_MATCHED_US, TARGET_NEW_US,
 };

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which prompt families were first served by the slowest pod, and when.
 
-Usage: python3 scripts/bench/slow-pod-firsts.py results/compare-<ts>.json [more.json ...]
+Usage: python3 scripts/bench/analysis/slow-pod-firsts.py results/compare-<ts>.json [more.json ...]
 
 For the hetero-fleet workload of each file and every router whose key starts
 with `filter`, the slow pod is the one with the highest median request

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Why each router's misses happened, from a `prefix-bench compare` results file.
 
-Usage: python3 scripts/bench/misses.py results/compare-<ts>.json [more.json ...]
+Usage: python3 scripts/bench/analysis/misses.py results/compare-<ts>.json [more.json ...]
 
 For every workload and router in the file, the requests of each prompt family
 (shared-prefix group, tenant, system prompt) are taken in the order they were

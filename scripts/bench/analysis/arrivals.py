@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Requests that met a full pod, from a `prefix-bench compare` results file.
 
-Usage: python3 scripts/bench/arrivals.py results/compare-<ts>.json [--slots 4] [more.json ...]
+Usage: python3 scripts/bench/analysis/arrivals.py results/compare-<ts>.json [--slots 4] [more.json ...]
 
 For every workload and router in the file, each request's pod load at the
 moment it was sent is rebuilt from the outcomes (the client's start time and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What each router adds to a miss's time to first token, from `prefix-bench compare` results.
 
-Usage: python3 scripts/bench/miss-overhead.py [--prefill-us-per-token 50] results/compare-<ts>.json [...]
+Usage: python3 scripts/bench/analysis/miss-overhead.py [--prefill-us-per-token 50] results/compare-<ts>.json [...]
 
 podsim's time to first token is its queue plus `uncached tokens x --prefill-us-per-token`
 (tools/podsim/src/scheduler.rs). For every request that missed (its pod reported fewer than half

@@ -14,7 +14,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::commands::compare::{WorkloadKind, WorkloadResult};
+use super::results::{WorkloadKind, WorkloadResult};
 use crate::percentiles::percentile;
 use crate::report::{num, Table};
 use crate::scenario::Router;
