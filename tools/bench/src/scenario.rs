@@ -238,7 +238,7 @@ pub struct GatewayOptions {
     pub eds: bool,
     /// Merged into the plugin configuration of every Envoy of the `filter`
     /// and `filter-3x-*` routers, after their own settings (compare's
-    /// `--filter-patch`), e.g. `{"feedback":{"cached_tokens":true}}`.
+    /// `--filter-patch`), e.g. `{"hold":{"enabled":false}}`.
     pub filter_patch: Option<serde_json::Value>,
 }
 

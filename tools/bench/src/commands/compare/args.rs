@@ -216,7 +216,7 @@ pub struct CompareCli {
     pub results_dir: Option<PathBuf>,
     /// JSON merged into the plugin configuration of every Envoy of the
     /// `filter` and `filter-3x-*` routers, e.g.
-    /// '{"feedback":{"cached_tokens":true}}' (the other routers unchanged).
+    /// '{"hold":{"enabled":false}}' (the other routers unchanged).
     #[arg(long, value_parser = parse_json_patch)]
     pub filter_patch: Option<serde_json::Value>,
     /// Worker threads (`--concurrency`) of a lone Envoy: round robin, filter,

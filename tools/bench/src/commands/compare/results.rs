@@ -102,10 +102,6 @@ pub struct FilterCounters {
     pub passive_cooldowns: i64,
     /// `passthrough` by reason (`no_endpoints`, ...), the non-zero ones.
     pub passthrough_reasons: BTreeMap<String, i64>,
-    /// Answers read (`feedback.checked`) and those that showed an eviction
-    /// (`feedback.evictions_learned`).
-    pub feedback_checked: i64,
-    pub feedback_evictions: i64,
     /// Requests held for a prefix in prefill (`hold.held`), those of them
     /// held for a family claim's prefill on another replica
     /// (`hold.held_claim`), and those resumed at `hold.max_ms`
@@ -113,9 +109,6 @@ pub struct FilterCounters {
     pub held: i64,
     pub held_claim: i64,
     pub hold_timed_out: i64,
-    /// Each pod's trust horizon at the end (`match_trust_s.<pod>`, whole
-    /// seconds, 0 = every match trusted), per replica.
-    pub match_trust_s: Vec<BTreeMap<String, i64>>,
 }
 
 /// One router on one workload.

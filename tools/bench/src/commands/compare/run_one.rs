@@ -126,23 +126,9 @@ pub fn run_one(
             cas_exhausted: sum("table.cas_exhausted"),
             passive_cooldowns: sum("fleet.passive_cooldowns"),
             passthrough_reasons: passthrough_reasons(&fs, &before),
-            feedback_checked: sum("feedback.checked"),
-            feedback_evictions: sum("feedback.evictions_learned"),
             held: sum("hold.held"),
             held_claim: sum("hold.held_claim"),
             hold_timed_out: sum("hold.timed_out"),
-            match_trust_s: fs
-                .iter()
-                .map(|replica| {
-                    replica
-                        .iter()
-                        .filter_map(|(k, v)| {
-                            k.strip_prefix("prefix_router.match_trust_s.")
-                                .map(|pod| (pod.to_string(), *v))
-                        })
-                        .collect()
-                })
-                .collect(),
         });
     }
     // (A pod restarted in a live-fleet run counts only since its return.)

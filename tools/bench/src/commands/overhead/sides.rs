@@ -8,12 +8,13 @@ use crate::procstat::{cpu_sample, CpuSample};
 use crate::runner::{Outcome, Pacing, Runner};
 use crate::workload::Request;
 
-/// Targets of issue 11, this filter minus the reference, same run, µs: p50
-/// latency and Envoy CPU per request at 8 KB (matched, new prefix), CPU at
-/// 400 KiB.
-pub(super) const TARGET_MATCHED_US: f64 = 25.0;
-pub(super) const TARGET_NEW_US: f64 = 40.0;
-pub(super) const TARGET_BIG_CPU_US: f64 = 150.0;
+/// Targets, this filter minus the reference, same run, µs: p50 latency and
+/// Envoy CPU per request at 8 KB (matched, new prefix), CPU at 400 KiB.
+/// Issue 49 restated issue 11's 25 / 40 / 150, which sat below the cost of
+/// parsing the body in V8.
+pub(super) const TARGET_MATCHED_US: f64 = 50.0;
+pub(super) const TARGET_NEW_US: f64 = 60.0;
+pub(super) const TARGET_BIG_CPU_US: f64 = 300.0;
 
 /// Options of the overhead benchmark.
 #[derive(Clone, Debug)]
