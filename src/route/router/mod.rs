@@ -366,16 +366,9 @@ impl Router {
                 });
             }
         }
-        self.explain(&probed, &decision);
-        let routed = self.record(
-            store,
-            &reads,
-            probed,
-            decision.choice,
-            &decision.load,
-            now_ms,
-        );
-        Ok(Outcome::Routed(routed))
+        Ok(Outcome::Routed(
+            self.record(store, &reads, probed, decision, now_ms),
+        ))
     }
 
     /// Finishes a decision that asked Redis ([`Outcome::Ask`]): to `forced`,
@@ -402,16 +395,8 @@ impl Router {
         placing::settle(&mut choice, forced, &probed, &pool);
         let load = self.load.borrow().fleet(self.fleet.borrow().bound());
         let decision = steps::Decision { choice, view, load };
-        self.explain(&probed, &decision);
         let reads = RequestReads::new(store, self.table, now_secs);
-        self.record(
-            store,
-            &reads,
-            probed,
-            decision.choice,
-            &decision.load,
-            now_ms,
-        )
+        self.record(store, &reads, probed, decision, now_ms)
     }
 
     /// Where a new prompt may be placed, the worker's own pick `own` first

@@ -257,8 +257,8 @@ impl Router {
         Ok(Decision { choice, view, load })
     }
 
-    /// Writes the decision line of `choice` (Envoy's `wasm` log at debug).
-    pub(super) fn explain(&self, probed: &Probed, d: &Decision) {
+    /// Writes the decision line of `d` (Envoy's `wasm` log at debug).
+    fn explain(&self, probed: &Probed, d: &Decision) {
         let fleet = self.fleet.borrow();
         let lengths = probed.lengths();
         let scene = explain::Scene::new(
@@ -274,18 +274,20 @@ impl Router {
         }
     }
 
-    /// Step 4: records the prompt's blocks for the chosen pod and counts the
-    /// request in flight there. `load`: the fleet's in-flight counts the
-    /// decision saw (whether the pod had a slot free, for prefill timing).
+    /// Step 4: writes the decision line, records the prompt's blocks for the
+    /// chosen pod and counts the request in flight there. The decision's
+    /// `load` tells whether the pod had a slot free (prefill timing).
     pub(super) fn record<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         reads: &RequestReads<'_, S>,
         probed: Probed,
-        choice: Choice,
-        load: &[u32],
+        decision: Decision,
         now_ms: u64,
     ) -> Routed {
+        self.explain(&probed, &decision);
+        let Decision { choice, load, .. } = decision;
+        let load = load.as_slice();
         let now_secs = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
         // Before it is counted in flight there.
         let timeable = probed.stream
