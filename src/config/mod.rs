@@ -20,7 +20,9 @@ mod fields;
 pub(crate) mod mismatch;
 mod sections;
 use fields::{bad_field, given_fields};
-pub(crate) use sections::{HoldSettings, MembershipSettings, PolicySettings, SignalSettings};
+pub(crate) use sections::{
+    HoldSettings, InspectSettings, MembershipSettings, PolicySettings, SignalSettings,
+};
 
 /// Raw configuration as written by the operator; every field has a default.
 #[derive(Debug, Clone, Deserialize)]
@@ -46,6 +48,7 @@ pub(crate) struct RawConfig {
     pub(crate) policy: PolicySettings,
     pub(crate) signals: SignalSettings,
     pub(crate) hold: HoldSettings,
+    pub(crate) inspect: InspectSettings,
     pub(crate) sync: SyncSettings,
 }
 
@@ -75,6 +78,7 @@ impl Default for RawConfig {
             policy: PolicySettings::default(),
             signals: SignalSettings::default(),
             hold: HoldSettings::default(),
+            inspect: InspectSettings::default(),
             sync: SyncSettings::default(),
         }
     }
@@ -172,7 +176,44 @@ pub struct Settings {
     pub(crate) load_aware: LoadAwareConfig,
     pub(crate) signals: SignalSettings,
     pub(crate) hold: HoldSettings,
+    pub(crate) inspect: InspectSettings,
     pub(crate) sync: SyncSettings,
+}
+
+/// Longest `inspect.path` and `inspect.filter_chain` accepted.
+const MAX_INSPECT_NAME: usize = 256;
+
+fn validate_inspect(i: &InspectSettings) -> Result<(), ConfigError> {
+    if i.path.is_empty() {
+        if !i.filter_chain.is_empty() {
+            return Err(err(
+                "inspect.path",
+                "must be given with `inspect.filter_chain` (empty: inspection off)",
+            ));
+        }
+    } else {
+        let printable = |s: &str| s.bytes().all(|b| b.is_ascii_graphic());
+        if !i.path.starts_with('/')
+            || i.path.len() > MAX_INSPECT_NAME
+            || !printable(&i.path)
+            || i.path.contains(['?', '#'])
+        {
+            return Err(err(
+                "inspect.path",
+                "must start with / and be at most 256 printable bytes without ? or #",
+            ));
+        }
+        if i.filter_chain.is_empty() || i.filter_chain.len() > MAX_INSPECT_NAME {
+            return Err(err(
+                "inspect.filter_chain",
+                "must name the listener filter chain (1 to 256 bytes) the inspection is answered on",
+            ));
+        }
+    }
+    if !(1..=16_384).contains(&i.max_buckets) {
+        return Err(err("inspect.max_buckets", "must be in 1..=16384"));
+    }
+    Ok(())
 }
 
 /// Most endpoints one configuration may name (pod slots are `u16` in the
@@ -310,6 +351,7 @@ impl Settings {
         if !(1..=4096).contains(&raw.hold.max_waiting) {
             return Err(err("hold.max_waiting", "must be in 1..=4096"));
         }
+        validate_inspect(&raw.inspect)?;
         raw.sync
             .validate()
             .map_err(|e| err(format!("sync.{}", e.field), e.reason))?;
@@ -347,6 +389,7 @@ impl Settings {
             },
             signals: raw.signals,
             hold: raw.hold,
+            inspect: raw.inspect,
             sync: raw.sync,
             pools,
             membership: raw.membership,

@@ -32,6 +32,35 @@ impl Default for HoldSettings {
     }
 }
 
+/// Table inspection (`"inspect": {...}`; see [`crate::inspect`]): the
+/// filter answers `GET <path>` itself, with the prefix table as JSON, on
+/// the listener whose filter chain is named `filter_chain` only. Off while
+/// `path` is empty.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct InspectSettings {
+    /// The path answered (query aside), e.g. `/debug/prefix-table`.
+    pub(crate) path: String,
+    /// The `name` of the listener filter chain it is answered on (Envoy's
+    /// `xds.filter_chain_name` attribute: a filter cannot read the
+    /// listener's own name); on every other chain the path is an ordinary
+    /// request.
+    pub(crate) filter_chain: String,
+    /// Most table buckets one answer reads (each up to 64 records);
+    /// `?from=<bucket>` reads the next page.
+    pub(crate) max_buckets: u32,
+}
+
+impl Default for InspectSettings {
+    fn default() -> Self {
+        Self {
+            path: String::new(),
+            filter_chain: String::new(),
+            max_buckets: 1024,
+        }
+    }
+}
+
 /// The routing policy (`"policy": {...}`): which rules, and the knobs of
 /// the load-aware rule (AIBrix's knobs are the top-level
 /// `imbalance_abs_count` and `stddev_factor`).

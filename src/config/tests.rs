@@ -392,3 +392,56 @@ fn hold_is_on_by_default_and_its_bounds_are_refused_by_field() {
         assert_eq!(e.field, field, "{bad}: {e}");
     }
 }
+
+#[test]
+fn inspect_is_off_by_default_and_its_fields_are_refused_by_name() {
+    let base = r#""endpoints":["a:1"]"#;
+    let d = parse(&format!("{{{base}}}")).unwrap().inspect;
+    assert!(d.path.is_empty() && d.filter_chain.is_empty());
+    assert_eq!(d.max_buckets, 1024);
+    let on = parse(&format!(
+        r#"{{{base},"inspect":{{"path":"/debug/t","filter_chain":"admin_debug","max_buckets":8}}}}"#
+    ))
+    .unwrap()
+    .inspect;
+    assert_eq!(
+        (on.path.as_str(), on.filter_chain.as_str(), on.max_buckets),
+        ("/debug/t", "admin_debug", 8)
+    );
+    let long = "x".repeat(257);
+    for (bad, field) in [
+        (
+            r#""inspect":{"filter_chain":"l"}"#.to_string(),
+            "inspect.path",
+        ),
+        (
+            r#""inspect":{"path":"debug","filter_chain":"l"}"#.into(),
+            "inspect.path",
+        ),
+        (
+            r#""inspect":{"path":"/d?x=1","filter_chain":"l"}"#.into(),
+            "inspect.path",
+        ),
+        (
+            r#""inspect":{"path":"/d e","filter_chain":"l"}"#.into(),
+            "inspect.path",
+        ),
+        (r#""inspect":{"path":"/d"}"#.into(), "inspect.filter_chain"),
+        (
+            format!(r#""inspect":{{"path":"/d","filter_chain":"{long}"}}"#),
+            "inspect.filter_chain",
+        ),
+        (
+            r#""inspect":{"max_buckets":0}"#.into(),
+            "inspect.max_buckets",
+        ),
+        (
+            r#""inspect":{"max_buckets":16385}"#.into(),
+            "inspect.max_buckets",
+        ),
+        (r#""inspect":{"port":1}"#.into(), "inspect"),
+    ] {
+        let e = parse(&format!("{{{base},{bad}}}")).unwrap_err();
+        assert_eq!(e.field, field, "{bad}: {e}");
+    }
+}

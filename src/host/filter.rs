@@ -1,10 +1,12 @@
 //! The HTTP filter context: forwards Envoy's stream callbacks to
 //! [`Stream`], which buffers an OpenAI-compatible request body, asks the
 //! router for a pod and names it in `x-gateway-destination-endpoint`. Every
-//! failure passes the request on untouched.
+//! failure passes the request on untouched. A request the stream answers
+//! itself (table inspection) is answered here and never forwarded.
 
 use std::rc::Rc;
 
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
@@ -72,10 +74,15 @@ impl HttpContext for PrefixFilter {
             // The fault-injection test build only: trap as a bug would.
             core::arch::wasm32::unreachable();
         }
-        action(
-            self.stream
-                .on_request_headers(&self.worker, &EnvoyHost, end_of_stream),
-        )
+        let verdict = self
+            .stream
+            .on_request_headers(&self.worker, &EnvoyHost, end_of_stream);
+        if let Some(answer) = self.stream.take_answer() {
+            let headers = vec![("content-type", "application/json")];
+            let _ = hostcalls::send_http_response(answer.status, headers, Some(&answer.body));
+            return Action::Pause;
+        }
+        action(verdict)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {

@@ -93,6 +93,9 @@ pub(crate) enum Count {
     /// Held requests that waited for the prefill of their family's claim
     /// on another replica (`sync.place_claim_ms`).
     HeldForClaim,
+    /// Table buckets of another layout version written anew (an upgrade
+    /// across a layout change: see `WriteOutcome::layout_resets`).
+    TableLayoutResets,
 }
 
 const ROUTED: [Reason; 5] = [
@@ -102,7 +105,7 @@ const ROUTED: [Reason; 5] = [
     Reason::Spread,
     Reason::Placed,
 ];
-const FIXED: usize = 21;
+const FIXED: usize = 22;
 const N: usize = FIXED + ROUTED.len() + PassReason::ALL.len();
 
 impl Count {
@@ -129,6 +132,7 @@ impl Count {
             Count::PlaceReleaseFailed => 18,
             Count::PlaceReleaseDropped => 19,
             Count::HeldForClaim => 20,
+            Count::TableLayoutResets => 21,
             Count::Routed(r) => FIXED + ROUTED.iter().position(|x| *x == r).unwrap_or(0),
             Count::Pass(p) => {
                 FIXED + ROUTED.len() + PassReason::ALL.iter().position(|x| *x == p).unwrap_or(0)
@@ -159,6 +163,7 @@ impl Count {
             18 => "place.release_failed",
             19 => "place.release_dropped",
             20 => "hold.held_claim",
+            21 => "table.layout_resets",
             i if i < FIXED + ROUTED.len() => match ROUTED[i - FIXED] {
                 Reason::PrefixMatch => "routed.prefix_match",
                 Reason::NoMatch => "routed.no_match",

@@ -101,6 +101,16 @@ pub(crate) struct Stream {
     placement: Placement,
     /// What of this request is timed for the pods' speed.
     timing: Timing,
+    /// The filter's own answer (table inspection), sent instead of
+    /// forwarding the request.
+    answer: Option<Answer>,
+}
+
+/// A request the filter answers itself, never sent upstream.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Answer {
+    pub(crate) status: u32,
+    pub(crate) body: Vec<u8>,
 }
 
 /// Where a routed request went.
@@ -183,6 +193,47 @@ impl Stream {
         }
     }
 
+    /// The answer to send in place of forwarding, once (see [`Answer`]).
+    pub(crate) fn take_answer(&mut self) -> Option<Answer> {
+        self.answer.take()
+    }
+
+    /// Table inspection: true (and the answer set) when `head` asks for it
+    /// on a listener whose filter chain `inspect.filter_chain` names. Only
+    /// a request on the inspect path reads the chain's name: one hostcall.
+    fn inspect<H: Host>(&mut self, w: &Worker, host: &H, head: &RequestHead) -> bool {
+        let settings = &w.settings().inspect;
+        let crate::inspect::Ask::Inspect { get, from } =
+            crate::inspect::ask(settings, &head.method, &head.path)
+        else {
+            return false;
+        };
+        let chain = host.property(&["xds", "filter_chain_name"]);
+        if chain.as_deref() != Some(settings.filter_chain.as_bytes()) {
+            return false;
+        }
+        self.answer = Some(if get {
+            let now = crate::worker::secs(host.now_nanos());
+            let view = crate::inspect::view(
+                host,
+                &w.settings().table_config(),
+                settings.max_buckets,
+                from,
+                now,
+            );
+            Answer {
+                status: 200,
+                body: crate::inspect::body(&view),
+            }
+        } else {
+            Answer {
+                status: 405,
+                body: b"{\"error\":\"GET only\"}".to_vec(),
+            }
+        });
+        true
+    }
+
     pub(crate) fn on_request_headers<H: Host>(
         &mut self,
         w: &Worker,
@@ -204,6 +255,9 @@ impl Stream {
         }
         if head.has_original_dst {
             host.remove_request_header(ORIGINAL_DST_HEADER);
+        }
+        if self.inspect(w, host, &head) {
+            return Verdict::Pause;
         }
         let kind = match classify(&head.method, &head.path) {
             Ok(kind) => kind,

@@ -221,6 +221,7 @@ impl Worker {
         m.add(Count::TableEvictions, u64::from(r.write.evictions));
         m.add(Count::SlotsUsed, u64::from(r.write.new_slots));
         m.add(Count::TableRefused, u64::from(r.write.refused));
+        m.add(Count::TableLayoutResets, u64::from(r.write.layout_resets));
         let Some(model) = r.model.filter(|_| !r.recorded.is_empty()) else {
             return;
         };

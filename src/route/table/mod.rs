@@ -34,8 +34,15 @@ pub const MAX_SLOTS_PER_BUCKET: usize = 64;
 /// Bytes of one record in a bucket value.
 pub const RECORD_LEN: usize = 20;
 /// Version byte of a bucket value: a value of another version (an older
-/// module's, after a hot reload) reads as empty.
-const LAYOUT_VERSION: u8 = 2;
+/// module's, after a hot reload) reads as empty, and the next write of its
+/// bucket starts it anew in this version, counted
+/// ([`WriteOutcome::layout_resets`]). Raise it with any change to the
+/// record or bucket encoding. The `next-layout` feature (test builds only)
+/// stands for such a release.
+#[cfg(not(feature = "next-layout"))]
+pub(crate) const LAYOUT_VERSION: u8 = 2;
+#[cfg(feature = "next-layout")]
+pub(crate) const LAYOUT_VERSION: u8 = 3;
 /// Dense positions per segment in the segment layout.
 const DENSE_SEGMENT: usize = 16;
 
@@ -157,6 +164,9 @@ pub(crate) struct WriteOutcome {
     /// recent (a burst filling a bucket within one second, or an old
     /// pulled fact). Lost for this table; counted, never silent.
     pub(crate) refused: u32,
+    /// Buckets that held another layout version's value (a module of
+    /// another layout shared this `vm_id`'s data) and were written anew.
+    pub(crate) layout_resets: u32,
 }
 
 /// The shared prefix table over a [`SharedStore`].
@@ -282,11 +292,13 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
             let mut new_slots = 0;
             let mut evictions = 0;
             let mut refused = 0;
+            let mut reset = false;
             let res = cas_update(
                 self.store,
                 &bucket_key(bucket),
                 self.cfg.max_cas_attempts,
                 |cur| {
+                    reset = cur.is_some_and(is_other_layout);
                     let mut records = decode_bucket(cur.unwrap_or(&[]), self.cfg.slots);
                     let used_before = records.iter().filter(|r| r.last_access != 0).count();
                     evictions = 0;
@@ -315,6 +327,7 @@ impl<'s, S: SharedStore + ?Sized> PrefixTable<'s, S> {
                     if o.written {
                         out.new_slots += new_slots;
                         out.evictions += evictions;
+                        out.layout_resets += u32::from(reset);
                     }
                 }
                 Err(StoreError::CasMismatch) => {
@@ -394,6 +407,12 @@ pub(crate) fn bucket_key(bucket: u32) -> String {
 /// The bucket a shared-data key names; None for any other key.
 pub(crate) fn bucket_of_key(key: &str) -> Option<u32> {
     key.strip_prefix("ptab/")?.parse().ok()
+}
+
+/// Whether a bucket value was written by a module of another layout
+/// version (it then reads as empty here).
+pub(crate) fn is_other_layout(bytes: &[u8]) -> bool {
+    bytes.first().is_some_and(|v| *v != LAYOUT_VERSION)
 }
 
 /// Decodes a bucket value of at most `slots` records; unknown versions or

@@ -247,3 +247,31 @@ fn garbage_bucket_values_read_as_empty() {
     };
     assert_eq!(decode_bucket(&encode_bucket(&[r], 8), 8), vec![r]);
 }
+
+#[test]
+fn a_bucket_of_another_layout_reads_empty_and_its_reset_is_counted_once() {
+    let s = MemStore::new();
+    let cfg = TableConfig::new(8, 3600, Layout::PerBlock); // one bucket
+    let r = Record {
+        block: 42,
+        anchor: 42,
+        model: 0,
+        pod: p(1),
+        last_access: 100,
+    };
+    // The value an older (or newer) module wrote: same records, other version.
+    let mut old = encode_bucket(&[r], 8);
+    old[0] = LAYOUT_VERSION.wrapping_sub(1);
+    s.set(&bucket_key(0), &old, None).unwrap();
+    let t = PrefixTable::new(&s, cfg);
+    assert!(is_other_layout(&old));
+    assert!(t.all_records(101).unwrap().is_empty(), "read as empty");
+    let o = t.record(&own(&[7]), 0, p(2), 101);
+    assert_eq!((o.layout_resets, o.new_slots), (1, 1));
+    let o = t.record(&own(&[8]), 0, p(2), 102);
+    assert_eq!(o.layout_resets, 0, "written anew in this layout");
+    let (value, _) = s.get(&bucket_key(0)).unwrap();
+    assert!(!is_other_layout(&value.unwrap()));
+    assert_eq!(holders(&t, 42, 0, 103), Vec::<PodSlot>::new());
+    assert_eq!(holders(&t, 7, 0, 103), vec![p(2)]);
+}

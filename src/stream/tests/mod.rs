@@ -1193,3 +1193,73 @@ fn a_pod_one_worker_vm_reads_slow_reads_slow_in_the_other() {
 }
 
 mod place;
+
+const INSPECT: &str =
+    r#","inspect":{"path":"/debug/t","filter_chain":"admin_debug","max_buckets":4}"#;
+
+#[test]
+fn the_inspect_path_is_answered_on_the_named_filter_chain_only() {
+    let host = TestHost::default();
+    let w = worker_on(&host, INSPECT);
+    // One routed request, so the table holds records of one pod.
+    let (_, routed) = run(
+        &w,
+        &host,
+        &chat("You are a helpful assistant. ", 2000, "hi"),
+    );
+    assert_eq!(routed, Verdict::Continue);
+    host.properties
+        .borrow_mut()
+        .insert("xds.filter_chain_name".into(), b"admin_debug".to_vec());
+    host.request("GET", "/debug/t?from=0", b"");
+    host.reset_calls();
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&w, &host, true), Verdict::Pause);
+    let answer = s.take_answer().expect("answered by the filter");
+    assert_eq!(answer.status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+    assert_eq!(v["read"]["buckets_read"], 4);
+    assert_eq!(v["read"]["max_buckets_per_request"], 4);
+    assert_eq!(host.header(DESTINATION_HEADER), None, "never routed");
+    // The listener's name, 4 buckets and the two registries; nothing written.
+    let calls = host.calls.borrow().clone();
+    assert_eq!(calls.get("get_property"), Some(&1), "{calls:?}");
+    assert_eq!(calls.get("get_shared_data"), Some(&6), "{calls:?}");
+    assert_eq!(calls.get("set_shared_data"), None, "{calls:?}");
+    assert!(s.take_answer().is_none(), "taken once");
+
+    // Another method there: refused by the filter, still not forwarded.
+    host.request("POST", "/debug/t", b"{}");
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&w, &host, false), Verdict::Pause);
+    assert_eq!(s.take_answer().map(|a| a.status), Some(405));
+
+    // The same path on another chain: an ordinary request.
+    host.properties
+        .borrow_mut()
+        .insert("xds.filter_chain_name".into(), b"ingress".to_vec());
+    host.request("GET", "/debug/t", b"");
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&w, &host, true), Verdict::Continue);
+    assert!(s.take_answer().is_none());
+    assert_eq!(
+        host.stat("prefix_router.passthrough.path"),
+        0,
+        "counted on tick"
+    );
+    w.on_tick(&host);
+    assert_eq!(host.stat("prefix_router.passthrough.path"), 1);
+}
+
+#[test]
+fn inspection_costs_other_requests_no_hostcall() {
+    let body = chat("You are a helpful assistant. ", 2000, "hi");
+    let plain = TestHost::default();
+    let w = worker_on(&plain, "");
+    let (n_plain, calls_plain) = calls_of(&w, &plain, &body);
+    let on = TestHost::default();
+    let w = worker_on(&on, INSPECT);
+    let (n_on, calls) = calls_of(&w, &on, &body);
+    assert_eq!(n_on, n_plain, "{calls:?}");
+    assert_eq!(calls, calls_plain);
+}

@@ -24,6 +24,9 @@ pub const STATS_FLUSH: Duration = Duration::from_millis(250);
 pub struct EnvoyOptions {
     pub concurrency: u32,
     pub log_level: &'static str,
+    /// `--drain-time-s`: how long a replaced listener drains (Envoy's
+    /// default, 600 s, when None).
+    pub drain_time_s: Option<u32>,
 }
 
 impl Default for EnvoyOptions {
@@ -31,6 +34,7 @@ impl Default for EnvoyOptions {
         EnvoyOptions {
             concurrency: 1,
             log_level: "info",
+            drain_time_s: None,
         }
     }
 }
@@ -73,6 +77,13 @@ impl Envoy {
                 .arg("--disable-hot-restart")
                 .args(["--base-id", &ports.admin.to_string()])
                 .args(["--concurrency", &options.concurrency.to_string()])
+                .args(
+                    options
+                        .drain_time_s
+                        .map(|s| ["--drain-time-s".to_string(), s.to_string()])
+                        .into_iter()
+                        .flatten(),
+                )
                 .args(["-l", options.log_level])
                 .arg("--log-path")
                 .arg(&log)
@@ -187,8 +198,9 @@ impl Envoy {
     }
 
     /// [`Envoy::stats_matching`], or why the admin gave none (never
-    /// panics).
-    fn try_stats_matching(&self, filter: &str) -> Result<BTreeMap<String, i64>, String> {
+    /// panics: the admin may be slow to answer while the main thread loads
+    /// a module).
+    pub fn try_stats_matching(&self, filter: &str) -> Result<BTreeMap<String, i64>, String> {
         let url = self.admin_url(&format!(
             "/stats?format=json&filter={}",
             percent_encode(filter)

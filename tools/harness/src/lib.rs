@@ -57,8 +57,8 @@ pub use prompts::{
 };
 pub use redis::Redis;
 pub use render::{
-    envoy_template, patch_plugin_json, render_config, render_text, substitute_ports, write_eds,
-    EdsHost,
+    envoy_template, lds_listener, patch_plugin_json, render_config, render_lds, render_text,
+    substitute_ports, write_eds, write_lds_listeners, EdsHost,
 };
 pub use setup::{PluginPatch, Running, Setup};
 pub use test_dir::TestDir;

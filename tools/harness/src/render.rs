@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::paths::{repo_root, with_module_paths};
+use crate::paths::{repo_root, with_module_paths, WASM_REL_PATH};
 use crate::ports::Ports;
 use crate::test_dir::TestDir;
 
@@ -117,6 +117,63 @@ pub fn render_config(
 /// One endpoint of an EDS file: its hostname (the pod name), its port on
 /// 127.0.0.1 and Envoy's health status for it (`HEALTHY`, `UNHEALTHY`, ...).
 pub type EdsHost = (String, u16, &'static str);
+
+/// `envoy/lds.yaml` rendered into `dir`, its listeners delivered from the
+/// file `listener.yaml` beside it (write that with [`write_lds_listeners`]);
+/// returns (bootstrap path, listener file path).
+pub fn render_lds(dir: &TestDir, ports: &Ports) -> (PathBuf, PathBuf) {
+    let path = render_config(dir, "lds.yaml", ports, &mut |_| {});
+    let listener = dir.join("listener.yaml");
+    let text = fs::read_to_string(&path).expect("read rendered lds.yaml");
+    assert!(
+        text.contains("envoy/lds/listener.yaml"),
+        "lds.yaml names no listener file"
+    );
+    let text = text.replace("envoy/lds/listener.yaml", &listener.display().to_string());
+    fs::write(&path, text).expect("write lds.yaml");
+    (path, listener)
+}
+
+/// One listener of `envoy/lds/listener.yaml` (the `ingress` listener on
+/// `ports.listener`) as an LDS resource, renamed `name` (the listener, its
+/// filter chain and its stat prefix) and listening on `port`, loading
+/// `module`, its plugin configuration patched.
+pub fn lds_listener(
+    ports: &Ports,
+    name: &str,
+    port: u16,
+    module: &Path,
+    patch: &mut dyn FnMut(&mut Value),
+) -> String {
+    let text = substitute_ports(&envoy_template("lds/listener.yaml"), ports)
+        .replace(WASM_REL_PATH, &module.display().to_string());
+    let text = patch_plugin_json(&text, patch);
+    let (_, item) = text
+        .split_once("resources:\n")
+        .expect("lds/listener.yaml has a resources list");
+    let listen = format!("port_value: {}", ports.listener);
+    assert!(item.contains(&listen) && item.contains("name: ingress"));
+    let chain = "      - filters:\n";
+    assert!(item.contains(chain), "lds/listener.yaml's chain moved");
+    item.replacen("name: ingress", &format!("name: {name}"), 1)
+        .replacen(
+            chain,
+            &format!("      - name: {name}\n        filters:\n"),
+            1,
+        )
+        .replace("stat_prefix: ingress", &format!("stat_prefix: {name}"))
+        .replace(&listen, &format!("port_value: {port}"))
+}
+
+/// Writes an LDS file of `listeners` (from [`lds_listener`]) over `path`
+/// through a rename, as a control plane's update lands (Envoy's file watch
+/// follows the move).
+pub fn write_lds_listeners(path: &Path, listeners: &[String]) {
+    let text = format!("resources:\n{}", listeners.concat());
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, text).expect("write listener file");
+    fs::rename(&tmp, path).expect("move listener file in place");
+}
 
 /// Writes the `pods` cluster's EDS file by rename (Envoy's file watch
 /// follows moves, and never sees a half-written file).
