@@ -4,7 +4,7 @@
 //! answers it itself; such a request is never routed or sent upstream.
 //!
 //! Cost is bounded: one request reads at most `inspect.max_buckets` bucket
-//! values (each at most [`MAX_SLOTS_PER_BUCKET`] records) plus the two
+//! values (each at most [`crate::route::table::MAX_SLOTS_PER_BUCKET`] records) plus the two
 //! registries, and the answer says where it stopped (`read.next_from`), so a
 //! larger table is read page by page (`?from=<bucket>`). Requests on any
 //! other path cost nothing here: the path is compared in memory, and only a
@@ -16,14 +16,13 @@
 //! first block, or a later segment's) holding the most records, blocks ×
 //! pods: the prefixes the table spends most room on.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::config::InspectSettings;
 use crate::route::table::{
     bucket_key, decode_bucket, is_other_layout, Record, TableConfig, LAYOUT_VERSION,
-    MAX_SLOTS_PER_BUCKET,
 };
 use crate::shared::registry::{NameRegistry, Registry, MAX_SLOTS};
 use crate::shared::store::{SharedStore, StoreError};
@@ -173,11 +172,13 @@ pub(crate) fn view<S: SharedStore + ?Sized>(
         empty_buckets: 0,
         other_layout_buckets: 0,
     };
-    let mut per_pod: BTreeMap<u16, u64> = BTreeMap::new();
-    let mut per_model: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut per_pod: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut per_model: BTreeMap<usize, u64> = BTreeMap::new();
     let mut oldest: Option<Record> = None;
     let mut newest: Option<Record> = None;
-    let mut anchors: HashMap<u32, Vec<Record>> = HashMap::new();
+    // Every record of an anchor is in the anchor's one bucket, so anchors
+    // are ranked bucket by bucket: memory holds one bucket and the leaders.
+    let mut top: Vec<Ranked> = Vec::new();
     for bucket in from..end {
         let (value, _) = store.get(&bucket_key(bucket))?;
         let bytes = value.unwrap_or_default();
@@ -189,6 +190,7 @@ pub(crate) fn view<S: SharedStore + ?Sized>(
             occ.other_layout_buckets += 1;
             continue;
         }
+        let mut live = Vec::with_capacity(cfg.slots);
         for r in decode_bucket(&bytes, cfg.slots) {
             if r.last_access == 0 {
                 continue;
@@ -198,19 +200,23 @@ pub(crate) fn view<S: SharedStore + ?Sized>(
                 continue;
             }
             occ.live_records += 1;
-            *per_pod
-                .entry(u16::try_from(r.pod.index()).unwrap_or(u16::MAX))
-                .or_default() += 1;
-            *per_model.entry(r.model).or_default() += 1;
+            *per_pod.entry(r.pod.index()).or_default() += 1;
+            *per_model.entry(usize::from(r.model)).or_default() += 1;
             if oldest.map_or(true, |o| r.last_access < o.last_access) {
                 oldest = Some(r);
             }
             if newest.map_or(true, |n| r.last_access > n.last_access) {
                 newest = Some(r);
             }
-            anchors.entry(r.anchor).or_default().push(r);
+            live.push(r);
+        }
+        live.sort_unstable_by_key(|r| r.anchor);
+        top.extend(live.chunk_by(|a, b| a.anchor == b.anchor).map(Ranked::of));
+        if top.len() > 4 * TOP_ANCHORS {
+            Ranked::keep_leaders(&mut top);
         }
     }
+    Ranked::keep_leaders(&mut top);
     if occ.slots_read > 0 {
         occ.live_share = occ.live_records as f64 / occ.slots_read as f64;
     }
@@ -221,35 +227,21 @@ pub(crate) fn view<S: SharedStore + ?Sized>(
         last_access: r.last_access,
         age_secs: now.saturating_sub(r.last_access),
     };
-    let mut top: Vec<AnchorShare> = anchors
+    let top = top
         .into_iter()
-        .map(|(anchor, records)| {
-            let mut blocks: Vec<u64> = records.iter().map(|r| r.block).collect();
-            blocks.sort_unstable();
-            blocks.dedup();
-            let mut slots: Vec<usize> = records.iter().map(|r| r.pod.index()).collect();
-            slots.sort_unstable();
-            slots.dedup();
-            AnchorShare {
-                anchor: format!("{anchor:08x}"),
-                records: records.len() as u64,
-                blocks: blocks.len() as u64,
-                pods: slots.into_iter().map(|p| name(&pods, p, "pod")).collect(),
-                newest_age_secs: records
-                    .iter()
-                    .map(|r| now.saturating_sub(r.last_access))
-                    .min()
-                    .unwrap_or(0),
-            }
+        .map(|t| AnchorShare {
+            anchor: format!("{:08x}", t.anchor),
+            records: t.records,
+            blocks: t.blocks,
+            pods: t.pods.into_iter().map(|p| name(&pods, p, "pod")).collect(),
+            newest_age_secs: now.saturating_sub(t.newest),
         })
         .collect();
-    top.sort_by(|a, b| b.records.cmp(&a.records).then(a.anchor.cmp(&b.anchor)));
-    top.truncate(TOP_ANCHORS);
-    let counts = |m: BTreeMap<u16, u64>, reg: &Registry, what: &str| {
+    let counts = |m: BTreeMap<usize, u64>, reg: &Registry, what: &str| {
         let mut out: Vec<Count> = m
             .into_iter()
             .map(|(slot, records)| Count {
-                name: name(reg, usize::from(slot), what),
+                name: name(reg, slot, what),
                 records,
             })
             .collect();
@@ -270,7 +262,7 @@ pub(crate) fn view<S: SharedStore + ?Sized>(
             from,
             buckets_read: end - from,
             max_buckets_per_request: max_buckets,
-            max_records_per_request: u64::from(max_buckets) * MAX_SLOTS_PER_BUCKET as u64,
+            max_records_per_request: u64::from(max_buckets) * cfg.slots as u64,
             complete: from == 0 && end == cfg.buckets,
             next_from: (end < cfg.buckets).then_some(end),
         },
@@ -282,6 +274,42 @@ pub(crate) fn view<S: SharedStore + ?Sized>(
         top_anchors: top,
         hits: HITS_NOTE,
     })
+}
+
+/// One anchor's records in a bucket, before names are looked up.
+struct Ranked {
+    anchor: u32,
+    records: u64,
+    blocks: u64,
+    /// Pod slots, sorted, each once.
+    pods: Vec<usize>,
+    newest: u32,
+}
+
+impl Ranked {
+    /// `group`: the live records of one anchor (never empty).
+    fn of(group: &[Record]) -> Ranked {
+        let mut blocks: Vec<u64> = group.iter().map(|r| r.block).collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        let mut pods: Vec<usize> = group.iter().map(|r| r.pod.index()).collect();
+        pods.sort_unstable();
+        pods.dedup();
+        Ranked {
+            anchor: group.first().map_or(0, |r| r.anchor),
+            records: group.len() as u64,
+            blocks: blocks.len() as u64,
+            pods,
+            newest: group.iter().map(|r| r.last_access).max().unwrap_or(0),
+        }
+    }
+
+    /// Keeps the [`TOP_ANCHORS`] holding the most records (ties: the
+    /// lower anchor).
+    fn keep_leaders(top: &mut Vec<Ranked>) {
+        top.sort_by(|a, b| b.records.cmp(&a.records).then(a.anchor.cmp(&b.anchor)));
+        top.truncate(TOP_ANCHORS);
+    }
 }
 
 /// A slot's name, or `<what>#<slot>` for a slot the registry no longer

@@ -180,6 +180,9 @@ pub struct Settings {
     pub(crate) sync: SyncSettings,
 }
 
+/// Most buckets one inspection may read: 4,096 hostcalls and ~5 MB of
+/// values at 64 records per bucket, on the worker thread that answers.
+const MAX_INSPECT_BUCKETS: u32 = 4096;
 /// Longest `inspect.path` and `inspect.filter_chain` accepted.
 const MAX_INSPECT_NAME: usize = 256;
 
@@ -210,8 +213,8 @@ fn validate_inspect(i: &InspectSettings) -> Result<(), ConfigError> {
             ));
         }
     }
-    if !(1..=16_384).contains(&i.max_buckets) {
-        return Err(err("inspect.max_buckets", "must be in 1..=16384"));
+    if !(1..=MAX_INSPECT_BUCKETS).contains(&i.max_buckets) {
+        return Err(err("inspect.max_buckets", "must be in 1..=4096"));
     }
     Ok(())
 }

@@ -212,3 +212,33 @@ fn the_body_is_json_with_every_section() {
     }
     assert_eq!(v["bounds"]["layout_version"], LAYOUT_VERSION);
 }
+
+#[test]
+fn top_anchors_keeps_the_ten_holding_most_records() {
+    let s = store_with_names(1, 1);
+    let cfg = TableConfig::new(64 * 64, 600, Layout::Segments);
+    let t = PrefixTable::new(&s, cfg);
+    // Anchor a holds a % 20 + 1 blocks, each anchor in its own bucket.
+    for anchor in 0..60u32 {
+        let blocks: Vec<(u64, u32)> = (0..=u64::from(anchor) % 20)
+            .map(|b| (u64::from(anchor) * 100 + b, anchor))
+            .collect();
+        t.record(&blocks, 0, PodSlot::new(0), 1_000);
+    }
+    let v = view(&s, &cfg, 64, 0, 1_000).unwrap();
+    assert_eq!(v.occupancy.live_records, 3 * 210);
+    assert_eq!(v.top_anchors.len(), TOP_ANCHORS);
+    let records: Vec<u64> = v.top_anchors.iter().map(|a| a.records).collect();
+    assert_eq!(records, vec![20, 20, 20, 19, 19, 19, 18, 18, 18, 17]);
+    // Ties go to the lower anchor: 19, 39, 59 hold 20 each.
+    assert_eq!(v.top_anchors[0].anchor, "00000013");
+    assert_eq!(v.top_anchors[2].anchor, "0000003b");
+}
+
+#[test]
+fn the_record_cap_follows_the_layout() {
+    let s = MemStore::new();
+    let cfg = TableConfig::new(64, 600, Layout::PerBlock);
+    let v = view(&s, &cfg, 3, 0, 1_000).unwrap();
+    assert_eq!(v.read.max_records_per_request, 3 * 8);
+}

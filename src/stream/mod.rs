@@ -222,7 +222,7 @@ impl Stream {
                 now,
             );
             Answer {
-                status: 200,
+                status: if view.is_ok() { 200 } else { 500 },
                 body: crate::inspect::body(&view),
             }
         } else {
