@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -575,20 +575,19 @@ fn a_garbage_admin_reply_keeps_the_last_good_members() {
     assert_eq!(warned(), 1, "the failure streak should be logged once");
 }
 
-/// Renders `envoy/lds/listener.yaml` with `endpoints` as the plugin's pool
-/// and moves it over `path` (Envoy's LDS file watch follows the move).
-fn write_listener(path: &PathBuf, ports: &Ports, endpoints: &[String]) {
-    let text = harness::substitute_ports(&harness::envoy_template("lds/listener.yaml"), ports)
-        .replace(
-            harness::WASM_REL_PATH,
-            &harness::wasm_module().display().to_string(),
-        );
-    let text = harness::patch_plugin_json(&text, &mut |config| {
-        config["endpoints"] = json!(endpoints);
-    });
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, text).unwrap();
-    fs::rename(&tmp, path).unwrap();
+/// Delivers `envoy/lds/listener.yaml` with `endpoints` as the plugin's pool
+/// over `path` (Envoy's LDS file watch follows the move).
+fn write_listener(path: &Path, ports: &Ports, endpoints: &[String]) {
+    let listener = harness::lds_listener(
+        ports,
+        "ingress",
+        ports.listener,
+        &harness::wasm_module(),
+        &mut |config| {
+            config["endpoints"] = json!(endpoints);
+        },
+    );
+    harness::write_lds_listeners(path, &[listener]);
 }
 
 /// Issue 8, item 4: a plugin-config update through LDS that adds a pod whose
@@ -598,12 +597,9 @@ fn write_listener(path: &PathBuf, ports: &Ports, endpoints: &[String]) {
 /// a match.
 #[test]
 fn lds_update_adding_a_pod_keeps_every_prefix_with_its_pod() {
-    let (dir, ports, path) = Setup::new("lds.yaml").render();
-    let listener = dir.join("listener.yaml");
-    let config = fs::read_to_string(&path)
-        .unwrap()
-        .replace("envoy/lds/listener.yaml", &listener.display().to_string());
-    fs::write(&path, config).unwrap();
+    let dir = TestDir::new("lds");
+    let ports = Ports::free();
+    let (path, listener) = harness::render_lds(&dir, &ports);
     let mut addrs: Vec<String> = ports
         .pods
         .iter()
