@@ -1,5 +1,5 @@
 //! [`EnvoyHost`]: the pure modules' host traits ([`SharedStore`],
-//! [`MetricSink`], [`Host`]) over Envoy's hostcalls. Host statuses become
+//! [`MetricSink`], [`Host`], [`HttpCalls`]) over Envoy's hostcalls. Host statuses become
 //! [`StoreError`]s, `None` or `false` here, at the adapter boundary; nothing
 //! here traps (the getters go through [`super::abi`]).
 
@@ -9,7 +9,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 
 use super::abi;
-use crate::hostcalls::Host;
+use crate::hostcalls::{Host, HttpCalls};
 use crate::route::meter::{MetricKind, MetricSink};
 use crate::shared::store::{SharedStore, StoreError, Versioned};
 use crate::sync::SyncSettings;
@@ -116,6 +116,19 @@ impl Host for EnvoyHost {
         timeout_ms: u64,
     ) -> Option<u32> {
         dispatch_bridge(sync, node, body, Duration::from_millis(timeout_ms)).ok()
+    }
+}
+
+impl HttpCalls for EnvoyHost {
+    fn post_bridge(
+        &self,
+        sync: &crate::sync::SyncSettings,
+        node: Option<&str>,
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, String> {
+        dispatch_bridge(sync, node, body, Duration::from_millis(timeout_ms))
+            .map_err(|status| format!("{status:?}"))
     }
 }
 

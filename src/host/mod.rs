@@ -89,10 +89,6 @@ fn load_plugin_config() -> Option<(Settings, Vec<u8>)> {
 
 use envoy::now_nanos;
 
-fn now_secs() -> u32 {
-    u32::try_from(now_nanos() / 1_000_000_000).unwrap_or(u32::MAX)
-}
-
 fn now_millis() -> u64 {
     now_nanos() / 1_000_000
 }

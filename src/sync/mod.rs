@@ -1,9 +1,11 @@
 //! Cross-replica state sync through Redis (the AIBrix `statesync` design;
-//! semantics in `docs/statesync.md`), as a sans-IO engine the host drives:
+//! semantics in `docs/statesync.md`), as a sans-IO engine that the
+//! singleton's [`supervisor`] drives (the host forwards its callbacks there):
 //!
 //! ```text
-//! host on_tick          -> engine.tick(now)            -> [Call] -> dispatch_http_call(bridge, body)
-//! host on_http_response -> engine.on_response(id, now, Ok(body) | Err(CallFailed)) -> [Call] -> dispatch
+//! host on_tick          -> supervisor.on_tick(now)    -> engine.tick(now) -> [Call] -> post_bridge(body)
+//! host on_http_response -> supervisor.on_reply(token, now, Ok(body) | Err(CallFailed))
+//!                       -> engine.on_response(id, ..) -> [Call] -> post_bridge
 //! ```
 //!
 //! - [`settings`]: the `"sync"` config object.
@@ -22,6 +24,9 @@
 //! - [`handoff`]: how workers hand recorded blocks to the singleton.
 //! - [`liveness`]: the singleton's heartbeat, turned into gauges by workers.
 //! - [`place`]: fleet-wide placement of new prompts (`place_new`).
+//! - [`supervisor`]: the singleton's loop around the engine: bridge calls,
+//!   the Redis probe and restart detection, the heartbeat, the placement
+//!   node, the sync stats. The host only forwards its callbacks to it.
 //! - `memredis`, `testkit`: an in-memory Redis and drivers for tests and
 //!   benchmarks, built only for tests and the `testkit` feature.
 //!
@@ -30,7 +35,7 @@
 //! still runs every `full_scan_every` cycles (see [`SyncSettings`]). Between
 //! cycles the engine polls that log every `poll_ms` and pushes deltas at
 //! most every `push_ms`, so a change reaches peers in about `push_ms` + two
-//! polls (rules in [`SyncEngine::tick`]).
+//! polls (rules in [`engine::SyncEngine::tick`]).
 
 pub(crate) mod cmd;
 pub(crate) mod engine;
@@ -48,6 +53,7 @@ pub mod resp;
 pub(crate) mod schedule;
 pub(crate) mod settings;
 pub(crate) mod stats;
+pub(crate) mod supervisor;
 pub(crate) mod syncable;
 pub mod syncables;
 #[cfg(any(test, feature = "testkit"))]
@@ -65,8 +71,7 @@ pub use syncable::{Capabilities, Delta, Rejected, Syncable};
     not(all(target_arch = "wasm32", target_os = "wasi")),
     allow(unused_imports)
 )]
-pub(crate) use {
-    engine::{Call, CallId, SyncEngine},
-    error::CallFailed,
-    stats::SyncStats,
-};
+pub(crate) use error::CallFailed;
+// The engine's tests name these through `super::*`.
+#[cfg(test)]
+use engine::{Call, SyncEngine};
