@@ -1,7 +1,6 @@
-//! What the filter asks of Envoy, as narrow traits: the worker, its streams
-//! and the placer run over [`Host`], the singleton's services over
-//! [`HttpCalls`], so all of them are tested on the host under a double, and
-//! `host::envoy` implements both over the hostcalls.
+//! What the filter asks of Envoy, as one narrow trait: the worker, its
+//! streams and the placer run over [`Host`], so all of them are tested on the
+//! host under a double, and `host::envoy` implements it over the hostcalls.
 
 use crate::route::meter::MetricSink;
 use crate::shared::store::SharedStore;
@@ -44,20 +43,4 @@ pub trait Host: SharedStore + MetricSink {
         body: &[u8],
         timeout_ms: u64,
     ) -> Option<u32>;
-}
-
-/// The calls the sync singleton's services send through Envoy, one
-/// `dispatch_http_call` each. An `Err` is Envoy's refusal, its status in
-/// words; the reply comes later, by token, to the callback that forwards it.
-pub(crate) trait HttpCalls {
-    /// POSTs `body` (a Redis pipeline) to the bridge of `sync`, to Redis
-    /// Cluster master `node` when named (in `sync.node_header`), answered
-    /// within `timeout_ms`; the call's token.
-    fn post_bridge(
-        &self,
-        sync: &crate::sync::SyncSettings,
-        node: Option<&str>,
-        body: &[u8],
-        timeout_ms: u64,
-    ) -> Result<u32, String>;
 }

@@ -2,17 +2,16 @@
 //! callbacks to the pure modules: [`root::FilterRoot`] and
 //! [`filter::PrefixFilter`] forward the request path to
 //! [`crate::worker::Worker`] and [`crate::stream::Stream`];
-//! [`sync_service`] and [`fleet_service`] run the singleton that syncs the
-//! table with Redis and reads the fleet; [`envoy::EnvoyHost`] implements the
-//! pure modules' host traits over the hostcalls.
+//! [`sync_service::SyncRoot`] forwards the singleton's callbacks to the sync
+//! loop, the membership refresher and the signal collector;
+//! [`envoy::EnvoyHost`] implements the pure modules' host traits over the
+//! hostcalls, and [`abi`] the getters that must not trap.
 
 mod abi;
 mod deployment;
 mod envoy;
 mod filter;
-mod fleet_service;
 mod root;
-mod signal_service;
 mod sync_service;
 
 use proxy_wasm::traits::RootContext;

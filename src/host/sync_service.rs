@@ -2,8 +2,8 @@
 //! `envoy.bootstrap.wasm` service with `singleton: true`, same `vm_id` as the
 //! filter, root id [`SYNC_ROOT_ID`](super::SYNC_ROOT_ID)). It forwards
 //! Envoy's callbacks to the singleton's services: the sync loop
-//! ([`SyncSupervisor`]), membership ([`FleetService`]) and pod signals
-//! ([`SignalService`]); replies go to the service whose call it was, and the
+//! ([`SyncSupervisor`]), membership ([`Refresher`]) and pod signals
+//! ([`Collector`]); replies go to the service whose call it was, and the
 //! workers' hand-off queue is drained into the sync loop.
 //!
 //! `on_configure` only parses, sets the tick and registers the hand-off queue
@@ -19,11 +19,11 @@ use proxy_wasm::traits::{Context, RootContext};
 use super::abi;
 use super::deployment::{self, ConfigWatch};
 use super::envoy::EnvoyHost;
-use super::fleet_service::FleetService;
-use super::signal_service::SignalService;
 use super::{now_millis, now_nanos};
 use crate::config::Settings;
+use crate::fleet::refresher::Refresher;
 use crate::fleet::SharedView;
+use crate::signals::collector::Collector;
 use crate::sync::handoff;
 use crate::sync::supervisor::{SyncSupervisor, MAX_DRAIN, TICK_MS};
 
@@ -34,11 +34,11 @@ pub struct SyncRoot {
     /// The sync loop (started on the first tick or hand-off).
     sync: Option<SyncSupervisor<EnvoyHost>>,
     /// Membership and health of the pools (started on the first tick).
-    fleet: Option<FleetService>,
+    fleet: Option<Refresher<EnvoyHost>>,
     /// The singleton's view of the fleet (the syncables name pods through it).
     view: SharedView,
     /// Pod signals (`signals.enabled`; started on the first tick).
-    signals: Option<SignalService>,
+    signals: Option<Collector<EnvoyHost>>,
     /// Compares this plugin configuration with the filter's.
     config_watch: Option<ConfigWatch>,
 }
@@ -59,23 +59,21 @@ impl Context for SyncRoot {
         body_size: usize,
         _num_trailers: usize,
     ) {
+        let now = now_millis();
+        // The call's owner reads the reply within its own bound.
+        let read = move |max: usize| abi::call_reply(num_headers, body_size.min(max));
         if let Some(fleet) = self.fleet.as_mut() {
-            if fleet.on_response(token_id, num_headers, body_size, now_millis()) {
+            if fleet.on_reply(token_id, now, read) {
                 return;
             }
         }
         if let Some(signals) = self.signals.as_mut() {
-            if signals.on_response(token_id, num_headers, body_size, now_millis()) {
+            if signals.on_reply(token_id, now, read) {
                 return;
             }
         }
         if let Some(sync) = self.sync.as_mut() {
-            let reply = abi::call_reply(num_headers, body_size);
-            sync.on_reply(
-                token_id,
-                now_millis(),
-                reply.as_deref().map_err(Clone::clone),
-            );
+            sync.on_reply(token_id, now, read);
         }
     }
 }
@@ -118,7 +116,7 @@ impl RootContext for SyncRoot {
             self.fleet = self
                 .settings
                 .clone()
-                .map(|s| FleetService::new(s, self.view.clone()));
+                .map(|s| Refresher::new(EnvoyHost, s, self.view.clone()));
         }
         if let Some(fleet) = self.fleet.as_mut() {
             fleet.on_tick(now_millis());
@@ -132,7 +130,7 @@ impl RootContext for SyncRoot {
                 .filter(|s| s.signals.enabled)
                 .map(|s| {
                     let replica = self.sync.as_ref().map(|sync| sync.origin().to_string());
-                    SignalService::new(s, self.view.clone(), replica.as_deref())
+                    Collector::new(EnvoyHost, s, self.view.clone(), replica.as_deref())
                 });
         }
         if let Some(signals) = self.signals.as_mut() {

@@ -14,10 +14,11 @@
 //!   hash tags (`hash_tags`).
 //! - [`topology`]: Redis Cluster slot owners (`cluster` mode).
 //! - [`schedule`]: startup delay, jitter, backoff.
-//! - [`probe`]: the host's Redis health probe (`INFO server`, restart detection).
+//! - [`probe`]: the Redis health probe (`INFO server`, restart detection).
 //! - [`engine`]: the state machine; [`error`], [`stats`] its error and
 //!   counters; `cmd` builds the Redis commands it sends and `reply`
 //!   decodes what Redis answers.
+//! - [`bridge`]: how pipelines reach Redis (a POST to the bridge listener).
 //! - [`resp`]: the RESP2 codec under `cmd` and `reply`.
 //! - [`syncables`]: what the filter syncs (the `prefixcache` and `podload`
 //!   namespaces), with `foreign` keeping other writers' entries.
@@ -37,6 +38,7 @@
 //! most every `push_ms`, so a change reaches peers in about `push_ms` + two
 //! polls (rules in [`engine::SyncEngine::tick`]).
 
+pub(crate) mod bridge;
 pub(crate) mod cmd;
 pub(crate) mod engine;
 pub(crate) mod error;
@@ -66,12 +68,9 @@ mod tests;
 pub use settings::SyncSettings;
 pub use syncable::{Capabilities, Delta, Rejected, Syncable};
 
-// The host layer's view of sync (only built for Envoy's target).
-#[cfg_attr(
-    not(all(target_arch = "wasm32", target_os = "wasi")),
-    allow(unused_imports)
-)]
-pub(crate) use error::CallFailed;
 // The engine's tests name these through `super::*`.
 #[cfg(test)]
-use engine::{Call, SyncEngine};
+use {
+    engine::{Call, SyncEngine},
+    error::CallFailed,
+};

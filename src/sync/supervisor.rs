@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use self::metrics::{PrefixCounts, SyncMetrics};
+use super::bridge::BridgeCalls;
 use super::engine::{Call, CallId, SyncEngine};
 use super::error::CallFailed;
 use super::handoff;
@@ -24,7 +25,6 @@ use super::probe;
 use super::syncables::{Clock, PodLoadSync, PrefixCacheSync};
 use crate::config::Settings;
 use crate::fleet::SharedView;
-use crate::hostcalls::HttpCalls;
 use crate::route::meter::MetricSink;
 use crate::shared::store::SharedStore;
 
@@ -49,10 +49,10 @@ const ALARM_MIN_MS: u64 = 30_000;
 /// What the singleton's host must offer the loop: shared data (the table,
 /// the heartbeat, the placement node), stats and bridge calls.
 pub(crate) trait SingletonHost:
-    SharedStore + MetricSink + HttpCalls + Clone + 'static
+    SharedStore + MetricSink + BridgeCalls + Clone + 'static
 {
 }
-impl<T: SharedStore + MetricSink + HttpCalls + Clone + 'static> SingletonHost for T {}
+impl<T: SharedStore + MetricSink + BridgeCalls + Clone + 'static> SingletonHost for T {}
 
 /// The sync singleton's loop (one per Envoy, on the main thread).
 pub(crate) struct SyncSupervisor<H: SingletonHost> {
@@ -181,22 +181,26 @@ impl<H: SingletonHost> SyncSupervisor<H> {
         self.publish(now_ms);
     }
 
-    /// A bridge call's reply, or why there is none; false if `token` is not
-    /// one of this loop's calls.
+    /// The reply to bridge call `token`, read whole through `read` (or why
+    /// there is none); false if the call is not one of this loop's.
     pub(crate) fn on_reply(
         &mut self,
         token: u32,
         now_ms: u64,
-        reply: Result<&[u8], CallFailed>,
+        read: impl FnOnce(usize) -> Result<Vec<u8>, CallFailed>,
     ) -> bool {
         if let Some(expected) = self.probe.answered(token) {
-            self.on_probe_reply(reply.ok(), expected, now_ms);
+            let reply = read(usize::MAX);
+            self.on_probe_reply(reply.ok().as_deref(), expected, now_ms);
             return true;
         }
         let Some(call_id) = self.calls.remove(&token) else {
             return false;
         };
-        let next = self.engine.on_response(call_id, now_ms, reply);
+        let reply = read(usize::MAX);
+        let next = self
+            .engine
+            .on_response(call_id, now_ms, reply.as_deref().map_err(Clone::clone));
         self.send(next, now_ms);
         self.publish(now_ms);
         true
