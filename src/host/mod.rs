@@ -8,7 +8,6 @@
 //! hostcalls, and [`abi`] the getters that must not trap.
 
 mod abi;
-mod deployment;
 mod envoy;
 mod filter;
 mod root;
@@ -19,8 +18,7 @@ use proxy_wasm::types::{BufferType, LogLevel};
 
 use crate::config::Settings;
 
-/// Root id that selects the sync singleton; any other root id is the filter.
-pub const SYNC_ROOT_ID: &str = "prefix_router_sync";
+use crate::deployment::SYNC_ROOT_ID;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -71,7 +69,7 @@ fn vm_id() -> String {
 /// Reads and validates the plugin configuration; logs why and returns None
 /// when it is refused (the caller returns false from `on_configure`). The
 /// bytes as given come too: the filter publishes them and the singleton
-/// compares them with its own ([`deployment`]).
+/// compares them with its own ([`crate::deployment`]).
 fn load_plugin_config() -> Option<(Settings, Vec<u8>)> {
     let bytes = abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX)
         .ok()

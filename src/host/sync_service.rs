@@ -1,6 +1,6 @@
 //! The sync singleton: one root context on Envoy's main thread (an
 //! `envoy.bootstrap.wasm` service with `singleton: true`, same `vm_id` as the
-//! filter, root id [`SYNC_ROOT_ID`](super::SYNC_ROOT_ID)). It forwards
+//! filter, root id [`SYNC_ROOT_ID`](crate::deployment::SYNC_ROOT_ID)). It forwards
 //! Envoy's callbacks to the singleton's services: the sync loop
 //! ([`SyncSupervisor`]), membership ([`Refresher`]) and pod signals
 //! ([`Collector`]); replies go to the service whose call it was, and the
@@ -17,10 +17,10 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, RootContext};
 
 use super::abi;
-use super::deployment::{self, ConfigWatch};
 use super::envoy::EnvoyHost;
 use super::{now_millis, now_nanos};
 use crate::config::Settings;
+use crate::deployment::{self, ConfigWatch};
 use crate::fleet::refresher::Refresher;
 use crate::fleet::SharedView;
 use crate::signals::collector::Collector;
@@ -80,7 +80,7 @@ impl Context for SyncRoot {
 
 impl RootContext for SyncRoot {
     fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
-        deployment::announce_build("sync singleton");
+        deployment::announce_build(&EnvoyHost, "sync singleton");
         true
     }
 
@@ -89,7 +89,7 @@ impl RootContext for SyncRoot {
         let Some((settings, raw)) = super::load_plugin_config() else {
             return false;
         };
-        self.config_watch = Some(ConfigWatch::new(raw));
+        self.config_watch = Some(ConfigWatch::new(&EnvoyHost, raw));
         if let Err(status) = hostcalls::set_tick_period(Duration::from_millis(TICK_MS)) {
             log::error!(
                 "prefix_router singleton: cannot set the tick ({status:?}): sync will not run"
@@ -110,7 +110,7 @@ impl RootContext for SyncRoot {
     fn on_tick(&mut self) {
         super::follow_log_level();
         if let Some(watch) = self.config_watch.as_mut() {
-            watch.on_tick(super::vm_id, now_millis());
+            watch.on_tick(&EnvoyHost, super::vm_id, now_millis());
         }
         if self.fleet.is_none() {
             self.fleet = self
