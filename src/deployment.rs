@@ -17,13 +17,18 @@ use std::collections::BTreeSet;
 
 use crate::config::mismatch::differing_fields;
 use crate::config::{PoolSource, Settings};
-use crate::hostcalls::Host;
-use crate::route::meter::{MetricKind, MetricSink};
+use crate::shared::metrics::{MetricKind, MetricSink};
 use crate::shared::store::{cas_update, SharedStore};
 use crate::sync::handoff;
 
 /// Root id that selects the sync singleton; any other root id is the filter.
 pub const SYNC_ROOT_ID: &str = "prefix_router_sync";
+
+/// What the checks ask of Envoy: shared data, stats, and whether a VM of
+/// `vm_id` registered a shared queue (one hostcall).
+pub(crate) trait DeploymentHost: SharedStore + MetricSink {
+    fn queue_registered(&self, vm_id: &str, name: &str) -> bool;
+}
 
 /// Cargo's version of this build.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -124,7 +129,7 @@ impl SingletonWatch {
     /// once the singleton was found or when nothing needs it.
     pub(crate) fn on_tick(
         &mut self,
-        host: &impl Host,
+        host: &impl DeploymentHost,
         settings: &Settings,
         vm_id: impl FnOnce() -> String,
         now_ms: u64,
@@ -141,7 +146,7 @@ impl SingletonWatch {
             host.record_metric(self.gauge, 0);
             return;
         }
-        if host.resolve_queue(vm_id, handoff::QUEUE_NAME).is_some() {
+        if host.queue_registered(vm_id, handoff::QUEUE_NAME) {
             self.found = true;
             host.record_metric(self.gauge, 0);
             if self.missing {

@@ -26,8 +26,8 @@
 //!   build, a missing singleton, a singleton configured unlike the filter).
 //! - `host` (compiled only for `wasm32-wasip1`, Envoy's target): the thin
 //!   layer that talks to Envoy, forwarding its callbacks to `stream` and
-//!   `worker`, and the singleton's to the sync loop, the membership refresher
-//!   and the signal collector.
+//!   `worker`, and the singleton's to the sync loop (`sync::supervisor`) and
+//!   the `singleton` services (membership refresher, signal collector).
 
 // The host layer is compiled for Envoy's target only, so on any other target
 // what only it calls looks unused: dead code is judged on wasm32-wasip1
@@ -48,6 +48,7 @@ pub mod rng;
 pub mod route;
 pub mod shared;
 pub mod signals;
+pub(crate) mod singleton;
 pub(crate) mod stream;
 pub mod sync;
 pub(crate) mod worker;

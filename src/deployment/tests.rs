@@ -48,46 +48,11 @@ impl MetricSink for TestHost {
     }
 }
 
-impl Host for TestHost {
-    fn now_nanos(&self) -> u64 {
-        0
-    }
-    fn request_headers(&self) -> Option<Vec<u8>> {
-        None
-    }
-    fn set_request_header(&self, _: &str, _: &str) -> bool {
-        false
-    }
-    fn remove_request_header(&self, _: &str) {}
-    fn set_response_header(&self, _: &str, _: &str) {}
-    fn request_body(&self, _: usize) -> Option<Vec<u8>> {
-        None
-    }
-    fn response_body(&self, _: usize) -> Option<Vec<u8>> {
-        None
-    }
-    fn property(&self, _: &[&str]) -> Option<Vec<u8>> {
-        None
-    }
-    fn resolve_queue(&self, vm_id: &str, name: &str) -> Option<u32> {
+impl DeploymentHost for TestHost {
+    fn queue_registered(&self, vm_id: &str, name: &str) -> bool {
         assert_eq!((vm_id, name), ("vm", handoff::QUEUE_NAME));
         self.lookups.set(self.lookups.get() + 1);
-        self.queue.get()
-    }
-    fn enqueue(&self, _: u32, _: &[u8]) -> bool {
-        false
-    }
-    fn resume_request(&self, _: u32, _: u32) -> bool {
-        false
-    }
-    fn call_bridge(
-        &self,
-        _: &crate::sync::SyncSettings,
-        _: Option<&str>,
-        _: &[u8],
-        _: u64,
-    ) -> Option<u32> {
-        None
+        self.queue.get().is_some()
     }
 }
 

@@ -6,8 +6,6 @@
 //!   read as pod Y.
 //! - [`membership`]: the hosts and health of an Envoy upstream cluster, from
 //!   the admin `/clusters` reply the singleton fetches.
-//! - [`refresher`]: the singleton's loop that fetches `/clusters` and
-//!   publishes the members to the workers.
 //! - [`FleetView`]: one VM's picture: members per pool (published by the
 //!   singleton for cluster pools, built from the config for static ones) and
 //!   pods in passive cooldown (a worker saw them fail).
@@ -16,7 +14,6 @@
 //! and health cost a request nothing beyond what routing already reads.
 
 pub mod membership;
-pub(crate) mod refresher;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};

@@ -1,5 +1,5 @@
 //! [`EnvoyHost`]: the pure modules' host traits ([`SharedStore`],
-//! [`MetricSink`], [`Host`], [`HttpCalls`], [`BridgeCalls`]) over Envoy's hostcalls. Host statuses become
+//! [`MetricSink`], [`Host`], [`HttpCalls`], [`BridgeCalls`], [`DeploymentHost`]) over Envoy's hostcalls. Host statuses become
 //! [`StoreError`]s, `None` or `false` here, at the adapter boundary; nothing
 //! here traps (the getters go through [`super::abi`]).
 
@@ -9,9 +9,10 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 
 use super::abi;
+use crate::deployment::DeploymentHost;
 use crate::hostcalls::Host;
-use crate::route::meter::{MetricKind, MetricSink};
 use crate::shared::calls::HttpCalls;
+use crate::shared::metrics::{MetricKind, MetricSink};
 use crate::shared::store::{SharedStore, StoreError, Versioned};
 use crate::sync::bridge::BridgeCalls;
 use crate::sync::SyncSettings;
@@ -132,6 +133,12 @@ impl HttpCalls for EnvoyHost {
         let timeout = Duration::from_millis(timeout_ms);
         hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, vec![], timeout)
             .map_err(|status| format!("{status:?}"))
+    }
+}
+
+impl DeploymentHost for EnvoyHost {
+    fn queue_registered(&self, vm_id: &str, name: &str) -> bool {
+        matches!(hostcalls::resolve_shared_queue(vm_id, name), Ok(Some(_)))
     }
 }
 

@@ -21,9 +21,9 @@ use super::envoy::EnvoyHost;
 use super::{now_millis, now_nanos};
 use crate::config::Settings;
 use crate::deployment::{self, ConfigWatch};
-use crate::fleet::refresher::Refresher;
 use crate::fleet::SharedView;
-use crate::signals::collector::Collector;
+use crate::singleton::membership::Refresher;
+use crate::singleton::signals::Collector;
 use crate::sync::handoff;
 use crate::sync::supervisor::{SyncSupervisor, MAX_DRAIN, TICK_MS};
 

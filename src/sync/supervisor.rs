@@ -25,7 +25,7 @@ use super::probe;
 use super::syncables::{Clock, PodLoadSync, PrefixCacheSync};
 use crate::config::Settings;
 use crate::fleet::SharedView;
-use crate::route::meter::MetricSink;
+use crate::shared::metrics::MetricSink;
 use crate::shared::store::SharedStore;
 
 /// How often the host ticks the singleton: bounds write-through push latency

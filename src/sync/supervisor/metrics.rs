@@ -3,7 +3,7 @@
 //! liveness gauges are the workers' (see [`crate::sync::liveness`]): they
 //! must keep moving if this VM dies.
 
-use crate::route::meter::{MetricKind, MetricSink};
+use crate::shared::metrics::{MetricKind, MetricSink};
 use crate::sync::stats::{CounterField, SyncStats};
 
 /// The prefix-cache syncable's own counts (not engine stats).

@@ -9,8 +9,8 @@ use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
 use super::*;
-use crate::route::meter::MetricKind;
 use crate::route::table::{anchor_of, PrefixTable};
+use crate::shared::metrics::MetricKind;
 use crate::shared::registry::{NameRegistry, PodSlot};
 use crate::shared::store::{MemStore, StoreError, Versioned};
 use crate::sync::handoff::Touched;

@@ -2,8 +2,8 @@
 //! sends one `GET signals.path` per live pod through an Envoy cluster,
 //! naming the pod in `signals.host_header` (the `override_host` policy, or an
 //! `ORIGINAL_DST` cluster with `use_http_header`, sends it there), parses
-//! the reply ([`super::parse_with_totals`], at most `signals.max_body_bytes`
-//! read) and publishes one bounded value ([`super::KEY`]) that the workers
+//! the reply ([`crate::signals::parse_with_totals`], at most `signals.max_body_bytes`
+//! read) and publishes one bounded value ([`KEY`]) that the workers
 //! read on their tick. With `signals.share`, it also exchanges records with
 //! the other replicas through Redis ([`Share`]). The schedule and parsing
 //! are the [`Scraper`]'s; this file sends the calls, counts and logs, over
@@ -15,14 +15,14 @@ mod tests;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
-use super::share::{Share, SharedRecord};
-use super::{Outcome, Record, Scraper, Target, KEY};
 use crate::config::{PoolSource, Settings};
 use crate::fleet::SharedView;
-use crate::route::meter::{MetricKind, MetricSink};
 use crate::shared::calls::{CallFailed, HttpCalls};
+use crate::shared::metrics::{MetricKind, MetricSink};
 use crate::shared::registry::{PodSlot, MAX_SLOTS};
 use crate::shared::store::{SharedStore, StoreError};
+use crate::signals::share::{Share, SharedRecord};
+use crate::signals::{Outcome, Record, Scraper, Target, KEY};
 use crate::sync::bridge::BridgeCalls;
 
 /// Bytes of a share reply read at most (the bridge truncates at 64 KiB; a

@@ -2,7 +2,7 @@
 //! admin `/clusters?format=json` (filtered to the pools' clusters) every
 //! `membership.refresh_ms`, through the `membership.admin_cluster` cluster,
 //! registers new pod names, and publishes the members with Envoy's health to
-//! the workers ([`super::MEMBERS_KEY`]). A bad reply or an empty cluster
+//! the workers ([`MEMBERS_KEY`]). A bad reply or an empty cluster
 //! keeps the last good members of that pool (counted, logged once per
 //! streak): routing never loses its candidates to a glitch. For static pools
 //! it only keeps its own view (the syncables name pods through it).
@@ -16,11 +16,11 @@ mod tests;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use super::membership::{parse_clusters, Host};
-use super::{cluster_members, Member, Members, SharedView, MEMBERS_KEY};
 use crate::config::Settings;
-use crate::route::meter::{MetricKind, MetricSink};
+use crate::fleet::membership::{parse_clusters, Host};
+use crate::fleet::{cluster_members, Member, Members, SharedView, MEMBERS_KEY};
 use crate::shared::calls::{CallFailed, HttpCalls};
+use crate::shared::metrics::{MetricKind, MetricSink};
 use crate::shared::store::{SharedStore, StoreError};
 
 /// Static pools are rebuilt this often (their names stay marked in use).

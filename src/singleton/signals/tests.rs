@@ -79,7 +79,9 @@ impl TestHost {
 
     fn published(&self) -> Vec<Record> {
         let (value, _) = self.store.get(KEY).unwrap();
-        value.map(|v| super::super::decode(&v)).unwrap_or_default()
+        value
+            .map(|v| crate::signals::decode(&v))
+            .unwrap_or_default()
     }
 }
 
