@@ -51,6 +51,8 @@ pub mod signals;
 pub(crate) mod singleton;
 pub(crate) mod stream;
 pub mod sync;
+#[cfg(test)]
+mod testhost;
 pub(crate) mod worker;
 
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]

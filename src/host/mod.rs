@@ -83,9 +83,3 @@ fn load_plugin_config() -> Option<(Settings, Vec<u8>)> {
         }
     }
 }
-
-use envoy::now_nanos;
-
-fn now_millis() -> u64 {
-    now_nanos() / 1_000_000
-}

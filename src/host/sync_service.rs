@@ -1,10 +1,8 @@
-//! The sync singleton: one root context on Envoy's main thread (an
+//! The sync singleton's root context: one on Envoy's main thread (an
 //! `envoy.bootstrap.wasm` service with `singleton: true`, same `vm_id` as the
-//! filter, root id [`SYNC_ROOT_ID`](crate::deployment::SYNC_ROOT_ID)). It forwards
-//! Envoy's callbacks to the singleton's services: the sync loop
-//! ([`SyncSupervisor`]), membership ([`Refresher`]) and pod signals
-//! ([`Collector`]); replies go to the service whose call it was, and the
-//! workers' hand-off queue is drained into the sync loop.
+//! filter, root id [`SYNC_ROOT_ID`](crate::deployment::SYNC_ROOT_ID)). It
+//! forwards Envoy's callbacks to [`Singleton`]: the tick, the replies to its
+//! calls, and the workers' hand-off queue.
 //!
 //! `on_configure` only parses, sets the tick and registers the hand-off queue
 //! (idempotent): Envoy may configure two singleton VMs of which only one
@@ -17,37 +15,31 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, RootContext};
 
 use super::abi;
-use super::envoy::EnvoyHost;
-use super::{now_millis, now_nanos};
-use crate::config::Settings;
-use crate::deployment::{self, ConfigWatch};
-use crate::fleet::SharedView;
-use crate::singleton::membership::Refresher;
-use crate::singleton::signals::Collector;
+use super::envoy::{now_nanos, EnvoyHost};
+use crate::deployment;
+use crate::singleton::Singleton;
 use crate::sync::handoff;
-use crate::sync::supervisor::{SyncSupervisor, MAX_DRAIN, TICK_MS};
+use crate::sync::supervisor::TICK_MS;
 
 #[derive(Default)]
 pub struct SyncRoot {
-    settings: Option<Rc<Settings>>,
     queue: Option<u32>,
-    /// The sync loop (started on the first tick or hand-off).
-    sync: Option<SyncSupervisor<EnvoyHost>>,
-    /// Membership and health of the pools (started on the first tick).
-    fleet: Option<Refresher<EnvoyHost>>,
-    /// The singleton's view of the fleet (the syncables name pods through it).
-    view: SharedView,
-    /// Pod signals (`signals.enabled`; started on the first tick).
-    signals: Option<Collector<EnvoyHost>>,
-    /// Compares this plugin configuration with the filter's.
-    config_watch: Option<ConfigWatch>,
+    singleton: Option<Singleton<EnvoyHost>>,
+}
+
+impl SyncRoot {
+    /// The messages waiting in the hand-off queue, dequeued as they are taken.
+    fn queue(&self) -> impl Iterator<Item = Vec<u8>> {
+        let queue = self.queue;
+        std::iter::from_fn(move || hostcalls::dequeue_shared_queue(queue?).ok().flatten())
+    }
 }
 
 impl Context for SyncRoot {
     /// VM shutdown (Envoy drain): end the loop cleanly.
     fn on_done(&mut self) -> bool {
-        if let Some(sync) = self.sync.as_mut() {
-            sync.stop();
+        if let Some(singleton) = self.singleton.as_mut() {
+            singleton.stop();
         }
         true
     }
@@ -59,21 +51,11 @@ impl Context for SyncRoot {
         body_size: usize,
         _num_trailers: usize,
     ) {
-        let now = now_millis();
-        // The call's owner reads the reply within its own bound.
-        let read = move |max: usize| abi::call_reply(num_headers, body_size.min(max));
-        if let Some(fleet) = self.fleet.as_mut() {
-            if fleet.on_reply(token_id, now, read) {
-                return;
-            }
-        }
-        if let Some(signals) = self.signals.as_mut() {
-            if signals.on_reply(token_id, now, read) {
-                return;
-            }
-        }
-        if let Some(sync) = self.sync.as_mut() {
-            sync.on_reply(token_id, now, read);
+        if let Some(singleton) = self.singleton.as_mut() {
+            // A call none of its services sent is not read.
+            let _ = singleton.on_reply(token_id, |max| {
+                abi::call_reply(num_headers, body_size.min(max))
+            });
         }
     }
 }
@@ -89,7 +71,6 @@ impl RootContext for SyncRoot {
         let Some((settings, raw)) = super::load_plugin_config() else {
             return false;
         };
-        self.config_watch = Some(ConfigWatch::new(&EnvoyHost, raw));
         if let Err(status) = hostcalls::set_tick_period(Duration::from_millis(TICK_MS)) {
             log::error!(
                 "prefix_router singleton: cannot set the tick ({status:?}): sync will not run"
@@ -100,81 +81,28 @@ impl RootContext for SyncRoot {
         // Registering twice (Envoy may configure two singleton VMs) returns
         // the same queue, so this is idempotent.
         self.queue = hostcalls::register_shared_queue(handoff::QUEUE_NAME).ok();
-        if !settings.sync.enabled {
-            log::info!("prefix_router singleton: sync disabled (sync.enabled is false)");
+        match self.singleton.as_mut() {
+            Some(singleton) => singleton.reconfigure(settings, raw),
+            None => {
+                let clock_ns = Rc::new(now_nanos);
+                self.singleton = Some(Singleton::new(EnvoyHost, settings, raw, clock_ns));
+            }
         }
-        self.settings = Some(Rc::new(settings));
         true
     }
 
     fn on_tick(&mut self) {
         super::follow_log_level();
-        if let Some(watch) = self.config_watch.as_mut() {
-            watch.on_tick(&EnvoyHost, super::vm_id, now_millis());
-        }
-        if self.fleet.is_none() {
-            self.fleet = self
-                .settings
-                .clone()
-                .map(|s| Refresher::new(EnvoyHost, s, self.view.clone()));
-        }
-        if let Some(fleet) = self.fleet.as_mut() {
-            fleet.on_tick(now_millis());
-        }
-        // Starts the sync state on the first tick (signals share its origin).
-        self.drain_queue();
-        if self.signals.is_none() {
-            self.signals = self
-                .settings
-                .clone()
-                .filter(|s| s.signals.enabled)
-                .map(|s| {
-                    let replica = self.sync.as_ref().map(|sync| sync.origin().to_string());
-                    Collector::new(EnvoyHost, s, self.view.clone(), replica.as_deref())
-                });
-        }
-        if let Some(signals) = self.signals.as_mut() {
-            signals.on_tick(now_millis());
-        }
-        if let Some(sync) = self.sync.as_mut() {
-            sync.on_tick(now_millis());
+        let queue = self.queue();
+        if let Some(singleton) = self.singleton.as_mut() {
+            singleton.on_tick(super::vm_id, queue);
         }
     }
 
     fn on_queue_ready(&mut self, _queue_id: u32) {
-        self.drain_queue();
-    }
-}
-
-impl SyncRoot {
-    /// Hands the blocks workers recorded to the sync loop.
-    fn drain_queue(&mut self) {
-        // The loop starts with the first tick or the first hand-off,
-        // whichever comes first, so no hand-off misses the dirty set.
-        if self.sync.is_none() {
-            self.sync = self.settings.clone().and_then(|s| {
-                let clock_ms: Rc<dyn Fn() -> u64> = Rc::new(now_millis);
-                SyncSupervisor::start(
-                    EnvoyHost,
-                    s,
-                    self.view.clone(),
-                    clock_ms,
-                    now_nanos(),
-                    now_millis(),
-                )
-            });
-        }
-        let Some(queue) = self.queue else {
-            return;
-        };
-        for _ in 0..MAX_DRAIN {
-            let msg = match hostcalls::dequeue_shared_queue(queue) {
-                Ok(Some(m)) => m,
-                _ => break,
-            };
-            if let Some(sync) = self.sync.as_mut() {
-                sync.on_handoff(&msg);
-            }
+        let queue = self.queue();
+        if let Some(singleton) = self.singleton.as_mut() {
+            singleton.on_queue(queue);
         }
     }
 }

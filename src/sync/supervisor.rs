@@ -31,8 +31,6 @@ use crate::shared::store::SharedStore;
 /// How often the host ticks the singleton: bounds write-through push latency
 /// and the granularity of change-log polls (`sync.poll_ms`).
 pub(crate) const TICK_MS: u64 = 25;
-/// Queue messages drained per callback, so one burst cannot stall the main thread.
-pub(crate) const MAX_DRAIN: usize = 10_000;
 /// Upper bound of one bridge call.
 const CALL_TIMEOUT_MS: u64 = 5_000;
 /// Most dirty blocks kept between pushes (oldest dropped, counted).
@@ -46,16 +44,13 @@ const PROBE_HEALTHY_MS: u64 = 30_000;
 /// (or three periods, if longer).
 const ALARM_MIN_MS: u64 = 30_000;
 
-/// What the singleton's host must offer the loop: shared data (the table,
-/// the heartbeat, the placement node), stats and bridge calls.
-pub(crate) trait SingletonHost:
-    SharedStore + MetricSink + BridgeCalls + Clone + 'static
-{
-}
-impl<T: SharedStore + MetricSink + BridgeCalls + Clone + 'static> SingletonHost for T {}
+/// What the sync loop asks of Envoy: shared data (the table, the heartbeat,
+/// the placement node), stats and bridge calls.
+pub(crate) trait SyncHost: SharedStore + MetricSink + BridgeCalls + Clone + 'static {}
+impl<T: SharedStore + MetricSink + BridgeCalls + Clone + 'static> SyncHost for T {}
 
 /// The sync singleton's loop (one per Envoy, on the main thread).
-pub(crate) struct SyncSupervisor<H: SingletonHost> {
+pub(crate) struct SyncSupervisor<H: SyncHost> {
     host: H,
     settings: Rc<Settings>,
     engine: SyncEngine,
@@ -72,7 +67,7 @@ pub(crate) struct SyncSupervisor<H: SingletonHost> {
     place_node: PlaceNode,
 }
 
-impl<H: SingletonHost> SyncSupervisor<H> {
+impl<H: SyncHost> SyncSupervisor<H> {
     /// Starts sync at `now_ms` (None when `sync.enabled` is off, or when the
     /// engine refuses to start, logged). `clock_ms` is the syncables' clock
     /// (Unix milliseconds); `seed` the engine's (the clock in ns will do).
@@ -143,6 +138,12 @@ impl<H: SingletonHost> SyncSupervisor<H> {
     /// This replica's origin id in the change log (pod signals share under it).
     pub(crate) fn origin(&self) -> &str {
         self.engine.origin()
+    }
+
+    /// Blocks marked for the next push.
+    #[cfg(test)]
+    pub(crate) fn dirty_len(&self) -> usize {
+        self.prefix.borrow().dirty_len()
     }
 
     /// VM shutdown (Envoy drain): ends the loop cleanly.

@@ -1,116 +1,21 @@
 //! The singleton's sync loop under a fake clock: bridge calls answered by an
 //! in-memory Redis (or failed), the probe answered with a chosen `run_id`,
-//! shared data in a `MemStore`, stats in a recording sink.
+//! Envoy's shared data and stats in the singleton's double.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
 use super::*;
 use crate::route::table::{anchor_of, PrefixTable};
-use crate::shared::metrics::MetricKind;
 use crate::shared::registry::{NameRegistry, PodSlot};
-use crate::shared::store::{MemStore, StoreError, Versioned};
 use crate::sync::handoff::Touched;
 use crate::sync::memredis::MemRedis;
 use crate::sync::resp::{encode_command, parse, Frame};
-use crate::sync::SyncSettings;
+use crate::testhost::FakeEnvoy;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
-
-/// A bridge call the loop sent.
-struct Posted {
-    token: u32,
-    body: Vec<u8>,
-}
-
-impl Posted {
-    fn is_probe(&self) -> bool {
-        self.body.windows(4).any(|w| w == b"INFO")
-    }
-}
-
-/// The singleton's host: shared data, stats by name, bridge calls queued.
-#[derive(Default)]
-struct Inner {
-    store: MemStore,
-    metrics: RefCell<Vec<String>>,
-    values: RefCell<HashMap<u32, i64>>,
-    posted: RefCell<VecDeque<Posted>>,
-    next_token: Cell<u32>,
-    /// Envoy refuses every call while set.
-    refuse: Cell<bool>,
-}
-
-#[derive(Clone, Default)]
-struct TestHost(Rc<Inner>);
-
-impl SharedStore for TestHost {
-    fn get(&self, key: &str) -> Result<Versioned, StoreError> {
-        self.0.store.get(key)
-    }
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-        self.0.store.set(key, value, cas)
-    }
-}
-
-impl MetricSink for TestHost {
-    fn define_metric(&self, _kind: MetricKind, name: &str) -> u32 {
-        let mut names = self.0.metrics.borrow_mut();
-        names.push(name.to_string());
-        names.len() as u32
-    }
-    fn increment_metric(&self, id: u32, by: i64) {
-        *self.0.values.borrow_mut().entry(id).or_default() += by;
-    }
-    fn record_metric(&self, id: u32, value: u64) {
-        self.0.values.borrow_mut().insert(id, value as i64);
-    }
-}
-
-impl BridgeCalls for TestHost {
-    fn post_bridge(
-        &self,
-        _sync: &SyncSettings,
-        _node: Option<&str>,
-        body: &[u8],
-        _timeout_ms: u64,
-    ) -> Result<u32, String> {
-        if self.0.refuse.get() {
-            return Err("InternalFailure".into());
-        }
-        let token = self.0.next_token.get() + 1;
-        self.0.next_token.set(token);
-        self.0.posted.borrow_mut().push_back(Posted {
-            token,
-            body: body.to_vec(),
-        });
-        Ok(token)
-    }
-}
-
-impl TestHost {
-    /// The value of stat `prefix_router.sync.<name>`.
-    fn stat(&self, name: &str) -> i64 {
-        let full = format!("prefix_router.sync.{name}");
-        let id = self.0.metrics.borrow().iter().position(|n| *n == full);
-        let id = id.expect("stat defined") as u32 + 1;
-        self.0.values.borrow().get(&id).copied().unwrap_or(0)
-    }
-
-    fn heartbeat(&self) -> Option<Heartbeat> {
-        let (value, _) = self.0.store.get(liveness::KEY).unwrap();
-        Heartbeat::decode(&value?)
-    }
-
-    /// The placement node key: its value and cas.
-    fn place_node(&self) -> (Option<String>, Option<u32>) {
-        let (value, cas) = self.0.store.get(place::NODE_KEY).unwrap();
-        (value.map(|v| String::from_utf8(v).unwrap()), cas)
-    }
-}
 
 /// How the fake Redis behind the bridge answers.
 #[derive(Clone, Copy, PartialEq)]
@@ -123,14 +28,16 @@ enum Redis {
 
 /// A loop under test: its host, the Redis behind the bridge and the clock.
 struct Rig {
-    host: TestHost,
+    host: FakeEnvoy,
+    /// Calls answered so far.
+    delivered: usize,
     redis: MemRedis,
     state: Redis,
     /// Cluster mode: the master every slot belongs to.
     owner: &'static str,
     clock: Rc<Cell<u64>>,
     settings: Rc<Settings>,
-    sup: SyncSupervisor<TestHost>,
+    sup: SyncSupervisor<FakeEnvoy>,
     /// When each probe was sent.
     probes_at: Vec<u64>,
 }
@@ -140,9 +47,8 @@ const START_MS: u64 = 1_000_000;
 fn rig(sync: &str) -> Rig {
     let json = format!(r#"{{"endpoints":["a:1","b:1"],"sync":{{"enabled":true{sync}}}}}"#);
     let settings = Rc::new(Settings::from_json(json.as_bytes()).unwrap());
-    let host = TestHost::default();
-    let members =
-        crate::fleet::static_members(&host.0.store, &settings.static_pools(), 1, 100).unwrap();
+    let host = FakeEnvoy::default();
+    let members = crate::fleet::static_members(&host, &settings.static_pools(), 1, 100).unwrap();
     let view = Rc::new(RefCell::new(crate::fleet::FleetView::new(members)));
     let clock = Rc::new(Cell::new(START_MS));
     let c = clock.clone();
@@ -157,6 +63,7 @@ fn rig(sync: &str) -> Rig {
     .unwrap();
     Rig {
         host,
+        delivered: 0,
         redis: MemRedis::new(),
         state: Redis::Up("aaaa"),
         owner: "10.0.0.1:7000",
@@ -191,11 +98,8 @@ impl Rig {
     }
 
     fn deliver(&mut self, now: u64) {
-        loop {
-            let next = self.host.0.posted.borrow_mut().pop_front();
-            let Some(call) = next else {
-                break;
-            };
+        while let Some(call) = self.host.sent().get(self.delivered).cloned() {
+            self.delivered += 1;
             if call.is_probe() {
                 self.probes_at.push(now);
             }
@@ -292,6 +196,22 @@ impl Rig {
     fn dirty(&self) -> usize {
         self.sup.prefix.borrow().dirty_len()
     }
+
+    /// The value of stat `prefix_router.sync.<name>`.
+    fn stat(&self, name: &str) -> i64 {
+        self.host.stat(&format!("prefix_router.sync.{name}"))
+    }
+
+    fn heartbeat(&self) -> Option<Heartbeat> {
+        let (value, _) = self.host.get(liveness::KEY).unwrap();
+        Heartbeat::decode(&value?)
+    }
+
+    /// The placement node key: its value and cas.
+    fn place_node(&self) -> (Option<String>, Option<u32>) {
+        let (value, cas) = self.host.get(place::NODE_KEY).unwrap();
+        (value.map(|v| String::from_utf8(v).unwrap()), cas)
+    }
 }
 
 #[test]
@@ -307,7 +227,7 @@ fn the_first_probe_goes_at_once_then_every_30_s_while_healthy() {
         r.probes_since(from),
         vec![START_MS + 30_000, START_MS + 60_000, START_MS + 90_000]
     );
-    assert_eq!(r.host.stat("probes"), 4);
+    assert_eq!(r.stat("probes"), 4);
 }
 
 #[test]
@@ -359,18 +279,18 @@ fn a_changed_run_id_re_marks_the_whole_table_once() {
     assert_eq!((r.dirty(), r.blocks_in_redis()), (0, 0));
     // Same run id on the next probe: nothing to re-push.
     r.run_until(START_MS + 30_000);
-    assert_eq!(r.host.stat("redis_restarts"), 0);
+    assert_eq!(r.stat("redis_restarts"), 0);
     assert_eq!((r.dirty(), r.blocks_in_redis()), (0, 0));
     // Redis restarted: the whole table is marked once, and pushed.
     r.state = Redis::Up("bbbb");
     r.run_until(START_MS + 60_000);
-    assert_eq!(r.host.stat("redis_restarts"), 1);
+    assert_eq!(r.stat("redis_restarts"), 1);
     assert_eq!(r.dirty(), 3);
     r.run_until(START_MS + 60_000 + 2 * r.settings.sync.period_ms);
     assert_eq!((r.dirty(), r.blocks_in_redis()), (0, 3));
     // The same new run id again: no second restart.
     r.run_until(START_MS + 90_000);
-    assert_eq!(r.host.stat("redis_restarts"), 1);
+    assert_eq!(r.stat("redis_restarts"), 1);
 }
 
 #[test]
@@ -383,7 +303,7 @@ fn the_restart_marks_every_live_block_for_the_next_push() {
     r.sup
         .on_probe_reply(Some(&info_reply("cccc")), 2, r.clock.get());
     assert_eq!(r.dirty(), 2);
-    assert_eq!(r.host.stat("redis_restarts"), 1);
+    assert_eq!(r.stat("redis_restarts"), 1);
 }
 
 #[test]
@@ -394,7 +314,7 @@ fn restart_detection_is_off_in_cluster_mode() {
         r.until_synced();
         r.state = Redis::Up("bbbb");
         r.run_until(START_MS + 31_000);
-        assert_eq!(r.host.stat("redis_restarts"), restarts, "{cluster}");
+        assert_eq!(r.stat("redis_restarts"), restarts, "{cluster}");
     }
     let mut w = RestartWatch::default();
     assert!(
@@ -434,34 +354,34 @@ fn refused_calls_fail_the_cycle_and_count_no_probe() {
     r.run_until(START_MS + r.settings.sync.period_ms);
     assert!(r.sup.engine.failing());
     assert!(r.sup.engine.stats().cycles_failed > 0);
-    assert_eq!(r.host.stat("probes"), 0);
-    assert!(r.host.0.posted.borrow().is_empty());
+    assert_eq!(r.stat("probes"), 0);
+    assert!(r.host.sent().is_empty());
 }
 
 #[test]
 fn the_heartbeat_is_written_every_500_ms_with_start_and_last_success() {
     let mut r = rig("");
     r.tick(START_MS);
-    let hb = r.host.heartbeat().unwrap();
+    let hb = r.heartbeat().unwrap();
     assert_eq!(
         (hb.started_ms, hb.tick_ms, hb.success_ms),
         (START_MS, START_MS, 0)
     );
     r.run_until(START_MS + liveness::WRITE_EVERY_MS - TICK_MS);
     assert_eq!(
-        r.host.heartbeat().unwrap().tick_ms,
+        r.heartbeat().unwrap().tick_ms,
         START_MS,
         "not rewritten yet"
     );
     r.run_until(START_MS + liveness::WRITE_EVERY_MS);
     assert_eq!(
-        r.host.heartbeat().unwrap().tick_ms,
+        r.heartbeat().unwrap().tick_ms,
         START_MS + liveness::WRITE_EVERY_MS
     );
     r.until_synced();
     let success = r.sup.engine.stats().last_success_ms.unwrap();
     r.run_until(r.clock.get() + liveness::WRITE_EVERY_MS);
-    assert_eq!(r.host.heartbeat().unwrap().success_ms, success);
+    assert_eq!(r.heartbeat().unwrap().success_ms, success);
 }
 
 #[test]
@@ -497,17 +417,17 @@ fn the_place_node_is_written_when_the_slot_owner_changes_only() {
     let mut r = rig(r#","cluster":true"#);
     r.tick(START_MS);
     // No slot map yet: nothing to name (the key stays unwritten).
-    assert_eq!(r.host.place_node(), (None, None));
+    assert_eq!(r.place_node(), (None, None));
     r.until_synced();
-    let (node, cas) = r.host.place_node();
+    let (node, cas) = r.place_node();
     assert_eq!(node.as_deref(), Some("10.0.0.1:7000"));
     // More cycles with the same owner: never rewritten.
     r.run_until(r.clock.get() + 5 * r.settings.sync.period_ms);
-    assert_eq!(r.host.place_node(), (node, cas));
+    assert_eq!(r.place_node(), (node, cas));
     // The slot moved: the next cycle's map names the new master.
     r.owner = "10.0.0.2:7000";
     r.run_until(r.clock.get() + 2 * r.settings.sync.period_ms);
-    assert_eq!(r.host.place_node().0.as_deref(), Some("10.0.0.2:7000"));
+    assert_eq!(r.place_node().0.as_deref(), Some("10.0.0.2:7000"));
 
     let mut p = PlaceNode::default();
     assert_eq!(p.changed(None), None, "nothing known, nothing written");
@@ -533,7 +453,7 @@ fn no_place_node_outside_cluster_mode_or_without_place_new() {
         r.tick(START_MS);
         r.until_synced();
         r.run_until(r.clock.get() + 2 * r.settings.sync.period_ms);
-        assert_eq!(r.host.place_node(), (None, None), "{sync}");
+        assert_eq!(r.place_node(), (None, None), "{sync}");
     }
 }
 
@@ -554,9 +474,9 @@ fn handed_off_blocks_are_marked_and_garbage_is_dropped() {
 #[test]
 fn no_sync_no_loop_and_a_stopped_loop_sends_nothing() {
     let settings = Rc::new(Settings::from_json(br#"{"endpoints":["a:1"]}"#).unwrap());
-    let host = TestHost::default();
+    let host = FakeEnvoy::default();
     let view = Rc::new(RefCell::new(crate::fleet::FleetView::new(
-        crate::fleet::static_members(&host.0.store, &settings.static_pools(), 1, 100).unwrap(),
+        crate::fleet::static_members(&host, &settings.static_pools(), 1, 100).unwrap(),
     )));
     let clock: Clock = Rc::new(|| START_MS);
     assert!(SyncSupervisor::start(host, settings, view, clock, 7, START_MS).is_none());
