@@ -2,8 +2,8 @@
 //! callbacks to the pure modules: [`root::FilterRoot`] and
 //! [`filter::PrefixFilter`] forward the request path to
 //! [`crate::worker::Worker`] and [`crate::stream::Stream`];
-//! [`sync_service::SyncRoot`] forwards the singleton's callbacks to the sync
-//! loop, the membership refresher and the signal collector;
+//! [`sync_service::SyncRoot`] forwards the singleton's to
+//! [`crate::singleton::Singleton`];
 //! [`envoy::EnvoyHost`] implements the pure modules' host traits over the
 //! hostcalls, and [`abi`] the getters that must not trap.
 
@@ -17,7 +17,6 @@ use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::{BufferType, LogLevel};
 
 use crate::config::Settings;
-
 use crate::deployment::SYNC_ROOT_ID;
 
 proxy_wasm::main! {{
