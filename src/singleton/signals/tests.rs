@@ -203,7 +203,7 @@ fn a_failing_exchange_is_counted_and_logged_once_per_streak() {
 }
 
 #[test]
-fn sharing_needs_sync() {
+fn without_syncs_origin_nothing_is_shared_and_every_pod_is_scraped_here() {
     let mut c = collector(SHARED, None);
     c.on_tick(T0);
     assert!(c.host.sent().iter().all(|s| s.to == "pods"));
