@@ -8,8 +8,6 @@
 
 pub(crate) mod membership;
 pub(crate) mod signals;
-#[cfg(test)]
-mod tests;
 
 use std::rc::Rc;
 
@@ -165,3 +163,6 @@ impl<H: SingletonHost> Singleton<H> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -10,9 +10,6 @@
 //! It runs over the host traits; the host forwards its tick and the replies
 //! to its calls here.
 
-#[cfg(test)]
-mod tests;
-
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
@@ -241,3 +238,6 @@ fn regex_escape(s: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

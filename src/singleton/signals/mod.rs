@@ -9,9 +9,6 @@
 //! are the [`Scraper`]'s; this file sends the calls, counts and logs, over
 //! the host traits (the host forwards its tick and the replies here).
 
-#[cfg(test)]
-mod tests;
-
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
@@ -333,3 +330,6 @@ impl<H: SharedStore + MetricSink + HttpCalls + BridgeCalls> Collector<H> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

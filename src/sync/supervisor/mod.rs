@@ -7,8 +7,6 @@
 //! callbacks here.
 
 mod metrics;
-#[cfg(test)]
-mod tests;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -452,3 +450,6 @@ impl PlaceNode {
         self.written = node.map(str::to_owned);
     }
 }
+
+#[cfg(test)]
+mod tests;
