@@ -2,7 +2,7 @@
 //! streams and the placer run over [`Host`], so all of them are tested on the
 //! host under a double, and `host::envoy` implements it over the hostcalls.
 
-use crate::route::meter::MetricSink;
+use crate::shared::metrics::MetricSink;
 use crate::shared::store::SharedStore;
 
 /// What the request path asks of Envoy, besides shared data and stats.

@@ -22,9 +22,12 @@
 //! - `stream` (one HTTP stream's callbacks) and `worker` (one worker VM's
 //!   shared state and tick): the filter over the `hostcalls::Host` trait, so
 //!   all of it runs under a host double in unit tests.
+//! - `deployment`: whether this Envoy was put together as documented (the
+//!   build, a missing singleton, a singleton configured unlike the filter).
 //! - `host` (compiled only for `wasm32-wasip1`, Envoy's target): the thin
 //!   layer that talks to Envoy, forwarding its callbacks to `stream` and
-//!   `worker` and running the sync and membership services on the singleton.
+//!   `worker`, and the singleton's to the sync loop (`sync::supervisor`) and
+//!   the `singleton` services (membership refresher, signal collector).
 
 // The host layer is compiled for Envoy's target only, so on any other target
 // what only it calls looks unused: dead code is judged on wasm32-wasip1
@@ -36,6 +39,7 @@
 #![cfg_attr(not(all(target_arch = "wasm32", target_os = "wasi")), allow(dead_code))]
 
 pub mod config;
+pub(crate) mod deployment;
 pub mod fleet;
 pub(crate) mod hostcalls;
 pub(crate) mod inspect;
@@ -44,8 +48,11 @@ pub mod rng;
 pub mod route;
 pub mod shared;
 pub mod signals;
+pub(crate) mod singleton;
 pub(crate) mod stream;
 pub mod sync;
+#[cfg(test)]
+mod testhost;
 pub(crate) mod worker;
 
 #[cfg(all(target_arch = "wasm32", target_os = "wasi"))]

@@ -1,7 +1,7 @@
 //! Which fields of two plugin configurations mean different things: the
 //! filter and the sync singleton are each given a copy of the plugin JSON,
 //! and the singleton names the fields in which its copy differs from the
-//! filter's (`src/host/deployment.rs`).
+//! filter's (the `deployment` module).
 //!
 //! Two copies differ where their effective [`Settings`] differ, not their
 //! text: key order, spacing and a default written out or left implicit do

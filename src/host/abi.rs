@@ -14,7 +14,7 @@ use std::ptr::null_mut;
 
 use proxy_wasm::types::{BufferType, MapType};
 
-use crate::sync::CallFailed;
+use crate::shared::calls::CallFailed;
 
 /// A host status other than `Ok`/`NotFound` (the raw `WasmResult` code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

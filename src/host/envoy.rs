@@ -1,5 +1,5 @@
 //! [`EnvoyHost`]: the pure modules' host traits ([`SharedStore`],
-//! [`MetricSink`], [`Host`]) over Envoy's hostcalls. Host statuses become
+//! [`MetricSink`], [`Host`], [`HttpCalls`], [`BridgeCalls`], [`DeploymentHost`]) over Envoy's hostcalls. Host statuses become
 //! [`StoreError`]s, `None` or `false` here, at the adapter boundary; nothing
 //! here traps (the getters go through [`super::abi`]).
 
@@ -9,9 +9,12 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType, Status};
 
 use super::abi;
+use crate::deployment::DeploymentHost;
 use crate::hostcalls::Host;
-use crate::route::meter::{MetricKind, MetricSink};
+use crate::shared::calls::HttpCalls;
+use crate::shared::metrics::{MetricKind, MetricSink};
 use crate::shared::store::{SharedStore, StoreError, Versioned};
+use crate::sync::bridge::BridgeCalls;
 use crate::sync::SyncSettings;
 
 /// Envoy, through this VM's hostcalls (shared data is one map per `vm_id`,
@@ -116,6 +119,39 @@ impl Host for EnvoyHost {
         timeout_ms: u64,
     ) -> Option<u32> {
         dispatch_bridge(sync, node, body, Duration::from_millis(timeout_ms)).ok()
+    }
+}
+
+impl HttpCalls for EnvoyHost {
+    fn dispatch(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+        timeout_ms: u64,
+    ) -> Result<u32, String> {
+        let timeout = Duration::from_millis(timeout_ms);
+        hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, vec![], timeout)
+            .map_err(|status| format!("{status:?}"))
+    }
+}
+
+impl DeploymentHost for EnvoyHost {
+    fn queue_registered(&self, vm_id: &str, name: &str) -> bool {
+        matches!(hostcalls::resolve_shared_queue(vm_id, name), Ok(Some(_)))
+    }
+}
+
+impl BridgeCalls for EnvoyHost {
+    fn post_bridge(
+        &self,
+        sync: &crate::sync::SyncSettings,
+        node: Option<&str>,
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, String> {
+        dispatch_bridge(sync, node, body, Duration::from_millis(timeout_ms))
+            .map_err(|status| format!("{status:?}"))
     }
 }
 

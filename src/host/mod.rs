@@ -2,26 +2,22 @@
 //! callbacks to the pure modules: [`root::FilterRoot`] and
 //! [`filter::PrefixFilter`] forward the request path to
 //! [`crate::worker::Worker`] and [`crate::stream::Stream`];
-//! [`sync_service`] and [`fleet_service`] run the singleton that syncs the
-//! table with Redis and reads the fleet; [`envoy::EnvoyHost`] implements the
-//! pure modules' host traits over the hostcalls.
+//! [`sync_service::SyncRoot`] forwards the singleton's to
+//! [`crate::singleton::Singleton`];
+//! [`envoy::EnvoyHost`] implements the pure modules' host traits over the
+//! hostcalls, and [`abi`] the getters that must not trap.
 
 mod abi;
-mod deployment;
 mod envoy;
 mod filter;
-mod fleet_service;
 mod root;
-mod signal_service;
 mod sync_service;
 
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::{BufferType, LogLevel};
 
 use crate::config::Settings;
-
-/// Root id that selects the sync singleton; any other root id is the filter.
-pub const SYNC_ROOT_ID: &str = "prefix_router_sync";
+use crate::deployment::SYNC_ROOT_ID;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -72,7 +68,7 @@ fn vm_id() -> String {
 /// Reads and validates the plugin configuration; logs why and returns None
 /// when it is refused (the caller returns false from `on_configure`). The
 /// bytes as given come too: the filter publishes them and the singleton
-/// compares them with its own ([`deployment`]).
+/// compares them with its own ([`crate::deployment`]).
 fn load_plugin_config() -> Option<(Settings, Vec<u8>)> {
     let bytes = abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX)
         .ok()
@@ -85,14 +81,4 @@ fn load_plugin_config() -> Option<(Settings, Vec<u8>)> {
             None
         }
     }
-}
-
-use envoy::now_nanos;
-
-fn now_secs() -> u32 {
-    u32::try_from(now_nanos() / 1_000_000_000).unwrap_or(u32::MAX)
-}
-
-fn now_millis() -> u64 {
-    now_nanos() / 1_000_000
 }

@@ -9,9 +9,9 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
-use super::deployment::{self, SingletonWatch};
 use super::envoy::{now_nanos, EnvoyHost};
 use super::filter::PrefixFilter;
+use crate::deployment::{self, SingletonWatch};
 use crate::worker::{Worker, TICK_MS};
 
 /// Root context of the HTTP filter.
@@ -64,7 +64,7 @@ impl Context for FilterRoot {
 
 impl RootContext for FilterRoot {
     fn on_vm_start(&mut self, _vm_configuration_size: usize) -> bool {
-        deployment::announce_build("filter worker VM");
+        deployment::announce_build(&EnvoyHost, "filter worker VM");
         true
     }
 
@@ -95,13 +95,13 @@ impl RootContext for FilterRoot {
     fn on_tick(&mut self) {
         super::follow_log_level();
         if let Some(raw) = self.unpublished_config.take() {
-            deployment::publish_filter_config(&raw);
+            deployment::publish_filter_config(&EnvoyHost, &raw);
         }
         if let Some(worker) = &self.worker {
             let now_ms = now_nanos() / 1_000_000;
             self.singleton
-                .get_or_insert_with(|| SingletonWatch::new(now_ms))
-                .on_tick(worker.settings(), super::vm_id, now_ms);
+                .get_or_insert_with(|| SingletonWatch::new(&EnvoyHost, now_ms))
+                .on_tick(&EnvoyHost, worker.settings(), super::vm_id, now_ms);
             worker.on_tick(&EnvoyHost);
             let want = worker.tick_ms();
             if want != self.tick_ms && hostcalls::set_tick_period(tick(want)).is_ok() {

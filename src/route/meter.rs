@@ -27,24 +27,7 @@ pub const SAMPLE_EVERY: u32 = 8;
 /// Timings kept between flushes; more are dropped (a tick is 250 ms).
 const MAX_SAMPLES: usize = 256;
 
-/// Kinds of Envoy stats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MetricKind {
-    Counter,
-    Gauge,
-    Histogram,
-}
-
-/// Envoy's stat hostcalls. Best effort: a stat that fails never fails a
-/// request, so nothing here returns an error.
-pub(crate) trait MetricSink {
-    /// Defines a stat; 0 when the host refuses (writes to 0 are ignored).
-    fn define_metric(&self, kind: MetricKind, name: &str) -> u32;
-    /// Adds to a counter or gauge.
-    fn increment_metric(&self, id: u32, by: i64);
-    /// Sets a gauge or records a histogram value.
-    fn record_metric(&self, id: u32, value: u64);
-}
+pub(crate) use crate::shared::metrics::{MetricKind, MetricSink};
 
 /// The counters a request moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,8 @@
 //!   an absurd value). It never panics and reads at most the bytes it is
 //!   given; the host caps those at `signals.max_body_bytes`.
 //! - [`Scraper`] is the sync singleton's sans-IO schedule: which pods are due
-//!   for a scrape, what each reply means, and the value to publish.
+//!   for a scrape, what each reply means, and the value to publish (the
+//!   singleton's signal collector sends its calls).
 //! - [`encode`] / [`decode`] are the one shared-data value ([`KEY`]) the
 //!   singleton writes and the workers read on their tick, at most
 //!   [`MAX_SLOTS`] records of [`RECORD`] bytes (24 KiB).

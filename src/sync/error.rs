@@ -2,26 +2,7 @@
 
 use std::fmt;
 
-/// Why the host could not get a reply body for a call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CallFailed {
-    /// `dispatch_http_call` itself failed.
-    Dispatch(String),
-    /// The bridge answered with a non-200 status.
-    Status(u32),
-    /// No answer in time.
-    Timeout,
-}
-
-impl fmt::Display for CallFailed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CallFailed::Dispatch(why) => write!(f, "dispatch failed: {why}"),
-            CallFailed::Status(code) => write!(f, "bridge answered HTTP {code}"),
-            CallFailed::Timeout => write!(f, "bridge call timed out"),
-        }
-    }
-}
+pub(crate) use crate::shared::calls::CallFailed;
 
 /// Errors of the sync layer: refused API uses and failed calls.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,9 +1,10 @@
 //! A small health probe of Redis, outside the sync cycles: `INFO server`
-//! (after `AUTH` when configured). The host sends it every few seconds while
-//! sync is backing off, so a recovered Redis is used at once instead of after
-//! up to 60 s of backoff, and now and then while healthy. Its `run_id`
-//! changes when Redis restarts: Redis may then have lost every key, so the
-//! host re-marks the local table for a full push.
+//! (after `AUTH` when configured). The singleton's loop
+//! ([`super::supervisor`]) sends it every few seconds while sync is backing
+//! off, so a recovered Redis is used at once instead of after up to 60 s of
+//! backoff, and now and then while healthy. Its `run_id` changes when Redis
+//! restarts: Redis may then have lost every key, so the loop re-marks the
+//! local table for a full push.
 
 use crate::sync::resp::{parse_pipeline_reply, Frame, Pipeline};
 

@@ -9,17 +9,26 @@
 //! - [`ConfigWatch`]: the singleton was given another plugin configuration
 //!   than the filter: gauge `prefix_router.config_mismatch`, naming the
 //!   fields.
+//!
+//! Pure over the host traits; the host's root contexts forward their
+//! start, configure and tick here.
 
 use std::collections::BTreeSet;
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::MetricType;
-
-use super::envoy::EnvoyHost;
 use crate::config::mismatch::differing_fields;
 use crate::config::{PoolSource, Settings};
+use crate::shared::metrics::{MetricKind, MetricSink};
 use crate::shared::store::{cas_update, SharedStore};
 use crate::sync::handoff;
+
+/// Root id that selects the sync singleton; any other root id is the filter.
+pub const SYNC_ROOT_ID: &str = "prefix_router_sync";
+
+/// What the checks ask of Envoy: shared data, stats, and whether a VM of
+/// `vm_id` registered a shared queue (one hostcall).
+pub(crate) trait DeploymentHost: SharedStore + MetricSink {
+    fn queue_registered(&self, vm_id: &str, name: &str) -> bool;
+}
 
 /// Cargo's version of this build.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -58,18 +67,8 @@ fn stat_segment(s: &str) -> String {
         .collect()
 }
 
-fn gauge(name: &str) -> Option<u32> {
-    hostcalls::define_metric(MetricType::Gauge, name).ok()
-}
-
-fn set_gauge(id: Option<u32>, value: u64) {
-    if let Some(id) = id {
-        let _ = hostcalls::record_metric(id, value);
-    }
-}
-
 /// Logs which build this VM runs and sets its build gauge (at VM start).
-pub(super) fn announce_build(role: &str) {
+pub(crate) fn announce_build(sink: &impl MetricSink, role: &str) {
     log::info!(
         "prefix_router {VERSION} (commit {}) starting: {role}",
         commit()
@@ -79,7 +78,8 @@ pub(super) fn announce_build(role: &str) {
         stat_segment(VERSION),
         stat_segment(commit())
     );
-    set_gauge(gauge(&name), 1);
+    let id = sink.define_metric(MetricKind::Gauge, &name);
+    sink.record_metric(id, 1);
 }
 
 /// What in `settings` needs the singleton, in words (empty: nothing).
@@ -105,8 +105,8 @@ fn needs_singleton(settings: &Settings) -> Vec<&'static str> {
 /// hand-off queue in its `on_configure`, under the `vm_id` it shares with
 /// the filter, so a queue that does not resolve means no singleton of that
 /// `vm_id` runs (none configured, another `vm_id`, or another root id).
-pub(super) struct SingletonWatch {
-    gauge: Option<u32>,
+pub(crate) struct SingletonWatch {
+    gauge: u32,
     started_ms: u64,
     last_check_ms: u64,
     found: bool,
@@ -115,9 +115,9 @@ pub(super) struct SingletonWatch {
 }
 
 impl SingletonWatch {
-    pub(super) fn new(now_ms: u64) -> Self {
+    pub(crate) fn new(sink: &impl MetricSink, now_ms: u64) -> Self {
         Self {
-            gauge: gauge("prefix_router.singleton_missing"),
+            gauge: sink.define_metric(MetricKind::Gauge, "prefix_router.singleton_missing"),
             started_ms: now_ms,
             last_check_ms: 0,
             found: false,
@@ -127,8 +127,9 @@ impl SingletonWatch {
 
     /// Called on the worker's tick; at most two hostcalls a second, none
     /// once the singleton was found or when nothing needs it.
-    pub(super) fn on_tick(
+    pub(crate) fn on_tick(
         &mut self,
+        host: &impl DeploymentHost,
         settings: &Settings,
         vm_id: impl FnOnce() -> String,
         now_ms: u64,
@@ -142,12 +143,12 @@ impl SingletonWatch {
         let needs = needs_singleton(settings);
         if needs.is_empty() {
             self.found = true;
-            set_gauge(self.gauge, 0);
+            host.record_metric(self.gauge, 0);
             return;
         }
-        if let Ok(Some(_)) = hostcalls::resolve_shared_queue(vm_id, handoff::QUEUE_NAME) {
+        if host.queue_registered(vm_id, handoff::QUEUE_NAME) {
             self.found = true;
-            set_gauge(self.gauge, 0);
+            host.record_metric(self.gauge, 0);
             if self.missing {
                 log::info!("prefix_router: the sync singleton is running now (vm_id {vm_id:?})");
             }
@@ -156,12 +157,12 @@ impl SingletonWatch {
         if now_ms.saturating_sub(self.started_ms) < SINGLETON_GRACE_MS {
             return;
         }
-        set_gauge(self.gauge, 1);
+        host.record_metric(self.gauge, 1);
         if self.missing {
             return;
         }
         self.missing = true;
-        let first = cas_update(&EnvoyHost, MISSING_LOGGED_KEY, 3, |cur| {
+        let first = cas_update(host, MISSING_LOGGED_KEY, 3, |cur| {
             cur.is_none().then(|| b"1".to_vec())
         })
         .is_ok_and(|o| o.written);
@@ -173,7 +174,7 @@ impl SingletonWatch {
                  singleton: true, root_id \"{}\", vm_config.vm_id {vm_id:?} and the filter's plugin \
                  configuration (docs/install.md)",
                 needs.join(", "),
-                super::SYNC_ROOT_ID,
+                SYNC_ROOT_ID,
             );
         }
     }
@@ -181,16 +182,16 @@ impl SingletonWatch {
 
 /// Publishes the filter's plugin configuration for the singleton (once per
 /// configuration: the worker VMs of one filter write the same bytes).
-pub(super) fn publish_filter_config(raw: &[u8]) {
-    let _ = cas_update(&EnvoyHost, FILTER_CONFIG_KEY, 3, |cur| {
+pub(crate) fn publish_filter_config(store: &impl SharedStore, raw: &[u8]) {
+    let _ = cas_update(store, FILTER_CONFIG_KEY, 3, |cur| {
         (cur != Some(raw)).then(|| raw.to_vec())
     });
 }
 
 /// The singleton's comparison of its plugin configuration with the
 /// filter's (as the worker VMs published it).
-pub(super) struct ConfigWatch {
-    gauge: Option<u32>,
+pub(crate) struct ConfigWatch {
+    gauge: u32,
     own: Vec<u8>,
     last_check_ms: u64,
     /// The cas of the filter's configuration last compared.
@@ -200,9 +201,9 @@ pub(super) struct ConfigWatch {
 }
 
 impl ConfigWatch {
-    pub(super) fn new(own: Vec<u8>) -> Self {
+    pub(crate) fn new(sink: &impl MetricSink, own: Vec<u8>) -> Self {
         Self {
-            gauge: gauge("prefix_router.config_mismatch"),
+            gauge: sink.define_metric(MetricKind::Gauge, "prefix_router.config_mismatch"),
             own,
             last_check_ms: 0,
             seen_cas: None,
@@ -212,12 +213,17 @@ impl ConfigWatch {
 
     /// Called on the singleton's tick; one get a second, a comparison only
     /// when the filter's configuration changed.
-    pub(super) fn on_tick(&mut self, vm_id: impl FnOnce() -> String, now_ms: u64) {
+    pub(crate) fn on_tick<H: SharedStore + MetricSink>(
+        &mut self,
+        host: &H,
+        vm_id: impl FnOnce() -> String,
+        now_ms: u64,
+    ) {
         if now_ms.saturating_sub(self.last_check_ms) < CHECK_EVERY_MS {
             return;
         }
         self.last_check_ms = now_ms;
-        let Ok((Some(filter), cas)) = EnvoyHost.get(FILTER_CONFIG_KEY) else {
+        let Ok((Some(filter), cas)) = host.get(FILTER_CONFIG_KEY) else {
             // No filter configured yet (or none on this vm_id).
             return;
         };
@@ -230,7 +236,7 @@ impl ConfigWatch {
         } else {
             differing_fields(&filter, &self.own)
         };
-        set_gauge(self.gauge, u64::from(!fields.is_empty()));
+        host.record_metric(self.gauge, u64::from(!fields.is_empty()));
         if fields.is_empty() || !self.logged.insert(xxhash_rust::xxh64::xxh64(&filter, 0)) {
             return;
         }
@@ -240,7 +246,10 @@ impl ConfigWatch {
              The singleton syncs, scrapes and publishes by its own copy, so the filter and it disagree on those \
              fields. Fix: give the envoy.bootstrap.wasm service (root_id \"{}\") the filter's configuration",
             fields.join(", "),
-            super::SYNC_ROOT_ID,
+            SYNC_ROOT_ID,
         );
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,28 +2,31 @@
 //! admin `/clusters?format=json` (filtered to the pools' clusters) every
 //! `membership.refresh_ms`, through the `membership.admin_cluster` cluster,
 //! registers new pod names, and publishes the members with Envoy's health to
-//! the workers (`fleet/members`). A bad reply or an empty cluster keeps the
-//! last good members of that pool (counted, logged once per streak): routing
-//! never loses its candidates to a glitch. For static pools it only keeps
-//! its own view (the syncables name pods through it).
+//! the workers ([`MEMBERS_KEY`]). A bad reply or an empty cluster
+//! keeps the last good members of that pool (counted, logged once per
+//! streak): routing never loses its candidates to a glitch. For static pools
+//! it only keeps its own view (the syncables name pods through it).
+//!
+//! It runs over the host traits; the host forwards its tick and the replies
+//! to its calls here.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::time::Duration;
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::MetricType;
-
-use super::abi;
-use super::envoy::EnvoyHost;
 use crate::config::Settings;
 use crate::fleet::membership::{parse_clusters, Host};
-use crate::fleet::{self, Members, SharedView};
+use crate::fleet::{cluster_members, Member, Members, SharedView, MEMBERS_KEY};
+use crate::shared::calls::{CallFailed, HttpCalls};
+use crate::shared::metrics::{MetricKind, MetricSink};
+use crate::shared::store::{SharedStore, StoreError};
 
 /// Static pools are rebuilt this often (their names stay marked in use).
 const STATIC_REFRESH_MS: u64 = 10_000;
+/// A refresh call times out after twice the refresh interval, at least this.
+const MIN_REFRESH_MS: u64 = 200;
 
-pub struct FleetService {
+pub(crate) struct Refresher<H: SharedStore + MetricSink + HttpCalls> {
+    host: H,
     settings: Rc<Settings>,
     view: SharedView,
     /// pool -> cluster, for the cluster pools.
@@ -32,35 +35,37 @@ pub struct FleetService {
     last_good: BTreeMap<String, Vec<Host>>,
     /// What was last published, to write only on change.
     published: Option<Members>,
+    /// The admin call in flight.
     call: Option<u32>,
     next_ms: u64,
     path: String,
     failing_logged: bool,
-    metrics: FleetMetrics,
+    metrics: Metrics,
 }
 
-struct FleetMetrics {
+struct Metrics {
     refreshes: u32,
     failures: u32,
     members: u32,
     routable: u32,
 }
 
-fn def(kind: MetricType, name: &str) -> u32 {
-    hostcalls::define_metric(kind, &format!("prefix_router.membership.{name}")).unwrap_or(0)
+fn define(sink: &impl MetricSink, kind: MetricKind, name: &str) -> u32 {
+    sink.define_metric(kind, &format!("prefix_router.membership.{name}"))
 }
 
-impl FleetService {
-    pub fn new(settings: Rc<Settings>, view: SharedView) -> Self {
+impl<H: SharedStore + MetricSink + HttpCalls> Refresher<H> {
+    pub(crate) fn new(host: H, settings: Rc<Settings>, view: SharedView) -> Self {
         let clusters = settings.cluster_pools();
         let path = admin_path(clusters.values());
-        let metrics = FleetMetrics {
-            refreshes: def(MetricType::Counter, "refreshes"),
-            failures: def(MetricType::Counter, "failures"),
-            members: def(MetricType::Gauge, "members"),
-            routable: def(MetricType::Gauge, "healthy"),
+        let metrics = Metrics {
+            refreshes: define(&host, MetricKind::Counter, "refreshes"),
+            failures: define(&host, MetricKind::Counter, "failures"),
+            members: define(&host, MetricKind::Gauge, "members"),
+            routable: define(&host, MetricKind::Gauge, "healthy"),
         };
         Self {
+            host,
             settings,
             view,
             clusters,
@@ -74,7 +79,9 @@ impl FleetService {
         }
     }
 
-    pub fn on_tick(&mut self, now_ms: u64) {
+    /// The host's tick: a refresh when due and none is in flight (the
+    /// first at once).
+    pub(crate) fn on_tick(&mut self, now_ms: u64) {
         if now_ms < self.next_ms || self.call.is_some() {
             return;
         }
@@ -85,34 +92,37 @@ impl FleetService {
         }
         let m = &self.settings.membership;
         self.next_ms = now_ms + u64::from(m.refresh_ms);
-        let headers = vec![
+        let headers = [
             (":method", "GET"),
             (":path", self.path.as_str()),
             (":authority", m.admin_authority.as_str()),
         ];
-        let timeout = Duration::from_millis(u64::from(m.refresh_ms).max(200) * 2);
-        match hostcalls::dispatch_http_call(&m.admin_cluster, headers, None, vec![], timeout) {
+        let timeout_ms = u64::from(m.refresh_ms).max(MIN_REFRESH_MS) * 2;
+        match self
+            .host
+            .dispatch(&m.admin_cluster, &headers, None, timeout_ms)
+        {
             Ok(token) => self.call = Some(token),
-            Err(status) => self.failed(&format!(
-                "cannot call cluster {} ({status:?})",
-                m.admin_cluster
-            )),
+            Err(status) => {
+                let why = format!("cannot call cluster {} ({status})", m.admin_cluster);
+                self.failed(&why);
+            }
         }
     }
 
-    /// Handles the admin reply; false if `token` is not ours.
-    pub fn on_response(
+    /// The reply to call `token`, read through `read` (at most the bytes it
+    /// is given, or why there is no body); false if the call is not ours.
+    pub(crate) fn on_reply(
         &mut self,
         token: u32,
-        num_headers: usize,
-        body_size: usize,
         now_ms: u64,
+        read: impl FnOnce(usize) -> Result<Vec<u8>, CallFailed>,
     ) -> bool {
         if self.call != Some(token) {
             return false;
         }
         self.call = None;
-        let body = match abi::call_reply(num_headers, body_size) {
+        let body = match read(usize::MAX) {
             Ok(body) => body,
             Err(e) => {
                 self.failed(&format!("admin /clusters: {e}"));
@@ -129,7 +139,7 @@ impl FleetService {
             }
         }
         if errors.is_empty() {
-            let _ = hostcalls::increment_metric(self.metrics.refreshes, 1);
+            self.host.increment_metric(self.metrics.refreshes, 1);
             if self.failing_logged {
                 log::info!("prefix_router membership: admin /clusters readable again");
             }
@@ -143,7 +153,7 @@ impl FleetService {
 
     /// Counts a failed refresh; the last good members stay.
     fn failed(&mut self, why: &str) {
-        let _ = hostcalls::increment_metric(self.metrics.failures, 1);
+        self.host.increment_metric(self.metrics.failures, 1);
         if !self.failing_logged {
             self.failing_logged = true;
             log::warn!("prefix_router membership: {why}; keeping the last good members");
@@ -169,30 +179,34 @@ impl FleetService {
         }
         let now_secs = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
         let members =
-            match fleet::cluster_members(&EnvoyHost, &hosts, now_secs, self.settings.retire_secs())
-            {
+            match cluster_members(&self.host, &hosts, now_secs, self.settings.retire_secs()) {
                 Ok(m) => m,
                 Err(e) => {
                     log::warn!("prefix_router membership: pod registry: {e}");
                     return;
                 }
             };
-        let all: Vec<&fleet::Member> = members.pools.values().flatten().collect();
-        let _ = hostcalls::record_metric(self.metrics.members, all.len() as u64);
+        let all: Vec<&Member> = members.pools.values().flatten().collect();
+        self.host
+            .record_metric(self.metrics.members, all.len() as u64);
         let healthy = all.iter().filter(|m| m.healthy).count();
-        let _ = hostcalls::record_metric(self.metrics.routable, healthy as u64);
-        if self.published.as_ref() != Some(&members) {
-            if !self.clusters.is_empty() {
-                if let Err(status) =
-                    hostcalls::set_shared_data(fleet::MEMBERS_KEY, Some(&members.encode()), None)
-                {
-                    log::warn!("prefix_router membership: publishing failed ({status:?})");
-                    return;
-                }
-            }
-            self.view.borrow_mut().set_members(members.clone());
-            self.published = Some(members);
+        self.host
+            .record_metric(self.metrics.routable, healthy as u64);
+        if self.published.as_ref() == Some(&members) {
+            return;
         }
+        if !self.clusters.is_empty() {
+            if let Err(e) = self.host.set(MEMBERS_KEY, &members.encode(), None) {
+                let status = match e {
+                    StoreError::Host { status, .. } => status,
+                    other => other.to_string(),
+                };
+                log::warn!("prefix_router membership: publishing failed ({status})");
+                return;
+            }
+        }
+        self.view.borrow_mut().set_members(members.clone());
+        self.published = Some(members);
     }
 }
 
@@ -224,3 +238,6 @@ fn regex_escape(s: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

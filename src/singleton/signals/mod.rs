@@ -1,40 +1,38 @@
-//! The singleton's pod-signal scraper: every `signals.interval_ms` it sends
-//! one `GET signals.path` per live pod through an Envoy cluster, naming the
-//! pod in `signals.host_header` (the `override_host` policy, or an
+//! The singleton's pod-signal collector: every `signals.interval_ms` it
+//! sends one `GET signals.path` per live pod through an Envoy cluster,
+//! naming the pod in `signals.host_header` (the `override_host` policy, or an
 //! `ORIGINAL_DST` cluster with `use_http_header`, sends it there), parses
 //! the reply ([`crate::signals::parse_with_totals`], at most `signals.max_body_bytes`
-//! read) and publishes one bounded value ([`crate::signals::KEY`]) that the
-//! workers read on their tick. The schedule and the parsing are the pure
-//! [`Scraper`]; this file only does the calls.
+//! read) and publishes one bounded value ([`KEY`]) that the workers
+//! read on their tick. With `signals.share`, it also exchanges records with
+//! the other replicas through Redis ([`Share`]). The schedule and parsing
+//! are the [`Scraper`]'s; this file sends the calls, counts and logs, over
+//! the host traits (the host forwards its tick and the replies here).
 
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
-use std::time::Duration;
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, MetricType};
-
-use super::abi;
 use crate::config::{PoolSource, Settings};
 use crate::fleet::SharedView;
-use crate::shared::registry::PodSlot;
+use crate::shared::calls::{CallFailed, HttpCalls};
+use crate::shared::metrics::{MetricKind, MetricSink};
+use crate::shared::registry::{PodSlot, MAX_SLOTS};
+use crate::shared::store::{SharedStore, StoreError};
 use crate::signals::share::{Share, SharedRecord};
-use crate::signals::{self, Outcome, Record, Scraper, Target};
-use crate::sync::CallFailed;
+use crate::signals::{Outcome, Record, Scraper, Target, KEY};
+use crate::sync::bridge::BridgeCalls;
 
 /// Bytes of a share reply read at most (the bridge truncates at 64 KiB; a
 /// truncated reply fails to parse and counts as a failed exchange).
 const MAX_SHARE_REPLY: usize = 64 * 1024;
 
-pub struct SignalService {
+pub(crate) struct Collector<H: SharedStore + MetricSink + HttpCalls + BridgeCalls> {
+    host: H,
     settings: Rc<Settings>,
     view: SharedView,
     scraper: Scraper,
     /// dispatch token -> pod slot.
     calls: HashMap<u32, PodSlot>,
-    scrapes: u32,
-    fallbacks: u32,
-    good: u32,
     /// Pods whose scrapes fail (logged once when they start to, and when
     /// they read again); at most the live pods.
     failing: HashSet<PodSlot>,
@@ -43,21 +41,33 @@ pub struct SignalService {
     share_token: Option<u32>,
     /// A scrape round started and its records are not shared yet.
     round_open: bool,
+    /// A failure streak is logged once, at its start.
+    share_failing: bool,
+    metrics: Metrics,
+}
+
+struct Metrics {
+    scrapes: u32,
+    fallbacks: u32,
+    good: u32,
     shared: u32,
     share_failures: u32,
     share_peers: u32,
-    /// A failure streak is logged once, at its start.
-    share_failing: bool,
 }
 
-fn def(kind: MetricType, name: &str) -> u32 {
-    hostcalls::define_metric(kind, &format!("prefix_router.signals.{name}")).unwrap_or(0)
+fn define(sink: &impl MetricSink, kind: MetricKind, name: &str) -> u32 {
+    sink.define_metric(kind, &format!("prefix_router.signals.{name}"))
 }
 
-impl SignalService {
+impl<H: SharedStore + MetricSink + HttpCalls + BridgeCalls> Collector<H> {
     /// `replica`: this replica's sync origin, for `signals.share` (None
     /// without sync: no sharing).
-    pub fn new(settings: Rc<Settings>, view: SharedView, replica: Option<&str>) -> Self {
+    pub(crate) fn new(
+        host: H,
+        settings: Rc<Settings>,
+        view: SharedView,
+        replica: Option<&str>,
+    ) -> Self {
         let s = &settings.signals;
         let scraper = Scraper::new(u64::from(s.interval_ms), s.names.clone());
         let share = match (s.share, replica) {
@@ -73,22 +83,26 @@ impl SignalService {
             }
             _ => None,
         };
+        let metrics = Metrics {
+            shared: define(&host, MetricKind::Counter, "shared"),
+            share_failures: define(&host, MetricKind::Counter, "share_failures"),
+            share_peers: define(&host, MetricKind::Gauge, "share_peers"),
+            scrapes: define(&host, MetricKind::Counter, "scrapes"),
+            fallbacks: define(&host, MetricKind::Counter, "fallbacks"),
+            good: define(&host, MetricKind::Gauge, "pods"),
+        };
         Self {
+            host,
             share,
             share_token: None,
             round_open: false,
-            shared: def(MetricType::Counter, "shared"),
-            share_failures: def(MetricType::Counter, "share_failures"),
-            share_peers: def(MetricType::Gauge, "share_peers"),
             share_failing: false,
             scraper,
             view,
             calls: HashMap::new(),
-            scrapes: def(MetricType::Counter, "scrapes"),
-            fallbacks: def(MetricType::Counter, "fallbacks"),
-            good: def(MetricType::Gauge, "pods"),
             failing: HashSet::new(),
             settings,
+            metrics,
         }
     }
 
@@ -117,7 +131,8 @@ impl SignalService {
         out
     }
 
-    pub fn on_tick(&mut self, now_ms: u64) {
+    /// The host's tick: the due scrapes, then the exchange when due.
+    pub(crate) fn on_tick(&mut self, now_ms: u64) {
         let mut targets = self.targets();
         if let Some(share) = &self.share {
             // Only the pods this replica scrapes: its own, and orphans.
@@ -130,25 +145,25 @@ impl SignalService {
         }
         let settings = self.settings.clone();
         let s = &settings.signals;
-        let timeout = Duration::from_millis(u64::from(s.timeout_ms));
+        let timeout_ms = u64::from(s.timeout_ms);
         for t in due {
             let authority = if s.authority.is_empty() {
                 t.address.as_str()
             } else {
                 s.authority.as_str()
             };
-            let headers = vec![
+            let headers = [
                 (":method", "GET"),
                 (":path", s.path.as_str()),
                 (":authority", authority),
                 (s.host_header.as_str(), t.address.as_str()),
             ];
-            match hostcalls::dispatch_http_call(&t.cluster, headers, None, vec![], timeout) {
+            match self.host.dispatch(&t.cluster, &headers, None, timeout_ms) {
                 Ok(token) => {
                     self.calls.insert(token, t.slot);
                 }
                 Err(status) => {
-                    let why = format!("cannot call cluster {} ({status:?})", t.cluster);
+                    let why = format!("cannot call cluster {} ({status})", t.cluster);
                     let out = self.scraper.not_sent(t.slot, &why);
                     self.count(t.slot, &t.address, out);
                 }
@@ -192,11 +207,10 @@ impl SignalService {
             .as_deref()
             .map(|pw| (sync.auth_username.as_deref(), pw));
         let body = share.request(&own, now_ms, auth);
-        let timeout = Duration::from_millis(timeout_ms);
-        match super::envoy::dispatch_bridge(sync, None, &body, timeout) {
+        match self.host.post_bridge(sync, None, &body, timeout_ms) {
             Ok(token) => self.share_token = Some(token),
             Err(status) => {
-                let why = format!("cannot call cluster {} ({status:?})", sync.bridge_cluster);
+                let why = format!("cannot call cluster {} ({status})", sync.bridge_cluster);
                 self.shared_reply(Err(&why), now_ms);
             }
         }
@@ -209,8 +223,9 @@ impl SignalService {
         };
         match share.on_reply(reply.ok(), now_ms) {
             Ok(peers) => {
-                let _ = hostcalls::increment_metric(self.shared, 1);
-                let _ = hostcalls::record_metric(self.share_peers, peers as u64);
+                self.host.increment_metric(self.metrics.shared, 1);
+                self.host
+                    .record_metric(self.metrics.share_peers, peers as u64);
                 if self.share_failing {
                     self.share_failing = false;
                     log::info!("prefix_router signals: sharing through Redis works again");
@@ -219,7 +234,7 @@ impl SignalService {
             Err(e) => {
                 // The others' records age out; until then they still count.
                 share.forget_peers();
-                let _ = hostcalls::increment_metric(self.share_failures, 1);
+                self.host.increment_metric(self.metrics.share_failures, 1);
                 if !self.share_failing {
                     self.share_failing = true;
                     let why = reply.err().map_or_else(|| e.to_string(), str::to_string);
@@ -244,27 +259,19 @@ impl SignalService {
         self.scraper.set_remote(remote);
     }
 
-    /// Handles a scrape reply; false if `token` is not one of ours.
-    pub fn on_response(
+    /// The reply to call `token`, read through `read` (at most the bytes it
+    /// is given, or why there is no body): a scrape's at most
+    /// `signals.max_body_bytes`, an exchange's at most 64 KiB. False if the
+    /// call is not ours.
+    pub(crate) fn on_reply(
         &mut self,
         token: u32,
-        num_headers: usize,
-        body_size: usize,
         now_ms: u64,
+        read: impl FnOnce(usize) -> Result<Vec<u8>, CallFailed>,
     ) -> bool {
         if self.share_token == Some(token) {
             self.share_token = None;
-            let reply = match abi::call_ok(num_headers) {
-                Ok(()) => Ok(abi::buffer(
-                    BufferType::HttpCallResponseBody,
-                    0,
-                    body_size.min(MAX_SHARE_REPLY),
-                )
-                .ok()
-                .flatten()
-                .unwrap_or_default()),
-                Err(e) => Err(e.to_string()),
-            };
+            let reply = read(MAX_SHARE_REPLY).map_err(|e| e.to_string());
             self.shared_reply(reply.as_deref().map_err(String::as_str), now_ms);
             self.publish();
             return true;
@@ -272,19 +279,10 @@ impl SignalService {
         let Some(slot) = self.calls.remove(&token) else {
             return false;
         };
-        let max = self.settings.signals.max_body_bytes;
-        let reply = match abi::call_ok(num_headers) {
-            Ok(()) => Ok(
-                abi::buffer(BufferType::HttpCallResponseBody, 0, body_size.min(max))
-                    .ok()
-                    .flatten()
-                    .unwrap_or_default(),
-            ),
-            Err(e) => Err(match e {
-                CallFailed::Timeout => "timed out or reset".to_string(),
-                other => other.to_string(),
-            }),
-        };
+        let reply = read(self.settings.signals.max_body_bytes).map_err(|e| match e {
+            CallFailed::Timeout => "timed out or reset".to_string(),
+            other => other.to_string(),
+        });
         let out = match &reply {
             Ok(body) => self.scraper.on_reply(slot, Ok(body), now_ms),
             Err(why) => self.scraper.on_reply(slot, Err(why), now_ms),
@@ -302,16 +300,14 @@ impl SignalService {
     fn count(&mut self, slot: PodSlot, address: &str, out: Outcome) {
         match out {
             Outcome::Scraped => {
-                let _ = hostcalls::increment_metric(self.scrapes, 1);
+                self.host.increment_metric(self.metrics.scrapes, 1);
                 if self.failing.remove(&slot) {
                     log::info!("prefix_router signals: pod {address}: metrics read again");
                 }
             }
             Outcome::Fallback(why) => {
-                let _ = hostcalls::increment_metric(self.fallbacks, 1);
-                if self.failing.len() < crate::shared::registry::MAX_SLOTS
-                    && self.failing.insert(slot)
-                {
+                self.host.increment_metric(self.metrics.fallbacks, 1);
+                if self.failing.len() < MAX_SLOTS && self.failing.insert(slot) {
                     log::warn!(
                         "prefix_router signals: pod {address}: {why}; weighed by in-flight counts until its metrics read again"
                     );
@@ -322,10 +318,18 @@ impl SignalService {
 
     fn publish(&mut self) {
         if let Some(value) = self.scraper.take_publish() {
-            let _ = hostcalls::record_metric(self.good, self.scraper.good() as u64);
-            if let Err(status) = hostcalls::set_shared_data(signals::KEY, Some(&value), None) {
-                log::warn!("prefix_router signals: publishing failed ({status:?})");
+            self.host
+                .record_metric(self.metrics.good, self.scraper.good() as u64);
+            if let Err(e) = self.host.set(KEY, &value, None) {
+                let status = match e {
+                    StoreError::Host { status, .. } => status,
+                    other => other.to_string(),
+                };
+                log::warn!("prefix_router signals: publishing failed ({status})");
             }
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
