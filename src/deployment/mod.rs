@@ -22,7 +22,7 @@ use crate::shared::store::{cas_update, SharedStore};
 use crate::sync::handoff;
 
 /// Root id that selects the sync singleton; any other root id is the filter.
-pub const SYNC_ROOT_ID: &str = "prefix_router_sync";
+pub(crate) const SYNC_ROOT_ID: &str = "prefix_router_sync";
 
 /// What the checks ask of Envoy: shared data, stats, and whether a VM of
 /// `vm_id` registered a shared queue (one hostcall).

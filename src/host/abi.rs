@@ -18,7 +18,7 @@ use crate::shared::calls::CallFailed;
 
 /// A host status other than `Ok`/`NotFound` (the raw `WasmResult` code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostStatus(pub u32);
+pub(crate) struct HostStatus(pub u32);
 
 // Raw statuses of the proxy-wasm ABI (`proxy_wasm::types::Status`).
 const OK: u32 = 0;
@@ -71,7 +71,7 @@ fn owned(status: u32, data: *mut u8, size: usize) -> Result<Option<Vec<u8>>, Hos
 }
 
 /// One header (or call-response header) value as raw bytes; `None` when absent.
-pub fn map_value(map_type: MapType, key: &str) -> Result<Option<Vec<u8>>, HostStatus> {
+pub(crate) fn map_value(map_type: MapType, key: &str) -> Result<Option<Vec<u8>>, HostStatus> {
     let mut data: *mut u8 = null_mut();
     let mut size: usize = 0;
     // SAFETY: pointers to live locals and to `key`'s bytes for the call's duration.
@@ -90,7 +90,7 @@ pub fn map_value(map_type: MapType, key: &str) -> Result<Option<Vec<u8>>, HostSt
 /// A whole header map in the proxy-wasm pair encoding, undecoded (the
 /// SDK's `get_map` unwraps each value's UTF-8; the caller decodes without
 /// trusting it, see [`crate::stream::RequestHead::decode`]).
-pub fn map_pairs(map_type: MapType) -> Result<Vec<u8>, HostStatus> {
+pub(crate) fn map_pairs(map_type: MapType) -> Result<Vec<u8>, HostStatus> {
     let mut data: *mut u8 = null_mut();
     let mut size: usize = 0;
     // SAFETY: pointers to live locals for the call's duration.
@@ -99,7 +99,7 @@ pub fn map_pairs(map_type: MapType) -> Result<Vec<u8>, HostStatus> {
 }
 
 /// Up to `max` bytes of a buffer from `start`; `None` when there is none.
-pub fn buffer(
+pub(crate) fn buffer(
     buffer_type: BufferType,
     start: usize,
     max: usize,
@@ -113,7 +113,7 @@ pub fn buffer(
 }
 
 /// A property (`["plugin_root_id"]`, `["upstream", "address"]`, ...) as bytes.
-pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
+pub(crate) fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
     // The ABI's path encoding: segments joined by NUL bytes.
     let encoded = path.join("\0");
     let mut data: *mut u8 = null_mut();
@@ -127,7 +127,7 @@ pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, HostStatus> {
 /// The body of a `dispatch_http_call` reply, or why there is none. A timed-out or
 /// reset call arrives without headers: reading `:status` then returns
 /// BadArgument (the SDK's getter trapped the VM on it), so nothing is read.
-pub fn call_reply(num_headers: usize, body_size: usize) -> Result<Vec<u8>, CallFailed> {
+pub(crate) fn call_reply(num_headers: usize, body_size: usize) -> Result<Vec<u8>, CallFailed> {
     call_ok(num_headers)?;
     Ok(buffer(BufferType::HttpCallResponseBody, 0, body_size)
         .ok()
@@ -137,7 +137,7 @@ pub fn call_reply(num_headers: usize, body_size: usize) -> Result<Vec<u8>, CallF
 
 /// Whether a `dispatch_http_call` reply is a 200 (see [`call_reply`]); the
 /// caller reads as much of the body as it wants.
-pub fn call_ok(num_headers: usize) -> Result<(), CallFailed> {
+pub(crate) fn call_ok(num_headers: usize) -> Result<(), CallFailed> {
     if num_headers == 0 {
         return Err(CallFailed::Timeout);
     }
@@ -155,7 +155,7 @@ pub fn call_ok(num_headers: usize) -> Result<(), CallFailed> {
 /// The level of Envoy's `wasm` log component, as the ABI's number (0 trace
 /// .. 5 critical; `proxy_wasm::types::LogLevel`'s order). The SDK's
 /// `get_log_level` panics on any other status.
-pub fn log_level() -> Result<u32, HostStatus> {
+pub(crate) fn log_level() -> Result<u32, HostStatus> {
     let mut level: u32 = 0;
     // SAFETY: a pointer to a live local for the call's duration.
     match unsafe { proxy_get_log_level(&mut level) } {

@@ -20,7 +20,7 @@ use crate::sync::SyncSettings;
 /// Envoy, through this VM's hostcalls (shared data is one map per `vm_id`,
 /// shared by every worker and the singleton).
 #[derive(Clone, Copy, Default)]
-pub struct EnvoyHost;
+pub(crate) struct EnvoyHost;
 
 impl SharedStore for EnvoyHost {
     fn get(&self, key: &str) -> Result<Versioned, StoreError> {
@@ -156,7 +156,7 @@ impl BridgeCalls for EnvoyHost {
 }
 
 /// Wall clock, unix nanoseconds (0 if unreadable).
-pub fn now_nanos() -> u64 {
+pub(crate) fn now_nanos() -> u64 {
     hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())

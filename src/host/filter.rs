@@ -14,13 +14,13 @@ use super::envoy::EnvoyHost;
 use crate::stream::{Stream, Verdict};
 use crate::worker::Worker;
 
-pub struct PrefixFilter {
+pub(crate) struct PrefixFilter {
     worker: Rc<Worker>,
     stream: Stream,
 }
 
 impl PrefixFilter {
-    pub fn new(worker: Rc<Worker>, context_id: u32) -> Self {
+    pub(crate) fn new(worker: Rc<Worker>, context_id: u32) -> Self {
         Self {
             worker,
             stream: Stream::new(context_id),

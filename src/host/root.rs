@@ -15,7 +15,7 @@ use crate::deployment::{self, SingletonWatch};
 use crate::worker::{Worker, TICK_MS};
 
 /// Root context of the HTTP filter.
-pub struct FilterRoot {
+pub(crate) struct FilterRoot {
     context_id: u32,
     worker: Option<Rc<Worker>>,
     /// The tick period set last (the worker asks for a faster one while
@@ -29,7 +29,7 @@ pub struct FilterRoot {
 }
 
 impl FilterRoot {
-    pub fn new(context_id: u32) -> Self {
+    pub(crate) fn new(context_id: u32) -> Self {
         Self {
             context_id,
             worker: None,

@@ -22,7 +22,7 @@ use crate::sync::handoff;
 use crate::sync::supervisor::TICK_MS;
 
 #[derive(Default)]
-pub struct SyncRoot {
+pub(crate) struct SyncRoot {
     queue: Option<u32>,
     singleton: Option<Singleton<EnvoyHost>>,
 }

@@ -21,7 +21,7 @@ pub(crate) trait HttpCalls {
 
 /// Why the host could not get a reply body for a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CallFailed {
+pub(crate) enum CallFailed {
     /// `dispatch_http_call` itself failed.
     Dispatch(String),
     /// The bridge answered with a non-200 status.

@@ -59,7 +59,7 @@ pub(crate) const REAP_PER_CALL: usize = 4;
 /// Every placement key expires this long after its last write.
 pub(crate) const KEY_TTL_SECS: u64 = 3_600;
 /// Candidates one placement weighs at most (the worker's first ones).
-pub const MAX_CANDIDATES: usize = 32;
+pub(crate) const MAX_CANDIDATES: usize = 32;
 /// Members one release script carries (more go as further scripts of the
 /// same pipeline).
 const RELEASE_CHUNK: usize = 256;
@@ -289,7 +289,7 @@ pub const MAX_RECORD_BYTES: usize = 1_024;
 /// was set (Redis's clock) and what it recorded of the prompt that set it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Followed {
-    pub age_ms: u64,
+    pub(crate) age_ms: u64,
     pub record: String,
 }
 

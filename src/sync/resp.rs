@@ -121,7 +121,7 @@ impl Frame {
     }
 
     /// Length of this frame's wire form (what [`parse`] consumed for it).
-    pub fn wire_len(&self) -> usize {
+    pub(crate) fn wire_len(&self) -> usize {
         // `tag`, the line, CRLF.
         fn line(body: usize) -> usize {
             body + 3
@@ -141,7 +141,7 @@ impl Frame {
     }
 
     /// The frame as bytes when it is a bulk or simple string.
-    pub fn as_bytes(&self) -> Option<&[u8]> {
+    pub(crate) fn as_bytes(&self) -> Option<&[u8]> {
         match self {
             Frame::Bulk(b) => Some(b),
             Frame::Simple(s) => Some(s.as_bytes()),
@@ -157,7 +157,7 @@ fn line(out: &mut Vec<u8>, tag: u8, body: &[u8]) {
 }
 
 /// Appends one command (an array of bulk strings) to `out`.
-pub fn encode_command(out: &mut Vec<u8>, args: &[&[u8]]) {
+pub(crate) fn encode_command(out: &mut Vec<u8>, args: &[&[u8]]) {
     line(out, b'*', args.len().to_string().as_bytes());
     for arg in args {
         line(out, b'$', arg.len().to_string().as_bytes());

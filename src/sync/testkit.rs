@@ -140,7 +140,7 @@ impl Syncable for MapComponent {
 
 /// A call's fate in [`deliver_with`]: `Some(Ok(reply))`, `Some(Err(_))`
 /// or `None` (held, never answered).
-pub type Outcome = Option<Result<Vec<u8>, CallFailed>>;
+pub(crate) type Outcome = Option<Result<Vec<u8>, CallFailed>>;
 
 /// Delivers `calls` to `redis` and their follow-ups until none is left.
 /// `outcome` decides each call's fate: `Some(Ok(bytes))` / `Some(Err(_))`
@@ -289,7 +289,7 @@ impl Default for CostModel {
 #[derive(Clone, Debug, PartialEq)]
 pub struct TagLoad {
     /// The hash tag (`prefixcache.3`, `podload.0`, ...).
-    pub tag: String,
+    pub(crate) tag: String,
     /// Its Redis Cluster slot.
     pub slot: u16,
     /// Keys the reader read per period under this tag (SCAN + MGET).

@@ -24,7 +24,7 @@ use crate::sync::{Capabilities, Delta, Rejected, Syncable};
 pub struct BlockPayload {
     pub model_to_pods: BTreeMap<String, BTreeMap<String, u64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub anchor: Option<u32>,
+    pub(crate) anchor: Option<u32>,
 }
 
 /// The prefix table as a syncable.
