@@ -42,6 +42,13 @@ pub const RECORD: usize = 24;
 pub const MAX_REQUESTS: f64 = 1_000_000.0;
 const KV_UNKNOWN: u16 = u16::MAX;
 const TOKEN_UNKNOWN: u32 = u32::MAX;
+/// Scrapes in a row whose buckets do not add up to the count, after one
+/// whose did, that are passed over: their tokens go in the next span that
+/// adds up. A page rendered while observations land reads torn (each
+/// series is read apart), and one span taken by its mean would make a pod
+/// whose decoding prefills hold back read slow until it makes tokens again.
+/// Past this many in a row, the pod is taken to export no usable buckets.
+pub(crate) const MAX_TORN_SCRAPES: u8 = 3;
 /// Weight of a pod's older tokens at each scrape that saw new ones: at the
 /// 250 ms default interval, tokens of a second ago weigh 0.41.
 pub(crate) const TOKEN_DECAY: f64 = 0.8;
@@ -482,9 +489,10 @@ pub struct Scraper {
     /// Other replicas' scrapes (`signals.share`); published where they are
     /// fresher than this replica's own.
     remote: BTreeMap<PodSlot, Record>,
-    /// Per pod: the token latency totals of its last good scrape, and the
-    /// decayed span of tokens its record's `token_us` is made of.
-    tokens: BTreeMap<PodSlot, (TokenTotals, Span)>,
+    /// Per pod: the token latency totals of its last good scrape, the
+    /// decayed span of tokens its record's `token_us` is made of, and the
+    /// torn scrapes passed over since ([`MAX_TORN_SCRAPES`]).
+    tokens: BTreeMap<PodSlot, (TokenTotals, Span, u8)>,
     dirty: bool,
 }
 
@@ -573,7 +581,18 @@ impl Scraper {
             return None;
         };
         let span = match self.tokens.remove(&slot) {
-            Some((b, mut acc)) if now.count >= b.count => {
+            Some((b, acc, torn))
+                if now.count >= b.count
+                    && b.buckets.is_some()
+                    && now.buckets.is_none()
+                    && torn < MAX_TORN_SCRAPES =>
+            {
+                // Torn: the value stands, the next span covers its tokens.
+                let value = token_us_of(&acc);
+                self.tokens.insert(slot, (b, acc, torn + 1));
+                return value;
+            }
+            Some((b, mut acc, _)) if now.count >= b.count => {
                 // Buckets only where the scrape before had them too.
                 let new = Span::between(
                     now.buckets.as_ref().filter(|_| b.buckets.is_some()),
@@ -591,12 +610,8 @@ impl Scraper {
             }
             _ => Span::between(now.buckets.as_ref(), None, now.sum_secs, now.count),
         };
-        let value = span
-            .time_secs()
-            .map(|secs| secs * 1e6)
-            .filter(|us| us.is_finite() && *us <= MAX_TOKEN_US)
-            .map(|us| us.round() as u32);
-        self.tokens.insert(slot, (now, span));
+        let value = token_us_of(&span);
+        self.tokens.insert(slot, (now, span, 0));
         value
     }
 
@@ -655,6 +670,15 @@ impl Scraper {
     pub(crate) fn good(&self) -> usize {
         self.merged().len()
     }
+}
+
+/// A span's time per output token in µs, None when it is absurd (over
+/// [`MAX_TOKEN_US`]) or holds no token.
+fn token_us_of(span: &Span) -> Option<u32> {
+    span.time_secs()
+        .map(|secs| secs * 1e6)
+        .filter(|us| us.is_finite() && *us <= MAX_TOKEN_US)
+        .map(|us| us.round() as u32)
 }
 
 #[cfg(test)]

@@ -321,6 +321,40 @@ fn the_buckets_are_read_by_their_le_label() {
     assert_eq!(t.unwrap().buckets, None);
 }
 
+/// A page rendered while observations landed (its buckets short of the
+/// count) is passed over: the late tokens it saw are not taken by their mean,
+/// the next page that adds up covers them. Past [`MAX_TORN_SCRAPES`] in a
+/// row, the pod is taken to export no usable buckets.
+#[test]
+fn a_torn_histogram_page_is_passed_over_not_taken_by_its_mean() {
+    let mut s = Scraper::new(250, names());
+    let at = std::cell::Cell::new(0);
+    let scrape = |s: &mut Scraper, body: String| {
+        s.due(at.get(), &[target(1)]);
+        s.on_reply(p(1), Ok(body.as_bytes()), at.get());
+        at.set(at.get() + 250);
+        decode(&s.take_publish().unwrap())[0].signals.token_us
+    };
+    let torn = |fast: u64, late: u64| {
+        let n = fast + late;
+        with_late_tokens(fast, late).replace(
+            &format!("le=\"+Inf\"}} {n}"),
+            &format!("le=\"+Inf\"}} {}", n - 1),
+        )
+    };
+    assert_eq!(scrape(&mut s, with_late_tokens(900, 100)), Some(3_000));
+    // Torn: the value stands; its 100 late tokens are not taken by the mean.
+    assert_eq!(scrape(&mut s, torn(950, 200)), Some(3_000));
+    // The next whole page covers the torn one's tokens by their buckets.
+    assert_eq!(scrape(&mut s, with_late_tokens(1_000, 200)), Some(3_000));
+    // A pod whose pages stay torn is read by its mean after three.
+    for k in 1..=MAX_TORN_SCRAPES as u64 {
+        assert_eq!(scrape(&mut s, torn(1_000 + k, 300)), Some(3_000));
+    }
+    let mean = scrape(&mut s, torn(1_010, 300));
+    assert!(mean.is_some_and(|us| us > 3_000), "{mean:?}");
+}
+
 #[test]
 fn tokens_held_back_by_prefills_do_not_make_a_pod_read_slow() {
     let mut s = Scraper::new(250, names());
