@@ -321,6 +321,15 @@ fn the_buckets_are_read_by_their_le_label() {
     assert_eq!(t.unwrap().buckets, None);
 }
 
+/// Scrapes pod 1's `body` at `at` (then 250 ms on) and returns the time per
+/// output token the scraper publishes.
+fn scrape_every_250_ms(s: &mut Scraper, at: &mut u64, body: &str) -> Option<u32> {
+    s.due(*at, &[target(1)]);
+    s.on_reply(p(1), Ok(body.as_bytes()), *at);
+    *at += 250;
+    decode(&s.take_publish().unwrap())[0].signals.token_us
+}
+
 /// A page rendered while observations landed (its buckets short of the
 /// count) is passed over: the late tokens it saw are not taken by their mean,
 /// the next page that adds up covers them. Past [`MAX_TORN_SCRAPES`] in a
@@ -328,13 +337,8 @@ fn the_buckets_are_read_by_their_le_label() {
 #[test]
 fn a_torn_histogram_page_is_passed_over_not_taken_by_its_mean() {
     let mut s = Scraper::new(250, names());
-    let at = std::cell::Cell::new(0);
-    let scrape = |s: &mut Scraper, body: String| {
-        s.due(at.get(), &[target(1)]);
-        s.on_reply(p(1), Ok(body.as_bytes()), at.get());
-        at.set(at.get() + 250);
-        decode(&s.take_publish().unwrap())[0].signals.token_us
-    };
+    let mut at = 0;
+    let mut scrape = |s: &mut Scraper, body: String| scrape_every_250_ms(s, &mut at, &body);
     let torn = |fast: u64, late: u64| {
         let n = fast + late;
         with_late_tokens(fast, late).replace(
@@ -358,13 +362,8 @@ fn a_torn_histogram_page_is_passed_over_not_taken_by_its_mean() {
 #[test]
 fn tokens_held_back_by_prefills_do_not_make_a_pod_read_slow() {
     let mut s = Scraper::new(250, names());
-    let at = std::cell::Cell::new(0);
-    let scrape = |s: &mut Scraper, body: String| {
-        s.due(at.get(), &[target(1)]);
-        s.on_reply(p(1), Ok(body.as_bytes()), at.get());
-        at.set(at.get() + 250);
-        decode(&s.take_publish().unwrap())[0].signals.token_us
-    };
+    let mut at = 0;
+    let mut scrape = |s: &mut Scraper, body: String| scrape_every_250_ms(s, &mut at, &body);
     // A tenth of the tokens 625 ms late: the mean would say 65 ms.
     assert_eq!(scrape(&mut s, with_late_tokens(900, 100)), Some(3_000));
     // 100 more tokens and 1,000 more late ones: with the older tokens at
