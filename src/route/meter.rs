@@ -27,7 +27,7 @@ pub const SAMPLE_EVERY: u32 = 8;
 /// Timings kept between flushes; more are dropped (a tick is 250 ms).
 const MAX_SAMPLES: usize = 256;
 
-pub(crate) use crate::shared::metrics::{MetricKind, MetricSink};
+use crate::shared::metrics::{MetricKind, MetricSink};
 
 /// The counters a request moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

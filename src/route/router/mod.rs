@@ -352,9 +352,10 @@ impl Router {
         if place == Place::Ask && decision.choice.reason == Reason::NoMatch {
             if let Some(view) = &decision.view {
                 let pods = self.candidates(view, decision.choice.pod);
-                let family = placing::family_of(&probed.model_name, &probed.hashes)
+                let family = placing::family_of(&req.model, &probed.hashes)
                     .map(|f| (f, claim_record(&probed.hashes)));
                 let pending = Box::new(Pending {
+                    model: req.model.clone(),
                     probed,
                     choice: decision.choice,
                     view: decision.view,
@@ -366,9 +367,9 @@ impl Router {
                 });
             }
         }
-        Ok(Outcome::Routed(
-            self.record(store, &reads, probed, decision, now_ms),
-        ))
+        Ok(Outcome::Routed(self.record(
+            store, &reads, probed, decision, &req.model, now_ms,
+        )))
     }
 
     /// Finishes a decision that asked Redis ([`Outcome::Ask`]): to `forced`,
@@ -384,6 +385,7 @@ impl Router {
     ) -> Routed {
         let now_secs = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);
         let Pending {
+            model,
             probed,
             mut choice,
             view,
@@ -391,12 +393,12 @@ impl Router {
         let pool = self
             .fleet
             .borrow()
-            .routable(self.settings.pool_key(&probed.model_name), now_ms);
+            .routable(self.settings.pool_key(&model), now_ms);
         placing::settle(&mut choice, forced, &probed, &pool);
         let load = self.load.borrow().fleet(self.fleet.borrow().bound());
         let decision = steps::Decision { choice, view, load };
         let reads = RequestReads::new(store, self.table, now_secs);
-        self.record(store, &reads, probed, decision, now_ms)
+        self.record(store, &reads, probed, decision, &model, now_ms)
     }
 
     /// Where a new prompt may be placed, the worker's own pick `own` first

@@ -21,6 +21,8 @@ pub(crate) enum Place {
 /// worker's own pick. [`super::Router::resume`] finishes it.
 #[derive(Debug)]
 pub(crate) struct Pending {
+    /// The client's model name (its pool, the decision line).
+    pub(super) model: String,
     pub(super) probed: Probed,
     pub(super) choice: Choice,
     pub(super) view: Option<crate::route::policy::PoolView>,

@@ -26,8 +26,6 @@ use super::{explain, sampled_positions, RouteError, Routed, Router, HIT_PERCENT,
 /// answers (not its prompt).
 #[derive(Debug)]
 pub(crate) struct Probed {
-    /// The client's model name (for the decision line and the family).
-    pub(super) model_name: String,
     /// Model id in the table, None when the request names no model.
     pub(super) model: Option<u16>,
     /// Whether the answer streams (only a streamed prefill is timed).
@@ -114,7 +112,6 @@ impl Router {
             .map(|&i| anchor_of(hashes[self.layout.anchor_position(i, dense)]))
             .collect();
         let mut probed = Probed {
-            model_name: req.model.clone(),
             model,
             stream: req.stream,
             pool,
@@ -258,16 +255,14 @@ impl Router {
     }
 
     /// Writes the decision line of `d` (Envoy's `wasm` log at debug).
-    fn explain(&self, probed: &Probed, d: &Decision) {
+    fn explain(&self, model: &str, probed: &Probed, d: &Decision) {
+        // Nothing is built for a line nobody reads (the request path).
+        if !log::log_enabled!(log::Level::Debug) {
+            return;
+        }
         let fleet = self.fleet.borrow();
         let lengths = probed.lengths();
-        let scene = explain::Scene::new(
-            &fleet,
-            &probed.model_name,
-            probed.hashes.len(),
-            &probed.pool,
-            &lengths,
-        );
+        let scene = explain::Scene::new(&fleet, model, probed.hashes.len(), &probed.pool, &lengths);
         match &d.view {
             Some(view) => explain::load_aware(&scene, view, Some(&d.choice)),
             None => explain::aibrix(&scene, &d.load, Some(&d.choice)),
@@ -283,9 +278,10 @@ impl Router {
         reads: &RequestReads<'_, S>,
         probed: Probed,
         decision: Decision,
+        model: &str,
         now_ms: u64,
     ) -> Routed {
-        self.explain(&probed, &decision);
+        self.explain(model, &probed, &decision);
         let Decision { choice, load, .. } = decision;
         let load = load.as_slice();
         let now_secs = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX);

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::config::Settings;
-use crate::route::meter::{MetricKind, MetricSink};
+use crate::shared::metrics::{MetricKind, MetricSink};
 use crate::shared::store::{MemStore, SharedStore, StoreError, Versioned};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
