@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use harness::{
-    completion_body, free_port, get, lds_listener, render_lds, send, text, wait_until,
-    write_lds_listeners, Envoy, EnvoyOptions, Pod, Ports, TestDir, CLIENT_TIMEOUT,
+    free_port, get, lds_listener, render_lds, send, text, wait_until, write_lds_listeners, Envoy,
+    EnvoyOptions, Pod, Ports, TestDir, CLIENT_TIMEOUT,
 };
 use serde_json::{json, Value};
 
@@ -82,14 +82,9 @@ fn start() -> Fleet {
 
 impl Fleet {
     fn complete(&self, seed: u64) -> harness::Reply {
-        send(
-            "POST",
-            &self.envoy.url("/v1/completions"),
-            &[("content-type", "application/json")],
-            Some(completion_body(&json!(text(seed, PROMPT_LEN))).as_bytes()),
-            CLIENT_TIMEOUT,
-        )
-        .unwrap()
+        self.envoy
+            .complete(&json!(text(seed, PROMPT_LEN)))
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn inspect(&self, query: &str) -> Value {

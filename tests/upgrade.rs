@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use harness::{
-    completion_body, lds_listener, render_lds, send, target_dir, text, wait_until,
-    write_lds_listeners, Envoy, EnvoyOptions, Pod, Ports, Reply, TestDir, CLIENT_TIMEOUT,
+    lds_listener, render_lds, target_dir, text, wait_until, write_lds_listeners, Envoy,
+    EnvoyOptions, Pod, Ports, Reply, TestDir,
 };
 use serde_json::{json, Value};
 
@@ -74,14 +74,9 @@ impl Fleet {
     }
 
     fn complete(&self, seed: u64) -> Reply {
-        send(
-            "POST",
-            &self.envoy.url("/v1/completions"),
-            &[("content-type", "application/json")],
-            Some(completion_body(&json!(text(seed, PROMPT_LEN))).as_bytes()),
-            CLIENT_TIMEOUT,
-        )
-        .unwrap()
+        self.envoy
+            .complete(&json!(text(seed, PROMPT_LEN)))
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A counter or gauge by full name (0 if Envoy has none), None while
