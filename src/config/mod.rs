@@ -312,7 +312,6 @@ impl Settings {
             for (field, list) in [
                 ("waiting", &n.waiting),
                 ("running", &n.running),
-                ("kv_usage", &n.kv_usage),
                 ("token_latency", &n.token_latency),
             ] {
                 if list.len() > 8 || list.iter().any(|name| name.is_empty() || name.len() > 200) {

@@ -310,10 +310,6 @@ fn bad_policy_and_signal_settings_are_refused_by_field() {
             "signals.names",
         ),
         (
-            r#"{"cluster":"p","signals":{"enabled":true,"names":{"kv_usage":[""]}}}"#,
-            "signals.names.kv_usage",
-        ),
-        (
             r#"{"cluster":"p","signals":{"enabled":true,"names":{"token_latency":["a","b","c","d","e","f","g","h","i"]}}}"#,
             "signals.names.token_latency",
         ),
@@ -365,6 +361,19 @@ fn the_removed_feedback_section_is_refused_by_field() {
     // that still sets it is refused, naming the field, not silently ignored.
     let e = parse(r#"{"endpoints":["a:1"],"feedback":{"cached_tokens":true}}"#).unwrap_err();
     assert_eq!(e.field, "feedback", "{e}");
+}
+
+#[test]
+fn the_removed_kv_usage_names_are_refused_by_field() {
+    // `signals.names.kv_usage` was removed in 0.2 (no rule read it since
+    // `policy.kv_high` went, decision 050): a config that still sets it is
+    // refused: the error names the section and the unknown field.
+    let e = parse(
+        r#"{"cluster":"p","signals":{"enabled":true,"names":{"kv_usage":["sglang:token_usage"]}}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "signals", "{e}");
+    assert!(e.to_string().contains("unknown field `kv_usage`"), "{e}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Pod signals: what each pod says about its own load, read from its
 //! Prometheus `/metrics` (vLLM's names by default): requests waiting for a
-//! slot, requests running, KV-cache usage, and how long the pod takes per
-//! output token (its inter-token latency histogram), i.e. how fast it is.
+//! slot, requests running, and how long the pod takes per output token
+//! (its inter-token latency histogram), i.e. how fast it is.
 //!
 //! Three parts, all pure (no `proxy_wasm` here):
 //! - [`parse`] turns a `/metrics` body into [`PodSignals`], or says why it
@@ -34,12 +34,15 @@ use buckets::{Buckets, Span};
 /// Shared-data key of the published signals.
 pub(crate) const KEY: &str = "signals/pods";
 /// Bytes per published record: `slot u16 | at_ms u64 | waiting u32 |
-/// running u32 | kv_permille u16 | token_us u32` (little endian;
-/// `kv_permille` 0xFFFF and `token_us` 0xFFFFFFFF = not reported).
+/// running u32 | unused u16 | token_us u32` (little endian; `token_us`
+/// 0xFFFFFFFF = not reported). The unused field held the KV-cache usage,
+/// which nothing reads any more: written 0xFFFF ("not reported"), as
+/// before, so a VM of an older build reads this layout unchanged.
 pub const RECORD: usize = 24;
 /// Waiting or running counts above this are absurd (no server queues a
 /// million requests): the pod falls back to in-flight counts.
 pub const MAX_REQUESTS: f64 = 1_000_000.0;
+/// The unused field's value: "not reported" to an older build.
 const KV_UNKNOWN: u16 = u16::MAX;
 const TOKEN_UNKNOWN: u32 = u32::MAX;
 /// Scrapes in a row whose buckets do not add up to the count, after one
@@ -56,17 +59,15 @@ pub(crate) const TOKEN_DECAY: f64 = 0.8;
 pub(crate) const MAX_TOKEN_US: f64 = 60_000_000.0;
 
 /// The metric names read, each a list tried in order (the first present
-/// wins): vLLM renamed `gpu_cache_usage_perc` to `kv_cache_usage_perc`, and
-/// other servers have names of their own (SGLang: `sglang:num_queue_reqs`,
-/// `sglang:num_running_reqs`, `sglang:token_usage`). `token_latency` names
-/// histograms (their `_sum` and `_count` series are read): vLLM's
+/// wins): other servers have names of their own (SGLang:
+/// `sglang:num_queue_reqs`, `sglang:num_running_reqs`). `token_latency`
+/// names histograms (their `_sum` and `_count` series are read): vLLM's
 /// `inter_token_latency_seconds` and the older name it replaces.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricNames {
     pub(crate) waiting: Vec<String>,
     pub(crate) running: Vec<String>,
-    pub(crate) kv_usage: Vec<String>,
     pub(crate) token_latency: Vec<String>,
 }
 
@@ -75,10 +76,6 @@ impl Default for MetricNames {
         Self {
             waiting: vec!["vllm:num_requests_waiting".into()],
             running: vec!["vllm:num_requests_running".into()],
-            kv_usage: vec![
-                "vllm:kv_cache_usage_perc".into(),
-                "vllm:gpu_cache_usage_perc".into(),
-            ],
             token_latency: vec![
                 "vllm:inter_token_latency_seconds".into(),
                 "vllm:time_per_output_token_seconds".into(),
@@ -94,8 +91,6 @@ pub struct PodSignals {
     pub waiting: u32,
     /// Requests holding a slot (summed).
     pub running: u32,
-    /// KV-cache usage in thousandths (the highest series), if reported.
-    pub kv_permille: Option<u16>,
     /// Mean time per output token, µs, if the pod reports its inter-token
     /// latency histogram: over the output tokens since the previous scrape,
     /// averaged with the value before (kept while no token was made). Set
@@ -133,7 +128,7 @@ impl fmt::Display for SignalError {
 }
 
 /// One role's value as found in the body: which name (index in the list)
-/// and the value combined over label sets.
+/// and the value summed over label sets.
 #[derive(Clone, Copy)]
 struct Found {
     rank: usize,
@@ -141,14 +136,14 @@ struct Found {
     bad: bool,
 }
 
-fn fold(slot: &mut Option<Found>, rank: usize, value: Option<f64>, sum: bool) {
+fn fold(slot: &mut Option<Found>, rank: usize, value: Option<f64>) {
     let bad = value.is_none();
     let v = value.unwrap_or(0.0);
     match slot {
         Some(f) if f.rank < rank => {}
         Some(f) if f.rank == rank => {
             f.bad |= bad;
-            f.value = if sum { f.value + v } else { f.value.max(v) };
+            f.value += v;
         }
         _ => {
             *slot = Some(Found {
@@ -161,8 +156,8 @@ fn fold(slot: &mut Option<Found>, rank: usize, value: Option<f64>, sum: bool) {
 }
 
 /// Parses a Prometheus text body. Waiting and running are required (summed
-/// over label sets, e.g. one series per model); KV usage is optional (the
-/// highest series). Lines that are not samples are skipped.
+/// over label sets, e.g. one series per model). Lines that are not samples
+/// are skipped.
 pub fn parse(body: &[u8], names: &MetricNames) -> Result<PodSignals, SignalError> {
     parse_with_totals(body, names).map(|(signals, _)| signals)
 }
@@ -174,7 +169,7 @@ pub(crate) fn parse_with_totals(
     body: &[u8],
     names: &MetricNames,
 ) -> Result<(PodSignals, Option<TokenTotals>), SignalError> {
-    let (mut waiting, mut running, mut kv) = (None, None, None);
+    let (mut waiting, mut running) = (None, None);
     let (mut token_sum, mut token_count) = (None, None);
     // The buckets of the best-ranked token latency name seen so far.
     let mut token_buckets: Option<(usize, Buckets)> = None;
@@ -184,13 +179,10 @@ pub(crate) fn parse_with_totals(
         };
         let rank = |list: &[String]| list.iter().position(|n| n.as_bytes() == name);
         if let Some(r) = rank(&names.waiting) {
-            fold(&mut waiting, r, value, true);
+            fold(&mut waiting, r, value);
         }
         if let Some(r) = rank(&names.running) {
-            fold(&mut running, r, value, true);
-        }
-        if let Some(r) = rank(&names.kv_usage) {
-            fold(&mut kv, r, value, false);
+            fold(&mut running, r, value);
         }
         let series = |suffix: &[u8]| {
             let base = name.strip_suffix(suffix)?;
@@ -200,10 +192,10 @@ pub(crate) fn parse_with_totals(
                 .position(|n| n.as_bytes() == base)
         };
         if let Some(r) = series(b"_sum") {
-            fold(&mut token_sum, r, value, true);
+            fold(&mut token_sum, r, value);
         }
         if let Some(r) = series(b"_count") {
-            fold(&mut token_count, r, value, true);
+            fold(&mut token_count, r, value);
         }
         if let Some(r) = series(b"_bucket") {
             match &mut token_buckets {
@@ -237,17 +229,9 @@ pub(crate) fn parse_with_totals(
     };
     let waiting = count(waiting, "waiting")?;
     let running = count(running, "running")?;
-    let kv_permille = match kv {
-        None => None,
-        Some(f) if f.bad || !(0.0..=1.0).contains(&f.value) => {
-            return Err(SignalError::Absurd("kv_usage"))
-        }
-        Some(f) => Some((f.value * 1000.0).round() as u16),
-    };
     let signals = PodSignals {
         waiting,
         running,
-        kv_permille,
         token_us: None,
     };
     Ok((signals, totals))
@@ -343,7 +327,7 @@ pub(crate) fn encode(records: &[Record]) -> Vec<u8> {
         out.extend_from_slice(&r.at_ms.to_le_bytes());
         out.extend_from_slice(&r.signals.waiting.to_le_bytes());
         out.extend_from_slice(&r.signals.running.to_le_bytes());
-        out.extend_from_slice(&r.signals.kv_permille.unwrap_or(KV_UNKNOWN).to_le_bytes());
+        out.extend_from_slice(&KV_UNKNOWN.to_le_bytes());
         out.extend_from_slice(&r.signals.token_us.unwrap_or(TOKEN_UNKNOWN).to_le_bytes());
     }
     out
@@ -355,11 +339,9 @@ pub fn decode(bytes: &[u8]) -> Vec<Record> {
         .chunks_exact(RECORD)
         .take(MAX_SLOTS)
         .map(|c| {
-            let u16_at = |i: usize| u16::from_le_bytes([c[i], c[i + 1]]);
             let u32_at = |i: usize| u32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
             let mut at = [0u8; 8];
             at.copy_from_slice(&c[2..10]);
-            let kv = u16_at(18);
             let token_us = u32_at(20);
             Record {
                 slot: PodSlot::from_le_bytes([c[0], c[1]]),
@@ -367,7 +349,6 @@ pub fn decode(bytes: &[u8]) -> Vec<Record> {
                 signals: PodSignals {
                     waiting: u32_at(10),
                     running: u32_at(14),
-                    kv_permille: (kv != KV_UNKNOWN).then_some(kv),
                     token_us: (token_us != TOKEN_UNKNOWN).then_some(token_us),
                 },
             }

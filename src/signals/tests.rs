@@ -24,28 +24,30 @@ fn names() -> MetricNames {
 }
 
 #[test]
-fn vllm_body_gives_waiting_running_and_kv_usage_by_the_first_listed_name() {
+fn vllm_body_gives_waiting_and_running() {
     let s = parse(VLLM.as_bytes(), &names()).unwrap();
     assert_eq!(
         s,
         PodSignals {
             waiting: 2,
             running: 3,
-            kv_permille: Some(500),
             token_us: None,
         }
     );
 }
 
 #[test]
-fn older_vllm_name_is_used_when_the_new_one_is_absent() {
-    let body = VLLM.replace("vllm:kv_cache_usage_perc", "other");
+fn the_kv_cache_usage_is_not_read_so_an_absurd_one_spoils_nothing() {
+    // No rule reads a pod's KV-cache usage: a value out of range (which
+    // earlier builds refused, dropping the pod's report) leaves the report.
+    let body = VLLM.replace("} 0.5", "} 1.5");
+    assert!(body.contains("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 1.5"));
     let s = parse(body.as_bytes(), &names()).unwrap();
-    assert_eq!(s.kv_permille, Some(250));
+    assert_eq!((s.waiting, s.running), (2, 3));
 }
 
 #[test]
-fn series_of_several_models_are_summed_and_kv_takes_the_highest() {
+fn series_of_several_models_are_summed() {
     let body = "vllm:num_requests_waiting{model_name=\"a\"} 1\n\
                 vllm:num_requests_waiting{model_name=\"b\"} 4\n\
                 vllm:num_requests_running{model_name=\"a\"} 2\n\
@@ -53,17 +55,17 @@ fn series_of_several_models_are_summed_and_kv_takes_the_highest() {
                 vllm:kv_cache_usage_perc{model_name=\"a\"} 0.1\n\
                 vllm:kv_cache_usage_perc{model_name=\"b\"} 0.7\n";
     let s = parse(body.as_bytes(), &names()).unwrap();
-    assert_eq!((s.waiting, s.running, s.kv_permille), (5, 4, Some(700)));
+    assert_eq!((s.waiting, s.running), (5, 4));
 }
 
 #[test]
-fn kv_usage_is_optional_but_waiting_and_running_are_required() {
+fn waiting_and_running_are_required() {
     let s = parse(
         b"vllm:num_requests_waiting 0\nvllm:num_requests_running 1\n",
         &names(),
     )
     .unwrap();
-    assert_eq!(s.kv_permille, None);
+    assert_eq!((s.waiting, s.running), (0, 1));
     assert_eq!(
         parse(b"vllm:num_requests_running 1\n", &names()),
         Err(SignalError::Missing("waiting"))
@@ -86,11 +88,6 @@ fn absurd_values_are_refused() {
             "{bad}"
         );
     }
-    let body = format!("{ok_running}vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 1.5\n");
-    assert_eq!(
-        parse(body.as_bytes(), &names()),
-        Err(SignalError::Absurd("kv_usage"))
-    );
     // One bad series of several spoils the sum.
     let body = format!(
         "{ok_running}vllm:num_requests_waiting{{a=\"1\"}} 1\nvllm:num_requests_waiting{{a=\"2\"}} x\n"
@@ -114,14 +111,13 @@ fn names_are_configurable_for_other_servers() {
     let sglang = MetricNames {
         waiting: vec!["sglang:num_queue_reqs".into()],
         running: vec!["sglang:num_running_reqs".into()],
-        kv_usage: vec!["sglang:token_usage".into()],
         token_latency: vec!["sglang:inter_token_latency_seconds".into()],
     };
     let body = "sglang:num_queue_reqs{model_name=\"m\"} 3\n\
                 sglang:num_running_reqs{model_name=\"m\"} 8\n\
                 sglang:token_usage{model_name=\"m\"} 0.9\n";
     let s = parse(body.as_bytes(), &sglang).unwrap();
-    assert_eq!((s.waiting, s.running, s.kv_permille), (3, 8, Some(900)));
+    assert_eq!((s.waiting, s.running), (3, 8));
     assert!(parse(body.as_bytes(), &names()).is_err());
 }
 
@@ -158,7 +154,6 @@ fn records_round_trip_and_a_partial_record_is_ignored() {
             signals: PodSignals {
                 waiting: 1,
                 running: 2,
-                kv_permille: Some(999),
                 token_us: Some(3_000),
             },
         },
@@ -168,7 +163,6 @@ fn records_round_trip_and_a_partial_record_is_ignored() {
             signals: PodSignals {
                 waiting: u32::MAX,
                 running: 0,
-                kv_permille: None,
                 token_us: None,
             },
         },
@@ -199,7 +193,6 @@ fn workers_ignore_stale_records() {
         signals: PodSignals {
             waiting: 1,
             running: 1,
-            kv_permille: None,
             token_us: None,
         },
     };
@@ -389,7 +382,6 @@ fn a_shared_record_keeps_this_replicas_token_latency() {
         signals: PodSignals {
             waiting: 7,
             running: 1,
-            kv_permille: None,
             token_us: None,
         },
     }]);
@@ -407,7 +399,6 @@ fn a_shared_record_brings_the_scrapers_token_latency() {
         signals: PodSignals {
             waiting: 1,
             running: 1,
-            kv_permille: None,
             token_us: Some(9_000),
         },
     }]);
@@ -495,7 +486,6 @@ fn workers_remember_the_most_a_pod_ran_at_once() {
         signals: PodSignals {
             waiting: 0,
             running,
-            kv_permille: None,
             token_us: None,
         },
     };
@@ -518,7 +508,6 @@ fn a_report_counts_as_foreign_only_what_this_replica_did_not_send() {
         signals: PodSignals {
             waiting,
             running,
-            kv_permille: None,
             token_us: None,
         },
     };
@@ -552,7 +541,6 @@ fn shared_records_fill_the_pods_this_replica_does_not_scrape() {
         signals: PodSignals {
             waiting,
             running: 1,
-            kv_permille: None,
             token_us: None,
         },
     };

@@ -385,7 +385,6 @@ fn a_fresh_report_replaces_the_other_replicas_synced_counts_in_ties() {
                 signals: crate::signals::PodSignals {
                     waiting: 0,
                     running: 0,
-                    kv_permille: Some(0),
                     token_us: None,
                 },
             })

@@ -19,8 +19,11 @@
 //!   fields long dead (bounded), `HGETALL key`. The key is
 //!   `{key_prefix}:{signals}:pods`.
 //! - **The value** of a field is text: `v2 <written unix ms>` on the first
-//!   line, then one line per pod, `<host:port> <age ms> <waiting> <running>
-//!   <kv permille or -> <µs per output token or ->`. About 35-45 bytes a
+//!   line, then one line per pod,
+//!   `<host:port> <age ms> <waiting> <running> - <µs per output token or ->`.
+//!   The lone `-` is where the KV-cache usage was, which no rule reads: an
+//!   older replica may write a number there (0 to 1000), which is checked
+//!   and ignored. About 35-45 bytes a
 //!   pod: the reply of a fleet of some 1,400 pods fits the bridge's 64 KB; a
 //!   larger or malformed reply is an exchange failure (counted), not a
 //!   partial read. A `v1` value (the same lines without the token latency,
@@ -307,10 +310,6 @@ pub(crate) fn encode(records: &[SharedRecord], now_ms: u64) -> Vec<u8> {
         if r.pod.is_empty() || r.pod.len() > MAX_POD_NAME || r.pod.contains([' ', '\n']) {
             continue;
         }
-        let kv = r
-            .signals
-            .kv_permille
-            .map_or_else(|| "-".to_string(), |k| k.to_string());
         let token = r
             .signals
             .token_us
@@ -318,7 +317,7 @@ pub(crate) fn encode(records: &[SharedRecord], now_ms: u64) -> Vec<u8> {
         let age = now_ms.saturating_sub(r.at_ms);
         out.extend_from_slice(
             format!(
-                "{} {age} {} {} {kv} {token}\n",
+                "{} {age} {} {} - {token}\n",
                 r.pod, r.signals.waiting, r.signals.running
             )
             .as_bytes(),
@@ -359,13 +358,11 @@ pub fn decode(value: &[u8]) -> Option<(u64, Vec<SharedRecord>)> {
         else {
             continue;
         };
-        let kv_permille = match kv {
-            "-" => None,
-            k => match k.parse::<u16>() {
-                Ok(k) if k <= 1000 => Some(k),
-                _ => continue,
-            },
-        };
+        // The KV-cache usage field: read by no rule, written `-`; an older
+        // replica's number is checked as it was, then ignored.
+        if kv != "-" && !matches!(kv.parse::<u16>(), Ok(k) if k <= 1000) {
+            continue;
+        }
         let token_us = match token {
             "-" => None,
             t => match t.parse::<u32>() {
@@ -382,7 +379,6 @@ pub fn decode(value: &[u8]) -> Option<(u64, Vec<SharedRecord>)> {
             signals: PodSignals {
                 waiting,
                 running,
-                kv_permille,
                 token_us,
             },
         });

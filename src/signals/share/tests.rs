@@ -9,7 +9,6 @@ fn rec(pod: &str, at_ms: u64, waiting: u32) -> SharedRecord {
         signals: PodSignals {
             waiting,
             running: 2,
-            kv_permille: Some(300),
             token_us: None,
         },
     }
@@ -50,9 +49,14 @@ fn values_round_trip_and_hostile_lines_are_skipped() {
     let value = encode(&records, 1000);
     assert_eq!(
         String::from_utf8(value.clone()).unwrap(),
-        "v2 1000\n10.0.0.1:8000 100 3 2 300 -\n10.0.0.2:8000 0 0 2 300 9000\n"
+        "v2 1000\n10.0.0.1:8000 100 3 2 - -\n10.0.0.2:8000 0 0 2 - 9000\n"
     );
     assert_eq!(decode(&value), Some((1000, records)));
+    // An older replica writes its pods' KV-cache usage in the fifth field:
+    // read, and the number ignored.
+    let (_, older) = decode(b"v2 1000\nold:1 5 1 2 300 -\n").unwrap();
+    assert_eq!(older.len(), 1);
+    assert_eq!((older[0].signals.waiting, older[0].signals.running), (1, 2));
     let hostile = b"v2 1000\n\
         a:1 5 1 1 - -\n\
         b:1 5 99999999 1 - -\n\
@@ -70,7 +74,6 @@ fn values_round_trip_and_hostile_lines_are_skipped() {
     let (_, got) = decode(hostile).unwrap();
     let names: Vec<&str> = got.iter().map(|r| r.pod.as_str()).collect();
     assert_eq!(names, ["a:1", "j:1"]);
-    assert_eq!(got[0].signals.kv_permille, None);
     assert_eq!(got[0].signals.token_us, None);
     assert_eq!(got[1].signals.token_us, Some(60_000_000));
     assert_eq!(decode(b"v3 1000\n"), None);

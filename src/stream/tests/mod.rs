@@ -731,7 +731,6 @@ fn pod_signals_add_no_hostcall_to_a_request_and_one_read_per_tick() {
             signals: crate::signals::PodSignals {
                 waiting: 1,
                 running: 2,
-                kv_permille: Some(300),
                 token_us: None,
             },
         };
@@ -780,7 +779,6 @@ fn slowness_gauges_follow_the_reported_token_latency() {
             signals: crate::signals::PodSignals {
                 waiting: 0,
                 running: 1,
-                kv_permille: None,
                 token_us: Some(us),
             },
         })

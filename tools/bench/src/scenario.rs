@@ -240,6 +240,9 @@ pub struct GatewayOptions {
     /// and `filter-3x-*` routers, after their own settings (compare's
     /// `--filter-patch`), e.g. `{"hold":{"enabled":false}}`.
     pub filter_patch: Option<serde_json::Value>,
+    /// Another build of the filter module for those same Envoys (a
+    /// variant being tried, e.g. a build without one mechanism).
+    pub filter_module: Option<std::path::PathBuf>,
 }
 
 impl Default for GatewayOptions {
@@ -251,6 +254,7 @@ impl Default for GatewayOptions {
             warm_sync: true,
             eds: false,
             filter_patch: None,
+            filter_module: None,
         }
     }
 }
@@ -264,11 +268,28 @@ pub struct Gateway {
     pub peers: Vec<Peer>,
 }
 
-/// A filter router's Envoy: its spec, then `--filter-patch` on top.
+/// A filter router's Envoy: its spec, then `--filter-patch` on top, and
+/// the module swapped for `filter_module`'s.
 fn with_filter_patch<'a>(spec: EnvoySpec<'a>, opts: &GatewayOptions) -> EnvoySpec<'a> {
-    match &opts.filter_patch {
+    let spec = match &opts.filter_patch {
         Some(patch) => spec.merge(patch.clone()),
         None => spec,
+    };
+    match &opts.filter_module {
+        Some(module) => spec.edit(
+            &harness::wasm_module().display().to_string(),
+            &module.display().to_string(),
+        ),
+        None => spec,
+    }
+}
+
+impl Router {
+    /// Whether a setup's patch and module apply to this router's Envoys
+    /// (the filter and the three-Envoy filter fleets, not `filter-aibrix`,
+    /// whose policy is fixed).
+    pub fn takes_variants(self) -> bool {
+        self.is_filter() && self != Router::FilterAibrix
     }
 }
 

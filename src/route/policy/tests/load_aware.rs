@@ -456,29 +456,28 @@ fn effective_load_is_the_queue_beyond_what_the_pod_runs_at_once() {
     // No report: every in-flight request this VM knows of counts (the
     // other replicas' too), capacity unknown.
     assert_eq!(effective_load(1, 3, None, 4), 3);
-    let seen = |waiting, running, kv, foreign| Seen {
+    let seen = |waiting, running, foreign| Seen {
         signals: PodSignals {
             waiting,
             running,
-            kv_permille: kv,
             token_us: None,
         },
         foreign,
     };
     // Someone else's requests show in the report: 4 run, 2 wait, 5 of
     // them not this replica's.
-    assert_eq!(effective_load(1, 1, Some(seen(2, 4, None, 5)), 4), 2);
+    assert_eq!(effective_load(1, 1, Some(seen(2, 4, 5)), 4), 2);
     // Requests sent since the report show in the in-flight count.
-    assert_eq!(effective_load(7, 7, Some(seen(0, 2, Some(100), 0)), 4), 3);
+    assert_eq!(effective_load(7, 7, Some(seen(0, 2, 0)), 4), 3);
     // This replica's requests that ended since the report do not count:
     // the pod reported 6, all ours, and we have 1 left.
-    assert_eq!(effective_load(1, 1, Some(seen(2, 4, None, 0)), 4), 0);
+    assert_eq!(effective_load(1, 1, Some(seen(2, 4, 0)), 4), 0);
     // The report replaces the other replicas' synced counts (fleet).
-    assert_eq!(effective_load(2, 9, Some(seen(0, 3, None, 1)), 4), 0);
+    assert_eq!(effective_load(2, 9, Some(seen(0, 3, 1)), 4), 0);
     // Under its capacity a pod queues nothing.
-    assert_eq!(effective_load(3, 3, Some(seen(0, 3, None, 0)), 4), 0);
+    assert_eq!(effective_load(3, 3, Some(seen(0, 3, 0)), 4), 0);
     // A full KV cache adds nothing: only the queue counts.
-    assert_eq!(effective_load(1, 1, Some(seen(0, 1, Some(1000), 0)), 4), 0);
+    assert_eq!(effective_load(1, 1, Some(seen(0, 1, 0)), 4), 0);
 }
 
 #[test]

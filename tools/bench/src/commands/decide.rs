@@ -50,8 +50,11 @@ pub struct DecideCli {
     /// Routers (`compare`'s names), comma-separated.
     #[arg(long, default_value = "filter,filter-aibrix,sglang,vllm")]
     pub routers: String,
-    /// More one-Envoy filter setups, `name=JSON` (the JSON merged into the
-    /// plugin configuration), e.g. `old='{"policy":{"mode":"load_aware"}}'`.
+    /// More filter setups being tried: `name[@router]=JSON` (the JSON merged
+    /// into the plugin configuration), e.g. `old='{"policy":{"mode":"load_aware"}}'`,
+    /// or `name[@router]=path/to/module.wasm` (another build of the filter);
+    /// on `filter` unless `@router` names another filter router, e.g.
+    /// `noclaim@filter-3x-place={"sync":{"place_claim_ms":0}}`.
     #[arg(long)]
     pub variant: Vec<String>,
     /// Whose verdicts are printed (a router or variant name).
@@ -65,12 +68,30 @@ pub struct DecideCli {
     pub results_dir: Option<PathBuf>,
 }
 
-/// One router setup: a compare router, or the filter with a patch.
+/// One router setup: a compare router, or a variant being tried: a filter
+/// router with a patch or another build of the module.
 #[derive(Clone, Debug)]
 pub struct Setup {
     pub name: String,
     pub router: Router,
     pub patch: Option<serde_json::Value>,
+    pub module: Option<PathBuf>,
+}
+
+impl Setup {
+    /// A variant being tried, not a router of the comparison set.
+    pub fn is_variant(&self) -> bool {
+        self.patch.is_some() || self.module.is_some()
+    }
+
+    /// The gateway options of this setup, on top of `base`.
+    pub fn options(&self, base: GatewayOptions) -> GatewayOptions {
+        GatewayOptions {
+            filter_patch: self.patch.clone(),
+            filter_module: self.module.clone(),
+            ..base
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -187,8 +208,8 @@ fn setups(cli: &DecideCli) -> Result<Vec<Setup>, String> {
     Ok(out)
 }
 
-/// Routers (`compare`'s names, comma-separated) and `name=JSON` filter
-/// variants.
+/// Routers (`compare`'s names, comma-separated) and filter variants,
+/// `name[@router]=JSON` or `name[@router]=module.wasm`.
 pub fn parse_setups(routers: &str, variants: &[String]) -> Result<Vec<Setup>, String> {
     let mut out: Vec<Setup> = crate::scenario::parse_routers(routers)?
         .into_iter()
@@ -196,18 +217,49 @@ pub fn parse_setups(routers: &str, variants: &[String]) -> Result<Vec<Setup>, St
             name: router.key().to_string(),
             router,
             patch: None,
+            module: None,
         })
         .collect();
     for v in variants {
-        let (name, patch) = v
+        let (head, value) = v
             .split_once('=')
-            .ok_or_else(|| format!("--variant {v:?}: want name=JSON"))?;
-        let patch: serde_json::Value =
-            serde_json::from_str(patch).map_err(|e| format!("--variant {name}: {e}"))?;
+            .ok_or_else(|| format!("--variant {v:?}: want name[@router]=JSON or =module.wasm"))?;
+        let (name, router) = match head.split_once('@') {
+            Some((name, r)) => (
+                name,
+                Router::parse(r)
+                    .ok_or_else(|| format!("--variant {name}: unknown router {r:?}"))?,
+            ),
+            None => (head, Router::Filter),
+        };
+        if !router.takes_variants() {
+            return Err(format!(
+                "--variant {name}: {} takes no variants (one of the filter's own routers does)",
+                router.key()
+            ));
+        }
+        if name.is_empty() || out.iter().any(|s| s.name == name) {
+            return Err(format!("--variant {v:?}: the name is empty or taken"));
+        }
+        let (patch, module) = if value.trim_end().ends_with(".wasm") {
+            let module = PathBuf::from(value.trim());
+            if !module.is_file() {
+                return Err(format!(
+                    "--variant {name}: no module at {}",
+                    module.display()
+                ));
+            }
+            (None, Some(module))
+        } else {
+            let patch: serde_json::Value =
+                serde_json::from_str(value).map_err(|e| format!("--variant {name}: {e}"))?;
+            (Some(patch), None)
+        };
         out.push(Setup {
             name: name.to_string(),
-            router: Router::Filter,
-            patch: Some(patch),
+            router,
+            patch,
+            module,
         });
     }
     Ok(out)
@@ -367,14 +419,13 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: DecideCli) {
             let n = order.len();
             order.rotate_left(i % n.max(1));
             for s in &order {
-                let opts = GatewayOptions {
+                let opts = s.options(GatewayOptions {
                     sync_period_ms: args.sync_period_ms,
                     warm_sync: args.warm_sync,
-                    filter_patch: s.patch.clone(),
                     single_concurrency: args.single_concurrency,
                     replica_concurrency: args.replica_concurrency,
                     ..GatewayOptions::default()
-                };
+                });
                 let r = run_one(rt, &built, s.router, &args, &opts);
                 let fig = r.stats.as_ref().map(Figures::of);
                 match (fig, &r.skipped) {
@@ -419,7 +470,7 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: DecideCli) {
         if runs.contains_key(&cli.subject) {
             let set: Vec<&str> = setups
                 .iter()
-                .filter(|s| s.patch.is_none())
+                .filter(|s| !s.is_variant())
                 .map(|s| s.name.as_str())
                 .collect();
             for (name, detail, ok) in verdicts(sc, runs, &cli.subject, &set) {
@@ -435,7 +486,7 @@ pub fn main(rt: &tokio::runtime::Runtime, cli: DecideCli) {
     let json = json!({
         "command": "decide",
         "seeds": seeds,
-        "setups": setups.iter().map(|s| json!({"name": s.name, "router": s.router.key(), "patch": s.patch})).collect::<Vec<_>>(),
+        "setups": setups.iter().map(|s| json!({"name": s.name, "router": s.router.key(), "patch": s.patch, "module": s.module})).collect::<Vec<_>>(),
         "scenarios": scenarios,
         "runs": all,
     });
@@ -501,6 +552,36 @@ mod tests {
         assert!(verdicts(&sc, &runs, "filter", &["sglang"])
             .iter()
             .all(|(_, _, ok)| *ok));
+    }
+
+    #[test]
+    fn variants_name_a_patch_or_a_module_on_a_filter_router() {
+        let dir = std::env::temp_dir().join(format!("decide-variants-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let module = dir.join("other.wasm");
+        std::fs::write(&module, b"\0asm").unwrap();
+        let v = vec![
+            r#"nohold={"hold":{"enabled":false}}"#.to_string(),
+            format!("noclaim@filter-3x-place={}", module.display()),
+        ];
+        let s = parse_setups("filter,sglang", &v).unwrap();
+        let names: Vec<&str> = s.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["filter", "sglang", "nohold", "noclaim"]);
+        assert!(!s[0].is_variant() && !s[1].is_variant());
+        assert_eq!(s[2].router, Router::Filter);
+        assert!(s[2].patch.is_some() && s[2].module.is_none());
+        assert_eq!(s[3].router, Router::Filter3Place);
+        assert_eq!(s[3].module.as_deref(), Some(module.as_path()));
+        let opts = s[3].options(GatewayOptions::default());
+        assert_eq!(opts.filter_module.as_deref(), Some(module.as_path()));
+        assert!(opts.filter_patch.is_none());
+        // Refused: a router that takes no variants, a missing module, a
+        // taken name.
+        assert!(parse_setups("filter", &[r#"x@filter-aibrix={}"#.into()]).is_err());
+        assert!(parse_setups("filter", &[r#"x@sglang={}"#.into()]).is_err());
+        assert!(parse_setups("filter", &["x=/nonexistent/m.wasm".into()]).is_err());
+        assert!(parse_setups("filter", &[r#"filter={}"#.into()]).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -83,8 +83,8 @@ pub struct RealCli {
     /// interleaved at random).
     #[arg(long, default_value = "shared-prefix")]
     pub workload: String,
-    /// More one-Envoy filter setups, `name=JSON` (merged into the plugin
-    /// configuration).
+    /// More filter setups being tried, as `decide --variant`:
+    /// `name[@router]=JSON` or `name[@router]=module.wasm`.
     #[arg(long)]
     pub variant: Vec<String>,
     /// Output directory (default results/).
@@ -324,10 +324,7 @@ fn run_seed(
     let mut server_metrics: Vec<(Router, Vec<ServerMetrics>)> = Vec::new();
     for setup in setups {
         let router = setup.router;
-        let opts = GatewayOptions {
-            filter_patch: setup.patch.clone(),
-            ..base.clone()
-        };
+        let opts = setup.options(base.clone());
         let started = Instant::now();
         let mut result = RunResult::new(
             router,
