@@ -18,4 +18,9 @@ pub(crate) trait MetricSink {
     fn increment_metric(&self, id: u32, by: i64);
     /// Sets a gauge or records a histogram value.
     fn record_metric(&self, id: u32, value: u64);
+    /// Defines `prefix_router.<section>.<name>`, a stat of one part of the
+    /// filter (`sync`, `signals`, `membership`).
+    fn define_in(&self, section: &str, kind: MetricKind, name: &str) -> u32 {
+        self.define_metric(kind, &format!("prefix_router.{section}.{name}"))
+    }
 }

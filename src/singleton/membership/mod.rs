@@ -50,19 +50,18 @@ struct Metrics {
     routable: u32,
 }
 
-fn define(sink: &impl MetricSink, kind: MetricKind, name: &str) -> u32 {
-    sink.define_metric(kind, &format!("prefix_router.membership.{name}"))
-}
+/// The section of this part's stats: `prefix_router.membership.*`.
+const SECTION: &str = "membership";
 
 impl<H: SharedStore + MetricSink + HttpCalls> Refresher<H> {
     pub(crate) fn new(host: H, settings: Rc<Settings>, view: SharedView) -> Self {
         let clusters = settings.cluster_pools();
         let path = admin_path(clusters.values());
         let metrics = Metrics {
-            refreshes: define(&host, MetricKind::Counter, "refreshes"),
-            failures: define(&host, MetricKind::Counter, "failures"),
-            members: define(&host, MetricKind::Gauge, "members"),
-            routable: define(&host, MetricKind::Gauge, "healthy"),
+            refreshes: host.define_in(SECTION, MetricKind::Counter, "refreshes"),
+            failures: host.define_in(SECTION, MetricKind::Counter, "failures"),
+            members: host.define_in(SECTION, MetricKind::Gauge, "members"),
+            routable: host.define_in(SECTION, MetricKind::Gauge, "healthy"),
         };
         Self {
             host,

@@ -55,9 +55,8 @@ struct Metrics {
     share_peers: u32,
 }
 
-fn define(sink: &impl MetricSink, kind: MetricKind, name: &str) -> u32 {
-    sink.define_metric(kind, &format!("prefix_router.signals.{name}"))
-}
+/// The section of this part's stats: `prefix_router.signals.*`.
+const SECTION: &str = "signals";
 
 impl<H: SharedStore + MetricSink + HttpCalls + BridgeCalls> Collector<H> {
     /// `replica`: this replica's sync origin, for `signals.share` (None
@@ -84,12 +83,12 @@ impl<H: SharedStore + MetricSink + HttpCalls + BridgeCalls> Collector<H> {
             _ => None,
         };
         let metrics = Metrics {
-            shared: define(&host, MetricKind::Counter, "shared"),
-            share_failures: define(&host, MetricKind::Counter, "share_failures"),
-            share_peers: define(&host, MetricKind::Gauge, "share_peers"),
-            scrapes: define(&host, MetricKind::Counter, "scrapes"),
-            fallbacks: define(&host, MetricKind::Counter, "fallbacks"),
-            good: define(&host, MetricKind::Gauge, "pods"),
+            shared: host.define_in(SECTION, MetricKind::Counter, "shared"),
+            share_failures: host.define_in(SECTION, MetricKind::Counter, "share_failures"),
+            share_peers: host.define_in(SECTION, MetricKind::Gauge, "share_peers"),
+            scrapes: host.define_in(SECTION, MetricKind::Counter, "scrapes"),
+            fallbacks: host.define_in(SECTION, MetricKind::Counter, "fallbacks"),
+            good: host.define_in(SECTION, MetricKind::Gauge, "pods"),
         };
         Self {
             host,

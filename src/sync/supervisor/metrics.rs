@@ -24,7 +24,7 @@ struct Total {
 impl Total {
     fn define(sink: &impl MetricSink, name: &str) -> Self {
         Self {
-            id: define(sink, MetricKind::Counter, name),
+            id: sink.define_in(SECTION, MetricKind::Counter, name),
             last: 0,
         }
     }
@@ -41,9 +41,8 @@ impl Total {
     }
 }
 
-fn define(sink: &impl MetricSink, kind: MetricKind, name: &str) -> u32 {
-    sink.define_metric(kind, &format!("prefix_router.sync.{name}"))
-}
+/// The section of this part's stats: `prefix_router.sync.*`.
+const SECTION: &str = "sync";
 
 pub(super) struct SyncMetrics {
     /// The engine's counters, by field.
@@ -65,14 +64,14 @@ impl SyncMetrics {
                 .iter()
                 .map(|(n, f)| (Total::define(sink, n), *f))
                 .collect(),
-            backoff_ms: define(sink, MetricKind::Gauge, "backoff_ms"),
-            rtt_ms: define(sink, MetricKind::Histogram, "redis_rtt_ms"),
+            backoff_ms: sink.define_in(SECTION, MetricKind::Gauge, "backoff_ms"),
+            rtt_ms: sink.define_in(SECTION, MetricKind::Histogram, "redis_rtt_ms"),
             dirty_dropped: Total::define(sink, "dirty_dropped"),
             facts_ignored: Total::define(sink, "facts_ignored"),
-            foreign_entries: define(sink, MetricKind::Gauge, "foreign_entries"),
+            foreign_entries: sink.define_in(SECTION, MetricKind::Gauge, "foreign_entries"),
             foreign_dropped: Total::define(sink, "foreign_dropped"),
-            probes: define(sink, MetricKind::Counter, "probes"),
-            redis_restarts: define(sink, MetricKind::Counter, "redis_restarts"),
+            probes: sink.define_in(SECTION, MetricKind::Counter, "probes"),
+            redis_restarts: sink.define_in(SECTION, MetricKind::Counter, "redis_restarts"),
         }
     }
 
