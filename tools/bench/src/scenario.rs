@@ -276,10 +276,7 @@ fn with_filter_patch<'a>(spec: EnvoySpec<'a>, opts: &GatewayOptions) -> EnvoySpe
         None => spec,
     };
     match &opts.filter_module {
-        Some(module) => spec.edit(
-            &harness::wasm_module().display().to_string(),
-            &module.display().to_string(),
-        ),
+        Some(module) => spec.module(module),
         None => spec,
     }
 }

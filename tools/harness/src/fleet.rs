@@ -103,6 +103,13 @@ impl<'a> EnvoySpec<'a> {
         self.edits.push((from.to_string(), to.to_string()));
         self
     }
+
+    /// Runs another build of the filter module (`module`) in place of
+    /// this build's ([`crate::wasm_module`]), same configuration.
+    pub fn module(self, module: &std::path::Path) -> Self {
+        let this = crate::paths::wasm_module().display().to_string();
+        self.edit(&this, &module.display().to_string())
+    }
 }
 
 /// Merges `src` into `dst`: objects key by key, recursively; anything else

@@ -75,8 +75,7 @@ pub fn run(rt: &tokio::runtime::Runtime, args: &OverheadArgs) {
     if args.has_variant() {
         let mut spec = fleet.spec("variant", "single.yaml").concurrency(1);
         if let Some(module) = &args.variant {
-            let from = harness::wasm_module().display().to_string();
-            spec = spec.edit(&from, &module.display().to_string());
+            spec = spec.module(module);
         }
         if let Some(patch) = &args.variant_patch {
             spec = spec.merge(patch.clone());
